@@ -1,0 +1,46 @@
+# SovereignSpec developer entry points. `make run` runs the main job; `make test` runs everything CI runs.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+OUT ?= out
+
+.PHONY: venv lint format typecheck test unit run regimes bench clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $@
+
+venv: $(VENV)/.installed
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: venv
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+typecheck: venv
+	$(BIN)/mypy sovereignspec benchmarks
+
+unit: venv
+	VENV=$(VENV) hack/pytest.sh tests/unit
+
+# The whole suite: lint, types (strict on the pure core), the layering check and every test.
+test: lint typecheck
+	VENV=$(VENV) hack/pytest.sh
+
+# The main job on the embedded default profiles.
+run: venv
+	mkdir -p $(OUT)
+	$(BIN)/sovereignspec regimes --alphas 0.6,0.8 --plot $(OUT)/regimes.png
+
+regimes: run
+
+bench: venv
+	$(BIN)/python -m benchmarks
+
+clean:
+	rm -rf $(VENV) $(OUT) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# Build etcd, kube-apiserver, kubectl and the Kueue manager from pinned Go modules, once.
+#
+# Why wrapper modules: k8s.io/kubernetes and go.etcd.io/etcd/server/v3 carry `replace` directives
+# in their go.mod, so `go install pkg@version` refuses them. A throwaway module that requires them
+# (and, for Kubernetes, maps every staging module to its published v0.N.M) builds the same code.
+# Nothing built here is committed: binaries land in $BIN_DIR, named with their version.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=versions.env
+source "$here/versions.env"
+
+CACHE_DIR=${SOVEREIGNSPEC_CACHE:-$HOME/.cache/sovereignspec}
+BIN_DIR=$CACHE_DIR/bin
+mkdir -p "$BIN_DIR"
+export GOFLAGS=-mod=mod
+export GOTOOLCHAIN=${GOTOOLCHAIN:-local}
+
+log() { printf '[build] %s\n' "$*" >&2; }
+
+fail() {
+  local component=$1 logfile=$2
+  log "FAILED to build $component; last lines of $logfile:"
+  tail -n 40 "$logfile" >&2 || true
+  exit 1
+}
+
+build_etcd() {
+  local out=$BIN_DIR/etcd-$ETCD_VERSION
+  [[ -x $out ]] && { log "etcd $ETCD_VERSION cached"; return; }
+  local work; work=$(mktemp -d)
+  local logf=$CACHE_DIR/build-etcd.log
+  log "building etcd $ETCD_VERSION (log: $logf)"
+  (
+    cd "$work"
+    go mod init sovereignspec.local/etcd-build
+    go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION"
+    go build -trimpath -ldflags '-s -w' -o "$out.tmp" go.etcd.io/etcd/server/v3
+  ) >"$logf" 2>&1 || fail etcd "$logf"
+  mv "$out.tmp" "$out"
+  rm -rf "$work"
+}
+
+build_kubernetes() {
+  local apiserver=$BIN_DIR/kube-apiserver-$KUBERNETES_VERSION
+  local kubectl=$BIN_DIR/kubectl-$KUBERNETES_VERSION
+  [[ -x $apiserver && -x $kubectl ]] && { log "kube-apiserver/kubectl $KUBERNETES_VERSION cached"; return; }
+  local work; work=$(mktemp -d)
+  local logf=$CACHE_DIR/build-kubernetes.log
+  local staging=v0.${KUBERNETES_VERSION#v1.}
+  log "building kube-apiserver and kubectl $KUBERNETES_VERSION (log: $logf)"
+  (
+    cd "$work"
+    go mod init sovereignspec.local/kubernetes-build
+    # Map every staging module named in the tag's go.mod to its published version.
+    modfile=$(go mod download -json "k8s.io/kubernetes@$KUBERNETES_VERSION" | sed -n 's/.*"GoMod": "\(.*\)",*/\1/p')
+    grep -oE '^\s*k8s\.io/[a-z0-9-]+ => \./staging' "$modfile" | awk '{print $1}' | sort -u >staging.txt
+    while read -r mod; do
+      go mod edit -replace "$mod=$mod@$staging"
+    done <staging.txt
+    go mod edit -require "k8s.io/kubernetes@$KUBERNETES_VERSION"
+    go get "k8s.io/kubernetes/cmd/kube-apiserver@$KUBERNETES_VERSION" "k8s.io/kubernetes/cmd/kubectl@$KUBERNETES_VERSION"
+    ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$KUBERNETES_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$(echo "$KUBERNETES_VERSION" | cut -d. -f2)"
+    go build -trimpath -ldflags "$ldflags" -o "$apiserver.tmp" k8s.io/kubernetes/cmd/kube-apiserver
+    go build -trimpath -ldflags "$ldflags" -o "$kubectl.tmp" k8s.io/kubernetes/cmd/kubectl
+  ) >"$logf" 2>&1 || fail kube-apiserver "$logf"
+  mv "$apiserver.tmp" "$apiserver"
+  mv "$kubectl.tmp" "$kubectl"
+  rm -rf "$work"
+}
+
+build_kueue() {
+  local out=$BIN_DIR/kueue-$KUEUE_VERSION
+  [[ -x $out ]] && { log "kueue $KUEUE_VERSION cached"; return; }
+  local work; work=$(mktemp -d)
+  local logf=$CACHE_DIR/build-kueue.log
+  log "building kueue manager $KUEUE_VERSION (log: $logf)"
+  (
+    cd "$work"
+    GOBIN=$work go install -trimpath -ldflags '-s -w' "sigs.k8s.io/kueue/cmd/kueue@$KUEUE_VERSION"
+  ) >"$logf" 2>&1 || fail kueue "$logf"
+  mv "$work/kueue" "$out"
+  rm -rf "$work"
+}
+
+# The Kueue module's own CRDs (never copied into this repository).
+kueue_crd_dir() {
+  local dir
+  dir=$(cd /tmp && GOFLAGS= go mod download -json "sigs.k8s.io/kueue@$KUEUE_VERSION" | sed -n 's/.*"Dir": "\(.*\)",*/\1/p')
+  echo "$dir/config/components/crd/bases"
+}
+
+case ${1:-all} in
+  all) build_etcd; build_kubernetes; build_kueue ;;
+  etcd) build_etcd ;;
+  kubernetes) build_kubernetes ;;
+  kueue) build_kueue ;;
+  crd-dir) kueue_crd_dir ;;
+  *) echo "usage: $0 [all|etcd|kubernetes|kueue|crd-dir]" >&2; exit 2 ;;
+esac

@@ -1,0 +1,5 @@
+import sys
+
+from sovereignspec.cli import main
+
+sys.exit(main())

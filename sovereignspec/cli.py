@@ -1,0 +1,200 @@
+"""`sovereignspec`: the command line. Parses, validates, calls the core, prints.
+
+Bad input (unknown names, α outside [0, 1], γ outside 0..32, negative SLOs) is reported as one line
+naming the argument and the accepted values, with exit code 2 and no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import NoReturn
+
+from sovereignspec.errors import ConfigError
+from sovereignspec.profiles import load_profiles, resolve_name
+
+GAMMA_LIMIT = 32
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _bounded_float(name: str, low: float | None, high: float | None) -> Callable[[str], float]:
+    accepted = (
+        f"a number in [{low}, {high}]" if low is not None and high is not None else f"a number >= {low}"
+    )
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"got {text!r}; accepted: {accepted}") from None
+        if (low is not None and value < low) or (high is not None and value > high) or math.isnan(value):
+            raise argparse.ArgumentTypeError(f"got {text!r}; accepted: {accepted}")
+        return value
+
+    return parse
+
+
+def _bounded_int(name: str, low: int, high: int | None) -> Callable[[str], int]:
+    accepted = f"an integer in {low}..{high}" if high is not None else f"an integer >= {low}"
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"got {text!r}; accepted: {accepted}") from None
+        if value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"got {text!r}; accepted: {accepted}")
+        return value
+
+    return parse
+
+
+def _float_list(name: str, low: float, high: float) -> Callable[[str], tuple[float, ...]]:
+    one = _bounded_float(name, low, high)
+
+    def parse(text: str) -> tuple[float, ...]:
+        values = tuple(one(part) for part in text.split(",") if part.strip())
+        if not values:
+            raise argparse.ArgumentTypeError(
+                f"got {text!r}; accepted: comma-separated numbers in [{low}, {high}]"
+            )
+        return values
+
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="sovereignspec", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--profiles", help="profiles directory (default: the shipped profiles)")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    reg = sub.add_parser("regimes", help="the regime analysis: speed-up against headroom, per policy")
+    reg.add_argument("--format", choices=("table", "json"), default="table")
+    reg.add_argument("--plot", metavar="FILE.png", help="draw speed-up against headroom per policy")
+    reg.add_argument("--gpu", action="append", help="only this GPU (repeatable)")
+    reg.add_argument("--model", action="append", help="only this target model (repeatable)")
+    reg.add_argument("--drafter", action="append", help="only this drafter (repeatable)")
+    reg.add_argument("--mix", action="append", choices=("homogeneous", "mixed"))
+    reg.add_argument(
+        "--alphas", type=_float_list("--alphas", 0.0, 1.0), help="acceptance rates, e.g. 0.6,0.8"
+    )
+    reg.add_argument("--headrooms", type=_float_list("--headrooms", 0.0, 1.0), help="headrooms, e.g. 1,0.5,0")
+    reg.add_argument("--context", type=_bounded_int("--context", 1, None), default=256)
+    reg.add_argument(
+        "--batch", type=_bounded_int("--batch", 1, None), default=8, help="the row workload's sequences"
+    )
+    reg.add_argument("--gamma-max", type=_bounded_int("--gamma-max", 0, GAMMA_LIMIT), default=8)
+    reg.add_argument("--margin", type=_bounded_float("--margin", 0.0, 1.0), default=0.02)
+    reg.add_argument("--headroom-error", type=_bounded_float("--headroom-error", -1.0, 1.0), default=0.05)
+    reg.add_argument(
+        "--headroom-uncertainty", type=_bounded_float("--headroom-uncertainty", 0.0, 1.0), default=0.05
+    )
+    reg.add_argument("--alpha-error", type=_bounded_float("--alpha-error", -1.0, 1.0), default=0.0)
+    reg.add_argument(
+        "--slo-slack",
+        type=_bounded_float("--slo-slack", 0.0, None),
+        default=0.5,
+        help="the row workload's TPOT SLO as slack over its plain TPOT",
+    )
+
+    pre = sub.add_parser("predict", help="the model's prediction for one point, with every term")
+    pre.add_argument("--gpu", required=True)
+    pre.add_argument("--model", required=True)
+    pre.add_argument("--drafter", required=True)
+    pre.add_argument("--batch", type=_bounded_int("--batch", 1, None), required=True)
+    pre.add_argument("--context", type=_bounded_int("--context", 1, None), required=True)
+    pre.add_argument("--alpha", type=_bounded_float("--alpha", 0.0, 1.0), required=True)
+    pre.add_argument("--gamma", type=_bounded_int("--gamma", 0, GAMMA_LIMIT), required=True)
+    pre.add_argument("--gamma-max", type=_bounded_int("--gamma-max", 0, GAMMA_LIMIT), default=8)
+    pre.add_argument("--format", choices=("table", "json"), default="table")
+
+    return parser
+
+
+def _regimes(args: argparse.Namespace) -> int:
+    from sovereignspec.core.regimes import RegimeSettings, analyse
+    from sovereignspec.report import regimes_json, regimes_table
+
+    profiles = load_profiles(args.profiles)
+    gpus = [resolve_name("GPU", g, profiles.gpus) for g in args.gpu or []]
+    models = [resolve_name("model", m, profiles.models) for m in args.model or []]
+    drafters = [resolve_name("drafter", d, profiles.drafters) for d in args.drafter or []]
+    settings = RegimeSettings(
+        context=float(args.context),
+        seqs=float(args.batch),
+        row_slack=args.slo_slack,
+        gamma_max=args.gamma_max,
+        margin=args.margin,
+        headroom_error=args.headroom_error,
+        headroom_uncertainty=args.headroom_uncertainty,
+        alpha_error=args.alpha_error,
+    )
+    if args.alphas:
+        settings = replace(settings, alphas=args.alphas)
+    if args.headrooms:
+        settings = replace(settings, headrooms=tuple(sorted(args.headrooms, reverse=True)))
+    mixes = tuple(args.mix) if args.mix else ("homogeneous", "mixed")
+    rows = analyse(profiles, settings, gpus=gpus, models=models, drafters=drafters, mixes=mixes)
+    if not rows:
+        raise ConfigError("no drafter in the selection drafts for the selected models; nothing to analyse")
+    if args.plot:
+        from sovereignspec.plots import plot_regimes
+
+        plot_regimes(rows, args.plot)
+    if args.format == "json":
+        print(json.dumps(regimes_json(rows, settings), indent=1))
+    else:
+        print(regimes_table(rows, settings))
+        if args.plot:
+            print(f"\nplot written to {args.plot}")
+    return 0
+
+
+def _predict(args: argparse.Namespace) -> int:
+    from sovereignspec.core.predict import predict
+
+    profiles = load_profiles(args.profiles)
+    gpu = profiles.gpus[resolve_name("GPU", args.gpu, profiles.gpus)]
+    model = profiles.models[resolve_name("model", args.model, profiles.models)]
+    drafter = profiles.drafters[resolve_name("drafter", args.drafter, profiles.drafters)]
+    try:
+        terms = predict(gpu, model, drafter, args.batch, args.context, args.alpha, args.gamma, args.gamma_max)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    if args.format == "json":
+        print(json.dumps(terms, indent=1))
+    else:
+        width = max(len(k) for k in terms)
+        for key, value in terms.items():
+            shown = f"{value:.4g}" if isinstance(value, float) else str(value)
+            print(f"{key:<{width}}  {shown}")
+    return 0
+
+
+HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {"regimes": _regimes, "predict": _predict}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler = HANDLERS[args.command]
+    try:
+        return handler(args)
+    except ConfigError as exc:
+        print(f"sovereignspec: error: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # `sovereignspec regimes | head`
+        return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""The decision record: every term behind one placement, so a user can see why.
+
+The operator writes a summary of it into the admission check's message and the whole of it into a
+Kubernetes Event; the CLI prints it. It is plain data (JSON-ready through `to_dict`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+Outcome = Literal["placed", "retry", "rejected"]
+Mode = Literal["speculative", "plain"]
+
+
+@dataclass(frozen=True)
+class DecisionRecord:
+    workload: str
+    tenant: str
+    outcome: Outcome
+    mode: Mode
+    gamma: int
+    reason: str
+    node: str | None = None
+    gpu_index: int | None = None
+    gpu_type: str | None = None
+    alpha: float | None = None  # as the scheduler used it
+    headroom: float | None = None  # observed reading; None when telemetry was missing
+    headroom_pessimistic: float | None = None
+    background_seqs: float | None = None  # the load the reading maps to
+    tau: float | None = None
+    step_plain_ms: float | None = None
+    step_ms: float | None = None
+    speedup: float | None = None  # own S_real at γ*
+    aggregate_speedup: float | None = None
+    tpot_ms: float | None = None
+    unconstrained_gamma: int | None = None
+    binding_neighbour: str | None = None
+    neighbour_step_ratio: float | None = None  # T_step(γ*) / T_before
+    neighbour_slo_ratio: float | None = None  # q = min slo/tpot over neighbours
+    candidates: int = 0
+    excluded: dict[str, str] = field(default_factory=dict)  # node -> constraint: detail
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        # JSON has no infinity; a GPU with no neighbours has no SLO bound.
+        return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in data.items()}
+
+    def summary(self) -> str:
+        """One line for the admission check's message (Kueue caps messages; keep it short)."""
+        if self.outcome != "placed":
+            return f"{self.outcome}: {self.reason}"
+        where = f"{self.node}/gpu{self.gpu_index} ({self.gpu_type})"
+        if self.mode == "speculative":
+            return (
+                f"speculative γ={self.gamma} on {where}: predicted S_real {self.speedup:.2f}, "
+                f"TPOT {self.tpot_ms:.1f} ms; {self.reason}"
+            )
+        return f"plain on {where}: {self.reason}"

@@ -1,0 +1,188 @@
+"""The draft budget γ*: the best γ in 0..γ_max that pays for the workload and hurts no neighbour.
+
+A workload arrives on a GPU whose headroom reading maps to a background load of N plain sequences.
+The scheduler judges it at the load one telemetry uncertainty worse than reported (headroom − u),
+so that a lagging or flattering reading cannot talk it into a longer draft or a violated SLO.
+Each γ is then held to:
+
+- self-benefit: the workload's own S_real(γ) ≥ 1 + margin (the margin covers model error);
+- externality: every co-located tenant j stays within its TPOT SLO after the step grows,
+  tpot_j · T_step(γ) / T_before ≤ slo_j. Only the tightest neighbour matters, so a GPU carries one
+  number, q = min_j slo_j / tpot_j (∞ with no neighbours), and the check is T_step(γ)/T_before ≤ q.
+
+Among feasible γ (γ = 0 is always feasible: plain decode never rejects), γ* maximises the GPU's
+aggregate token rate, (N + b·τ)/(N + b) · T_plain/T_step(γ). For a workload alone on its GPU that is
+exactly its own S_real; with neighbours it stops a small tenant from buying a little speed with a
+lot of everyone's step time, which is the Pareto reading of the externality in the source. Past the
+compute ridge no γ raises the aggregate, so γ* falls to 0 as headroom falls. Ties go to the smaller γ.
+
+Everything here is vectorised over draft lengths (axis 0) and GPUs (axis 1): GPUs last, so that
+numpy's inner loops run over the long axis.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+from numpy.typing import NDArray
+
+from sovereignspec.core.roofline import Roofline
+from sovereignspec.core.speedup import tau
+
+Array = NDArray[np.float64]
+
+# Objective values closer than this (relative) are ties; resolved toward the smaller γ.
+TIE_QUANTUM = 1e-9
+
+
+def quantize(x: NDArray[np.float64]) -> NDArray[np.float64]:
+    """Round to the tie quantum with plain IEEE operations, so the scalar reference rounds alike."""
+    return np.floor(x / TIE_QUANTUM + 0.5)
+
+
+@dataclass(frozen=True)
+class SpecRequest:
+    """What the optimiser needs to know about the workload being decided."""
+
+    alpha: float  # acceptance rate as the scheduler believes it (declared prior or learned)
+    seqs: float  # concurrent sequences the workload runs
+    context: float  # typical context length in tokens
+    draft_cost: float  # c: a drafted token's cost relative to a target step
+    spec_overhead: float  # o: the speculation machinery's per-step cost, relative to a target step
+    gamma_max: int  # 0 disables speculation (no drafter, or policy)
+    margin: float  # self-benefit margin: S_real must reach 1 + margin
+
+
+@dataclass(frozen=True)
+class GammaTable:
+    """Every term for every (γ, GPU): what `choose` picks from, kept for the decision record."""
+
+    gammas: NDArray[np.int64]  # (Γ,)
+    taus: Array  # (Γ,) τ(α, γ)
+    step: Array  # (Γ, G) T_step
+    step_before: Array  # (G,) the step before the workload arrives
+    speedup: Array  # (Γ, G) own S_real
+    aggregate: Array  # (Γ, G) the GPU's aggregate speed-up: the objective
+    self_ok: NDArray[np.bool_]  # (Γ, G) self-benefit holds and speculation is allowed at all
+    externality_ok: NDArray[np.bool_]  # (Γ, G)
+
+    @property
+    def feasible(self) -> NDArray[np.bool_]:
+        return np.asarray((self.gammas == 0)[:, None] | (self.self_ok & self.externality_ok), dtype=np.bool_)
+
+
+@dataclass(frozen=True)
+class GammaChoice:
+    """γ* per GPU with its terms (all arrays over GPUs)."""
+
+    gamma: NDArray[np.int64]
+    speedup: Array
+    aggregate: Array
+    step: Array
+    tpot: Array  # predicted seconds per output token at γ*
+
+
+@dataclass(frozen=True)
+class Blocker:
+    """For one GPU: the γ the objective alone would pick, and which condition ruled it out."""
+
+    gamma: int
+    by_self_benefit: bool
+    by_externality: bool
+
+
+def _terms(
+    roof: Roofline, req: SpecRequest, bg_seqs: Array, gammas: Array, taus: Array
+) -> tuple[Array, Array, Array, Array, Array]:
+    """(T_step, T_plain, T_before, S_real, aggregate) for every γ (rows) and GPU (columns).
+
+    This is the hot loop of placement, so it is written for speed: the memory roof does not depend
+    on γ (draft tokens read the same KV cache), everything per GPU is computed once, and the (Γ, G)
+    work is ten in-place array operations. In formulas, with x = n·spt + t_fixed and y = b·spt:
+
+        T_step(γ) = max(M(n+b) + t_fixed, x + (γ+1)·y) + (γ·c + o)·T_plain
+        aggregate = (n/(n+b) + b/(n+b)·τ) · T_plain / T_step
+    """
+    n = bg_seqs
+    b = req.seqs
+    spt = roof.seconds_per_token(req.context)
+    x = n * spt + roof.fixed_s
+    y = b * spt
+    mem = roof.memory_time(n + b, req.context) + roof.fixed_s
+    plain = np.maximum(mem, x + y)
+    before = np.maximum(roof.memory_time(n, req.context) + roof.fixed_s, x)
+    drafting = np.where(gammas > 0, gammas * req.draft_cost + req.spec_overhead, 0.0)
+    step = (gammas + 1.0)[:, None] * y
+    step += x
+    np.maximum(step, mem, out=step)
+    ratio = drafting[:, None] * plain
+    step += ratio
+    np.divide(plain, step, out=ratio)
+    t = taus[:, None]
+    speedup = t * ratio
+    aggregate = (b / (n + b)) * t
+    aggregate += n / (n + b)
+    aggregate *= ratio
+    return step, plain, before, speedup, aggregate
+
+
+@lru_cache(maxsize=4096)
+def gamma_axis(alpha: float, gamma_max: int) -> tuple[NDArray[np.int64], Array, Array]:
+    """γ = 0..γ_max as integers and floats, and τ(α, γ); cached, a tick asks for few α."""
+    gammas = np.arange(gamma_max + 1, dtype=np.int64)
+    g = gammas.astype(np.float64)
+    for a in (gammas, g):
+        a.flags.writeable = False
+    taus = tau(alpha, g)
+    taus.flags.writeable = False
+    return gammas, g, taus
+
+
+def gamma_table(
+    roof: Roofline,
+    req: SpecRequest,
+    bg_seqs: Array,
+    slo_ratio: Array,
+    allow_spec: NDArray[np.bool_] | None = None,
+) -> GammaTable:
+    """Evaluate every γ on every GPU at background loads `bg_seqs` (already the pessimistic ones).
+
+    `roof`'s fields and the per-GPU arrays have shape (G,). `allow_spec` (per GPU) forces plain
+    decode where it is False, e.g. where telemetry is stale.
+    """
+    if np.ndim(roof.weight_bytes) == 0:
+        roof = roof.map(np.atleast_1d)
+    gammas, gammas_f, taus = gamma_axis(req.alpha, req.gamma_max)
+    step, _, before, speedup, aggregate = _terms(roof, req, bg_seqs, gammas_f, taus)
+    self_ok = speedup >= 1.0 + req.margin
+    if allow_spec is not None:
+        self_ok &= allow_spec
+    externality_ok = step <= slo_ratio * before
+    return GammaTable(gammas, taus, step, before, speedup, aggregate, self_ok, externality_ok)
+
+
+def choose(table: GammaTable) -> GammaChoice:
+    """γ* per GPU: the feasible γ with the best objective; ties to the smaller γ."""
+    masked = np.where(table.feasible, quantize(table.aggregate), -np.inf)
+    best = np.argmax(masked, axis=0)  # argmax returns the first maximum: the smallest γ
+    cols = np.arange(best.shape[0])
+    step = table.step[best, cols]
+    return GammaChoice(
+        gamma=table.gammas[best],
+        speedup=table.speedup[best, cols],
+        aggregate=table.aggregate[best, cols],
+        step=step,
+        tpot=step / table.taus[best],
+    )
+
+
+def blocker(table: GammaTable, column: int = 0) -> Blocker:
+    """Why one GPU's γ* is not the objective's own favourite (for the decision record)."""
+    free = int(np.argmax(quantize(table.aggregate[:, column])))
+    return Blocker(
+        gamma=int(table.gammas[free]),
+        by_self_benefit=free > 0 and not bool(table.self_ok[free, column]),
+        by_externality=free > 0 and not bool(table.externality_ok[free, column]),
+    )

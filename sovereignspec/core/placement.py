@@ -1,0 +1,511 @@
+"""Placement: which node and GPU, which mode and which γ, for one workload or a whole tick.
+
+The order of a decision, for each workload:
+
+1. sovereignty (`sovereignty.TenancyIndex`): nodes the workload may never or may not now use are
+   removed before any speed-up is computed; then nodes without enough free GPUs for its
+   tensor-parallel degree;
+2. γ* on every remaining GPU (`optimiser`), from the GPU's headroom reading and its tightest
+   neighbour; GPUs with stale telemetry are scored as saturated and allowed plain decode only;
+3. the heterogeneous-placement policy:
+   - latency-sensitive work that can speculate somewhere goes where its predicted time per output
+     token is lowest (that is where the headroom is);
+   - everything else (throughput work, or work whose drafter pays nowhere) runs on the most
+     loaded GPU that still meets its own TPOT SLO and keeps every neighbour within theirs,
+     keeping headroom free for those who benefit from it.
+
+Ties are broken, in order: lower TPOT / lower headroom as above (values compared after rounding to
+1e-9 relative), then higher headroom for latency work / lower TPOT for packed work, then node name,
+then GPU index. A tick decides pending workloads latency-sensitive first, then by declared
+acceptance rate (high first), then by name; each placement updates the GPU's load and neighbours
+before the next is decided, so decisions in one tick never contradict each other.
+
+Speed: a tick keeps, per workload signature (model, drafter, α, batch, context, limits), the γ table
+for every GPU and recomputes only the GPUs whose state changed since it was last used. Sorting the
+tick puts alike workloads next to each other, so most placements recompute one GPU.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+from numpy.typing import NDArray
+
+from sovereignspec.core.decision import DecisionRecord
+from sovereignspec.core.optimiser import (
+    GammaTable,
+    SpecRequest,
+    blocker,
+    choose,
+    gamma_axis,
+    gamma_table,
+    quantize,
+)
+from sovereignspec.core.roofline import Roofline, roofline_for, stack_rooflines, tensor_parallel_for
+from sovereignspec.core.scalar import Coeffs, best_gamma
+from sovereignspec.core.sovereignty import (
+    DEFAULT_JURISDICTION_LABEL,
+    NodeTenancy,
+    Requirement,
+    TenancyIndex,
+    check_node,
+)
+from sovereignspec.core.specs import ProfileSet
+
+LatencyClass = Literal["latency", "throughput"]
+EXPLAIN_LIMIT = 32  # excluded nodes named in one record; the rest are counted
+SCALAR_UPDATE_LIMIT = 8  # GPUs to refresh below which plain floats beat numpy
+
+
+@dataclass(frozen=True)
+class Policy:
+    gamma_max: int = 8
+    margin: float = 0.02
+    headroom_uncertainty: float = 0.05
+    externality: bool = True
+    jurisdiction_label: str = DEFAULT_JURISDICTION_LABEL
+
+
+@dataclass(frozen=True)
+class WorkloadRequest:
+    name: str
+    tenant: str
+    model: str
+    drafter: str | None
+    alpha: float
+    seqs: int = 8
+    context: int = 1024
+    latency_class: LatencyClass = "latency"
+    tpot_slo_s: float | None = None
+    jurisdiction: str | None = None
+    exclusive: bool = False
+    gamma_max: int | None = None
+    force_plain: str | None = None  # why speculation is off for this workload (e.g. a bad annotation)
+
+    @property
+    def requirement(self) -> Requirement:
+        return Requirement(self.tenant, self.jurisdiction, self.exclusive)
+
+
+@dataclass(frozen=True)
+class GpuState:
+    node: str
+    index: int
+    gpu_type: str
+    headroom: float | None  # None: no fresh telemetry
+    slo_ratio: float = math.inf  # min over neighbours of slo / current tpot
+    binding_neighbour: str | None = None
+
+
+@dataclass(frozen=True)
+class NodeState:
+    name: str
+    labels: Mapping[str, str]
+    free_gpus: int
+    tenants: frozenset[str] = frozenset()
+    exclusive_tenants: frozenset[str] = frozenset()
+
+    @property
+    def tenancy(self) -> NodeTenancy:
+        return NodeTenancy(self.name, self.labels, self.tenants, self.exclusive_tenants)
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    nodes: list[NodeState]
+    gpus: list[GpuState]
+
+
+@dataclass(frozen=True)
+class Placement:
+    workload: str
+    node: str | None
+    gpu_index: int | None
+    gamma: int
+    record: DecisionRecord
+
+    @property
+    def outcome(self) -> str:
+        return self.record.outcome
+
+    @property
+    def mode(self) -> str:
+        return self.record.mode
+
+
+@dataclass
+class _ModelArrays:
+    roof: Roofline  # per GPU
+    tp: NDArray[np.int64]
+    fits: NDArray[np.bool_]
+    matrix: NDArray[np.float64]  # roof's fields stacked, for fast subsets
+
+
+@dataclass
+class _Scores:
+    """The γ table's choice for one signature on every GPU, with the GPU versions it was computed at."""
+
+    version: NDArray[np.int64]
+    arrays: dict[str, NDArray[np.float64]] = field(default_factory=dict)
+
+
+# What selection and bookkeeping need per GPU; the record recomputes the rest for the chosen GPU.
+_SCORE_FIELDS = ("gamma", "tpot", "step", "step_plain", "before", "bg_seqs")
+
+
+class Placer:
+    """Decides placements against a cluster view and keeps that view current as it places."""
+
+    def __init__(self, profiles: ProfileSet, cluster: ClusterView, policy: Policy | None = None) -> None:
+        self.profiles = profiles
+        self.policy = policy or Policy()
+        nodes = sorted(cluster.nodes, key=lambda n: n.name)
+        self.node_names = [n.name for n in nodes]
+        node_index = {n.name: i for i, n in enumerate(nodes)}
+        gpus = sorted(cluster.gpus, key=lambda g: (node_index[g.node], g.index))
+        self.gpus = gpus
+        self.gpu_node = np.array([node_index[g.node] for g in gpus], dtype=np.int64)
+        self.gpu_index = np.array([g.index for g in gpus], dtype=np.int64)
+        self.gpu_types = sorted({g.gpu_type for g in gpus})
+        type_index = {t: i for i, t in enumerate(self.gpu_types)}
+        self.gpu_type = np.array([type_index[g.gpu_type] for g in gpus], dtype=np.int64)
+        self.stale = np.array([g.headroom is None for g in gpus], dtype=np.bool_)
+        self.headroom = np.array([0.0 if g.headroom is None else g.headroom for g in gpus], dtype=np.float64)
+        self.slo_ratio = np.array([g.slo_ratio for g in gpus], dtype=np.float64)
+        self.binding: list[str | None] = [g.binding_neighbour for g in gpus]
+        self.free = np.array([n.free_gpus for n in nodes], dtype=np.int64)
+        self.tenancy = TenancyIndex([n.tenancy for n in nodes], self.policy.jurisdiction_label)
+        self._node_tenancy = [n.tenancy for n in nodes]
+        self.version = np.zeros(len(gpus), dtype=np.int64)
+        self._models: dict[str, _ModelArrays] = {}
+        self._scores: dict[tuple[object, ...], _Scores] = {}
+        self._exhausted: dict[tuple[str, Requirement], tuple[Literal["retry", "rejected"], str]] = {}
+
+    # -- per-model coefficients --------------------------------------------------------------
+
+    def _model(self, name: str) -> _ModelArrays:
+        if name not in self._models:
+            model = self.profiles.models[name]
+            per_type: list[Roofline] = []
+            tps: list[int] = []
+            fits: list[bool] = []
+            for t in self.gpu_types:
+                gpu = self.profiles.gpus[t]
+                try:
+                    tp = tensor_parallel_for(gpu, model)
+                    fits.append(True)
+                except ValueError:
+                    tp = 1
+                    fits.append(False)
+                tps.append(tp)
+                per_type.append(roofline_for(gpu, model, tp))
+            roof = stack_rooflines(per_type).take(self.gpu_type)
+            self._models[name] = _ModelArrays(
+                roof,
+                np.array(tps, dtype=np.int64)[self.gpu_type],
+                np.array(fits, dtype=np.bool_)[self.gpu_type],
+                roof.matrix(),
+            )
+        return self._models[name]
+
+    def spec_request(self, w: WorkloadRequest) -> tuple[SpecRequest, str | None]:
+        """The optimiser's view of `w`, and why speculation is off for it (None if it isn't)."""
+        policy = self.policy
+        gamma_max = policy.gamma_max if w.gamma_max is None else min(w.gamma_max, policy.gamma_max)
+        cost, overhead, off = 0.0, 0.0, w.force_plain
+        if w.drafter is None:
+            off = off or "no drafter declared"
+        elif w.drafter not in self.profiles.drafters:
+            off = off or f"unknown drafter {w.drafter!r}"
+        else:
+            drafter = self.profiles.drafters[w.drafter]
+            if not drafter.supports(w.model):
+                off = off or f"drafter {w.drafter} does not draft for {w.model}"
+            cost, overhead = drafter.cost_for(w.model), drafter.spec_overhead
+        if gamma_max == 0:
+            off = off or "speculation disabled (γ_max = 0)"
+        req = SpecRequest(
+            alpha=w.alpha,
+            seqs=float(w.seqs),
+            context=float(w.context),
+            draft_cost=cost,
+            spec_overhead=overhead,
+            gamma_max=0 if off else gamma_max,
+            margin=policy.margin,
+        )
+        return req, off
+
+    # -- γ tables, cached per signature -------------------------------------------------------
+
+    def _scores_for(self, w: WorkloadRequest, req: SpecRequest, mask: NDArray[np.bool_]) -> _Scores:
+        """The signature's γ table choices, current on every GPU in `mask` (the others may lag)."""
+        key = (w.model, req, self.policy.externality)
+        cached = self._scores.get(key)
+        if cached is None:
+            cached = _Scores(version=np.full(len(self.gpus), -1, dtype=np.int64))
+            cached.arrays = {f: np.zeros(len(self.gpus), dtype=np.float64) for f in _SCORE_FIELDS}
+            self._scores[key] = cached
+        stale = np.nonzero((cached.version != self.version) & mask)[0]
+        if stale.size > SCALAR_UPDATE_LIMIT:
+            self._evaluate(w.model, req, stale, cached)
+        elif stale.size:
+            self._evaluate_scalar(w.model, req, stale, cached)
+        cached.version[stale] = self.version[stale]
+        return cached
+
+    def _table(
+        self, model: str, req: SpecRequest, idx: NDArray[np.int64]
+    ) -> tuple[GammaTable, NDArray[np.float64]]:
+        """The γ table on GPUs `idx`, judged at the pessimistic load each reading maps to."""
+        roof = Roofline.from_matrix(self._model(model).matrix[:, idx])
+        h_pess = np.maximum(self.headroom[idx] - self.policy.headroom_uncertainty, 0.0)
+        bg = roof.seqs_for_headroom(h_pess, req.context)
+        q = self.slo_ratio[idx] if self.policy.externality else np.full(idx.size, np.inf)
+        return gamma_table(roof, req, bg, q, allow_spec=~self.stale[idx]), bg
+
+    def _evaluate(self, model: str, req: SpecRequest, idx: NDArray[np.int64], out: _Scores) -> None:
+        table, bg = self._table(model, req, idx)
+        choice = choose(table)
+        a = out.arrays
+        a["gamma"][idx] = choice.gamma
+        a["tpot"][idx] = choice.tpot
+        a["step"][idx] = choice.step
+        a["step_plain"][idx] = table.step[0]
+        a["before"][idx] = table.step_before
+        a["bg_seqs"][idx] = bg
+
+    def _evaluate_scalar(self, model: str, req: SpecRequest, idx: NDArray[np.int64], out: _Scores) -> None:
+        """The same as `_evaluate` for a few GPUs (one changed since the last use): plain floats
+        beat a dozen numpy calls on one-element arrays."""
+        matrix = self._model(model).matrix
+        _, _, taus_array = gamma_axis(req.alpha, req.gamma_max)
+        taus = taus_array.tolist()
+        a = out.arrays
+        for g in idx.tolist():
+            choice = best_gamma(
+                Coeffs(*matrix[:, g].tolist()),
+                taus,
+                req.seqs,
+                req.context,
+                req.draft_cost,
+                req.spec_overhead,
+                req.margin,
+                max(float(self.headroom[g]) - self.policy.headroom_uncertainty, 0.0),
+                float(self.slo_ratio[g]) if self.policy.externality else math.inf,
+                not bool(self.stale[g]),
+            )
+            a["gamma"][g] = choice.gamma
+            a["tpot"][g] = choice.step / taus[choice.gamma]
+            a["step"][g] = choice.step
+            a["step_plain"][g] = choice.plain
+            a["before"][g] = choice.before
+            a["bg_seqs"][g] = choice.load
+
+    # -- decisions ----------------------------------------------------------------------------
+
+    def candidates(self, w: WorkloadRequest) -> NDArray[np.bool_]:
+        """GPUs `w` may use now: sovereignty first, then capacity and fit."""
+        m = self._model(w.model) if w.model in self.profiles.models else None
+        if m is None:
+            return np.zeros(len(self.gpus), dtype=np.bool_)
+        allowed = self.tenancy.mask(w.requirement)[self.gpu_node]
+        return np.asarray(allowed & m.fits & (self.free[self.gpu_node] >= m.tp), dtype=np.bool_)
+
+    def place(self, w: WorkloadRequest, commit: bool = True, explain: bool = True) -> Placement:
+        """Decide `w`; with `commit`, update the view as if it ran there. `explain` adds every term
+        and every excluded node to the record (the operator's Event); a bulk tick can skip it."""
+        if w.model not in self.profiles.models:
+            return self._unplaced(w, "rejected", f"unknown model {w.model!r}", explain)
+        key = (w.model, w.requirement)
+        if key in self._exhausted:  # capacity only shrinks and tenancy only tightens as a view fills
+            return self._unplaced(w, *self._exhausted[key], explain)
+        mask = self.candidates(w)
+        if not mask.any():
+            permanent = self.tenancy.permanent_mask(w.requirement)[self.gpu_node] & self._model(w.model).fits
+            if not permanent.any():
+                why = "no node in this queue's pool satisfies its sovereignty constraints or fits its model"
+                if w.jurisdiction is not None:
+                    why = f"no node in jurisdiction {w.jurisdiction} that fits {w.model}"
+                self._exhausted[key] = ("rejected", why)
+            else:
+                self._exhausted[key] = ("retry", "no admissible node with free GPUs now")
+            return self._unplaced(w, *self._exhausted[key], explain)
+
+        req, off = self.spec_request(w)
+        s = self._scores_for(w, req, mask).arrays
+        cand = np.nonzero(mask)[0]
+        tpot = s["tpot"][cand]
+        tpot_q = quantize(tpot / tpot.min())
+        head_q = quantize(np.where(self.stale[cand], 0.0, self.headroom[cand]))
+        if w.latency_class == "latency" and (s["gamma"][cand] > 0).any():
+            chosen = cand[_first_min(tpot_q, -head_q)]
+        else:
+            fits_own = tpot <= w.tpot_slo_s if w.tpot_slo_s is not None else np.ones(cand.size, np.bool_)
+            keeps_neighbours = s["step_plain"][cand] <= self.slo_ratio[cand] * s["before"][cand]
+            pool = np.ones(cand.size, np.bool_)
+            for subset in (fits_own & keeps_neighbours, fits_own):
+                if subset.any():
+                    pool = subset
+                    break
+            local = np.nonzero(pool)[0]
+            chosen = cand[local[_first_min(head_q[local], tpot_q[local])]]
+
+        record = self._record(w, req, off, int(chosen), s, int(cand.size), mask, explain)
+        if commit:
+            self._commit(w, req, int(chosen), s)
+        return Placement(w.name, record.node, record.gpu_index, record.gamma, record)
+
+    def tick(self, pending: Iterable[WorkloadRequest], explain: bool = False) -> list[Placement]:
+        """Decide a batch of pending workloads at one scheduling tick, in the documented order."""
+        return [self.place(w, commit=True, explain=explain) for w in sorted(pending, key=tick_order)]
+
+    # -- bookkeeping --------------------------------------------------------------------------
+
+    def _commit(
+        self, w: WorkloadRequest, req: SpecRequest, g: int, s: Mapping[str, NDArray[np.float64]]
+    ) -> None:
+        m = self._model(w.model)
+        gamma = float(s["gamma"][g])
+        if not self.stale[g]:
+            # The reading moves by what the workload adds to the load it reports (not the pessimistic one).
+            c = Coeffs(*m.matrix[:, g].tolist())
+            n = c.seqs_for_headroom(float(self.headroom[g]), req.context)
+            self.headroom[g] = c.headroom(n + req.seqs * (gamma + 1.0), n + req.seqs, req.context)
+        # Every neighbour's TPOT grows with the step; the newcomer joins them with its own SLO.
+        self.slo_ratio[g] /= float(s["step"][g] / s["before"][g])
+        if w.tpot_slo_s is not None:
+            own = w.tpot_slo_s / float(s["tpot"][g])
+            if own < self.slo_ratio[g]:
+                self.slo_ratio[g] = own
+                self.binding[g] = w.name
+        node = int(self.gpu_node[g])
+        self.free[node] -= int(m.tp[g])
+        self.tenancy.place(node, w.requirement)
+        t = self._node_tenancy[node]
+        self._node_tenancy[node] = NodeTenancy(
+            t.name,
+            t.labels,
+            t.tenants | {w.tenant},
+            t.exclusive_tenants | ({w.tenant} if w.exclusive else set()),
+        )
+        self.version[g] += 1
+
+    def _excluded(self, w: WorkloadRequest, mask: NDArray[np.bool_] | None) -> dict[str, str]:
+        out: dict[str, str] = {}
+        skipped = 0
+        usable_nodes = set(self.gpu_node[mask].tolist()) if mask is not None else set()
+        m = self._models.get(w.model)
+        for i, tenancy in enumerate(self._node_tenancy):
+            if i in usable_nodes:
+                continue
+            why = check_node(w.requirement, tenancy, self.policy.jurisdiction_label)
+            if why is not None:
+                text = f"{why.constraint}: {why.detail}"
+            elif m is not None and not m.fits[self.gpu_node == i].any():
+                text = f"capacity: {w.model} does not fit this node's GPUs"
+            else:
+                text = "capacity: not enough free GPUs"
+            if len(out) < EXPLAIN_LIMIT:
+                out[tenancy.name] = text
+            else:
+                skipped += 1
+        if skipped:
+            out["..."] = f"{skipped} more nodes excluded"
+        return out
+
+    def _unplaced(
+        self, w: WorkloadRequest, outcome: Literal["retry", "rejected"], why: str, explain: bool
+    ) -> Placement:
+        record = DecisionRecord(
+            workload=w.name,
+            tenant=w.tenant,
+            outcome=outcome,
+            mode="plain",
+            gamma=0,
+            reason=why,
+            alpha=w.alpha,
+            excluded=self._excluded(w, None) if explain else {},
+        )
+        return Placement(w.name, None, None, 0, record)
+
+    def _record(
+        self,
+        w: WorkloadRequest,
+        req: SpecRequest,
+        off: str | None,
+        g: int,
+        s: Mapping[str, NDArray[np.float64]],
+        n_candidates: int,
+        mask: NDArray[np.bool_],
+        explain: bool,
+    ) -> DecisionRecord:
+        gamma = int(s["gamma"][g])
+        where = {
+            "workload": w.name,
+            "tenant": w.tenant,
+            "outcome": "placed",
+            "mode": "speculative" if gamma > 0 else "plain",
+            "gamma": gamma,
+            "node": self.node_names[int(self.gpu_node[g])],
+            "gpu_index": int(self.gpu_index[g]),
+            "gpu_type": self.gpu_types[int(self.gpu_type[g])],
+            "alpha": w.alpha,
+            "tpot_ms": 1e3 * float(s["tpot"][g]),
+            "candidates": n_candidates,
+        }
+        if not explain:  # a tick's bulk decisions: where and how, without the breakdown
+            return DecisionRecord(reason="speculative" if gamma > 0 else "plain", **where)  # type: ignore[arg-type]
+        table, _ = self._table(w.model, req, np.array([g]))
+        why_not = blocker(table)
+        stale = bool(self.stale[g])
+        binding = self.binding[g] if math.isfinite(self.slo_ratio[g]) else None
+        if gamma > 0:
+            reason = (
+                f"γ*={gamma} maximises the GPU's token rate with S_real ≥ {1 + req.margin:.2f} "
+                f"and every neighbour within its TPOT SLO"
+            )
+        elif off:
+            reason = off
+        elif stale:
+            reason = "no fresh telemetry for this GPU: plain decode until it returns"
+        elif why_not.by_externality:
+            reason = f"γ={why_not.gamma} would push neighbour {binding} past its TPOT SLO: plain decode"
+        elif why_not.by_self_benefit:
+            reason = f"no γ reaches S_real ≥ {1 + req.margin:.2f} at this headroom: plain decode"
+        else:
+            reason = "no γ raises the GPU's token rate at this headroom (saturated): plain decode"
+        h = None if stale else float(self.headroom[g])
+        return DecisionRecord(
+            reason=reason,
+            headroom=h,
+            headroom_pessimistic=None if h is None else max(h - self.policy.headroom_uncertainty, 0.0),
+            background_seqs=float(s["bg_seqs"][g]),  # at the pessimistic reading
+            tau=float(table.taus[gamma]),
+            step_plain_ms=1e3 * float(s["step_plain"][g]),
+            step_ms=1e3 * float(s["step"][g]),
+            speedup=float(table.speedup[gamma, 0]),
+            aggregate_speedup=float(table.aggregate[gamma, 0]),
+            unconstrained_gamma=why_not.gamma,
+            binding_neighbour=binding,
+            neighbour_step_ratio=float(s["step"][g] / s["before"][g]),
+            neighbour_slo_ratio=float(self.slo_ratio[g]),
+            excluded=self._excluded(w, mask),
+            **where,  # type: ignore[arg-type]
+        )
+
+
+def tick_order(w: WorkloadRequest) -> tuple[int, float, str]:
+    return (0 if w.latency_class == "latency" else 1, -w.alpha, w.name)
+
+
+def _first_min(primary: NDArray[np.float64], secondary: NDArray[np.float64]) -> int:
+    """The first position minimising (primary, secondary); GPUs are in (node name, index) order."""
+    best = primary == primary.min()
+    if best.sum() > 1:
+        sec = np.where(best, secondary, np.inf)
+        best &= sec == sec.min()
+    return int(np.argmax(best))

@@ -1,0 +1,77 @@
+"""Every term of the model at one point: a shared engine of `batch` sequences, all drafting γ tokens."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from sovereignspec.core.optimiser import SpecRequest, choose, gamma_table
+from sovereignspec.core.roofline import roofline_for, tensor_parallel_for
+from sovereignspec.core.specs import DrafterSpec, GpuSpec, ModelSpec
+from sovereignspec.core.speedup import homogeneous_speedup, tau
+
+
+def predict(
+    gpu: GpuSpec,
+    model: ModelSpec,
+    drafter: DrafterSpec,
+    batch: int,
+    context: int,
+    alpha: float,
+    gamma: int,
+    gamma_max: int = 8,
+    margin: float = 0.02,
+) -> dict[str, Any]:
+    tp = tensor_parallel_for(gpu, model)
+    roof = roofline_for(gpu, model, tp)
+    c, o = drafter.cost_for(model.name), drafter.spec_overhead
+    n_plain, n_spec = float(batch), float(batch * (gamma + 1))
+    plain = float(roof.step_time(n_plain, batch, context))
+    verify = float(roof.step_time(n_spec, batch, context))
+    draft = gamma * c * plain if gamma > 0 else 0.0
+    overhead = o * plain if gamma > 0 else 0.0
+    spec = verify + draft + overhead
+    t = float(tau(alpha, gamma))
+    speedup = float(homogeneous_speedup(roof, batch, alpha, gamma, c, o, context))
+    # γ* for this engine alone: no neighbours outside it, no telemetry error.
+    req = SpecRequest(
+        alpha, float(batch), float(context), c, o, gamma_max if drafter.supports(model.name) else 0, margin
+    )
+    zero = np.zeros(1)
+    star = choose(gamma_table(roof, req, zero, np.full(1, np.inf)))
+    return {
+        "gpu": gpu.name,
+        "model": model.name,
+        "drafter": drafter.name,
+        "drafter_kind": drafter.kind,
+        "drafter_supports_model": drafter.supports(model.name),
+        "tensor_parallel": tp,
+        "batch": batch,
+        "context": context,
+        "alpha": alpha,
+        "gamma": gamma,
+        "tau": t,
+        "weight_bytes_per_rank": float(roof.weight_bytes),
+        "kv_bytes_per_rank": float(batch * context * roof.kv_bytes_per_token),
+        "flops_per_token_per_rank": float(roof.flops_per_token(context)),
+        "memory_time_ms": 1e3 * float(roof.memory_time(batch, context)),
+        "compute_time_plain_ms": 1e3 * float(roof.compute_time(n_plain, context)),
+        "compute_time_verify_ms": 1e3 * float(roof.compute_time(n_spec, context)),
+        "fixed_overhead_ms": 1e3 * float(roof.fixed_s),
+        "step_plain_ms": 1e3 * plain,
+        "step_verify_ms": 1e3 * verify,
+        "draft_ms": 1e3 * draft,
+        "spec_overhead_ms": 1e3 * overhead,
+        "step_spec_ms": 1e3 * spec,
+        "headroom": float(roof.headroom(n_plain, batch, context)),
+        "headroom_with_drafts": float(roof.headroom(n_spec, batch, context)),
+        "ridge_seqs": float(roof.seqs_for_headroom(0.0, context)),
+        "tpot_plain_ms": 1e3 * plain,
+        "tpot_spec_ms": 1e3 * spec / t,
+        "tokens_per_s_plain": batch / plain,
+        "tokens_per_s_spec": batch * t / spec,
+        "speedup": speedup,
+        "gamma_star": int(star.gamma[0]),
+        "speedup_at_gamma_star": float(star.speedup[0]),
+    }

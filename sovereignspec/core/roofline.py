@@ -1,0 +1,173 @@
+"""Step time of one batched decode step on one GPU, and what a headroom reading means in load.
+
+The model is the roofline of the mission brief, extended with the KV cache:
+
+    T(n, s, L) = max( (W + s·L·kv) / B ,  n·f(L) / P ) + t_fixed
+
+with n query tokens in the step (one per plain sequence, γ+1 per speculating one), s sequences whose
+KV cache is read, context L, per-GPU weight bytes W, per-token KV bytes kv, FLOPs per query token
+f(L) = 2·params + 4·layers·L·hidden (weights plus attention), efficiencies folded into P and B, and a
+fixed per-step cost (launches, sampling, tensor-parallel all-reduces). It assumes memory traffic and
+arithmetic overlap across the whole step; real kernels overlap less, which is what the efficiency
+factors and the fitted overheads absorb. A pure roofline never predicts a slow-down by itself: the
+loss comes from compute past the ridge, drafting and the speculation machinery (see `speedup`).
+
+Headroom h is spare compute, the complement of the roofline's compute utilisation u = C/M:
+h = 1 − min(1, u). h = 0 means the step is at or past its compute ridge. Because both C and M grow
+with the batch, long contexts can keep a GPU memory-bound at any batch that fits (MagicDec's
+observation); there a reading below the reachable minimum maps to the KV-capacity limit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from sovereignspec.core.specs import GpuSpec, ModelSpec
+
+Array = NDArray[np.float64]
+
+# Fraction of GPU memory that weights may take when choosing a tensor-parallel degree; the rest is
+# KV cache, activations and the CUDA context.
+WEIGHT_MEMORY_FRACTION = 0.85
+# Fraction of GPU memory usable by weights plus KV cache when bounding the load.
+USABLE_MEMORY_FRACTION = 0.92
+TP_DEGREES = (1, 2, 4, 8, 16)
+
+
+def tensor_parallel_for(gpu: GpuSpec, model: ModelSpec) -> int:
+    """The model's usual TP degree, raised to the next power of two if its weights don't fit."""
+    weight_bytes = model.params * model.bytes_per_param
+    for tp in TP_DEGREES:
+        if tp >= model.tensor_parallel and weight_bytes / tp <= WEIGHT_MEMORY_FRACTION * gpu.mem_bytes:
+            return tp
+    raise ValueError(f"model {model.name} does not fit on {gpu.name} at any TP degree in {TP_DEGREES}")
+
+
+@dataclass(frozen=True)
+class Roofline:
+    """Per-GPU coefficients of the step-time model for one target model.
+
+    Every field is a float or an array over GPUs, so one instance can describe a whole cluster and
+    `step_time` broadcasts over GPUs, draft lengths and batch sizes at once.
+    """
+
+    weight_bytes: Array  # W: bytes of weights each rank streams per step
+    kv_bytes_per_token: Array  # bytes of KV cache one context token occupies on each rank
+    weight_flops_per_token: Array  # 2·params / tp
+    attention_flops_per_token_per_ctx: Array  # 4·layers·hidden / tp
+    flops: Array  # effective FLOP/s
+    bandwidth: Array  # effective bytes/s
+    fixed_s: Array  # fixed cost per step
+    capacity_bytes: Array  # memory usable by weights and KV on each rank
+
+    def flops_per_token(self, context: ArrayLike) -> Array:
+        return np.asarray(
+            self.weight_flops_per_token + self.attention_flops_per_token_per_ctx * np.asarray(context)
+        )
+
+    def seconds_per_token(self, context: ArrayLike) -> Array:
+        """Compute time of one query token at `context` (the slope of the compute roof)."""
+        return np.asarray(self.flops_per_token(context) / self.flops, dtype=np.float64)
+
+    def memory_time(self, n_seqs: ArrayLike, context: ArrayLike) -> Array:
+        kv = np.asarray(n_seqs) * np.asarray(context) * self.kv_bytes_per_token
+        return np.asarray((self.weight_bytes + kv) / self.bandwidth, dtype=np.float64)
+
+    def compute_time(self, n_tokens: ArrayLike, context: ArrayLike) -> Array:
+        return np.asarray(np.asarray(n_tokens) * self.seconds_per_token(context), dtype=np.float64)
+
+    def step_time(self, n_tokens: ArrayLike, n_seqs: ArrayLike, context: ArrayLike) -> Array:
+        """T(n, s, L): seconds for one step with n query tokens over s sequences of context L."""
+        return np.asarray(
+            np.maximum(self.memory_time(n_seqs, context), self.compute_time(n_tokens, context))
+            + self.fixed_s,
+            dtype=np.float64,
+        )
+
+    def headroom(self, n_tokens: ArrayLike, n_seqs: ArrayLike, context: ArrayLike) -> Array:
+        """Spare compute of a step with n_tokens query tokens over n_seqs sequences: 1 − min(1, C/M)."""
+        u = self.compute_time(n_tokens, context) / self.memory_time(n_seqs, context)
+        return np.asarray(1.0 - np.minimum(1.0, u), dtype=np.float64)
+
+    def max_seqs(self, context: ArrayLike) -> Array:
+        """Sequences whose KV cache fits next to the weights."""
+        free = np.maximum(self.capacity_bytes - self.weight_bytes, 0.0)
+        per_seq = np.maximum(np.asarray(context), 1.0) * self.kv_bytes_per_token
+        return np.asarray(free / per_seq, dtype=np.float64)
+
+    def seqs_for_headroom(self, headroom: ArrayLike, context: ArrayLike) -> Array:
+        """The plain-decode load (sequences) at which the GPU reads `headroom`; inverse of `headroom`.
+
+        Solves s·f/P = u·(W + s·L·kv)/B for u = 1 − h. Where u cannot be reached before the KV cache
+        is full (long contexts), or the solution exceeds capacity, the load is the capacity.
+        """
+        h = np.clip(np.asarray(headroom, dtype=np.float64), 0.0, 1.0)
+        u = 1.0 - h
+        ctx = np.asarray(context, dtype=np.float64)
+        compute_per_seq = self.seconds_per_token(ctx)
+        memory_per_seq = ctx * self.kv_bytes_per_token / self.bandwidth
+        denom = compute_per_seq - u * memory_per_seq
+        # Where denom > 0 the floor changes nothing; elsewhere the quotient is discarded.
+        s = np.where(
+            denom > 0.0, u * (self.weight_bytes / self.bandwidth) / np.maximum(denom, 1e-300), np.inf
+        )
+        return np.asarray(np.minimum(s, self.max_seqs(ctx)), dtype=np.float64)
+
+    def map(self, fn: Callable[[Array], Array]) -> Roofline:
+        """The same coefficients with `fn` applied to every field (indexing, reshaping)."""
+        return Roofline(**{name: fn(np.asarray(getattr(self, name), dtype=np.float64)) for name in _FIELDS})
+
+    def take(self, index: NDArray[np.int64]) -> Roofline:
+        return self.map(lambda a: a[index])
+
+    def matrix(self) -> Array:
+        """The fields stacked as rows of one (fields, G) array; `from_matrix(m[:, idx])` is a fast take."""
+        return np.stack([np.asarray(getattr(self, name), dtype=np.float64) for name in _FIELDS])
+
+    @staticmethod
+    def from_matrix(m: Array) -> Roofline:
+        return Roofline(*m)
+
+
+_FIELDS = tuple(Roofline.__dataclass_fields__)
+
+
+def _f(x: float) -> Array:
+    return np.asarray(x, dtype=np.float64)
+
+
+def roofline_for(gpu: GpuSpec, model: ModelSpec, tp: int | None = None) -> Roofline:
+    """Coefficients for `model` on `gpu` at its tensor-parallel degree (chosen to fit if not given)."""
+    tp = tp or tensor_parallel_for(gpu, model)
+    allreduces = 2.0 * model.layers if tp > 1 else 0.0  # one after attention, one after the MLP
+    return Roofline(
+        weight_bytes=_f(model.params * model.bytes_per_param / tp),
+        kv_bytes_per_token=_f(model.kv_bytes_per_token / tp),
+        weight_flops_per_token=_f(2.0 * model.params / tp),
+        attention_flops_per_token_per_ctx=_f(4.0 * model.layers * model.hidden / tp),
+        flops=_f(gpu.effective_flops),
+        bandwidth=_f(gpu.effective_bandwidth),
+        fixed_s=_f(gpu.step_overhead_s + allreduces * gpu.allreduce_s),
+        capacity_bytes=_f(USABLE_MEMORY_FRACTION * gpu.mem_bytes),
+    )
+
+
+def stack_rooflines(rooflines: list[Roofline]) -> Roofline:
+    """One Roofline whose fields are arrays over the given GPUs, for vectorised placement."""
+    return Roofline(
+        **{name: np.array([getattr(r, name) for r in rooflines], dtype=np.float64) for name in _FIELDS}
+    )
+
+
+def headroom_from_tensor_activity(tensor_active: ArrayLike, compute_efficiency: ArrayLike) -> Array:
+    """Headroom from DCGM's tensor-pipe activity ratio (0–1).
+
+    Decode kernels reach `compute_efficiency` of peak at best, so a pipe busy that fraction of the
+    time is saturated: h = 1 − min(1, activity / efficiency).
+    """
+    activity = np.clip(np.asarray(tensor_active, dtype=np.float64), 0.0, 1.0)
+    return np.asarray(1.0 - np.minimum(1.0, activity / np.asarray(compute_efficiency)), dtype=np.float64)

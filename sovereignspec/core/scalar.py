@@ -1,0 +1,115 @@
+"""The cost model and the γ choice for one GPU, in plain Python floats.
+
+Two users: the scalar reference (`reference`), which recomputes every GPU for every workload, and
+the placer's incremental updates, where one GPU changed and a numpy call per term would cost more
+than the arithmetic. Every expression is written in the same order as its vectorised twin in
+`roofline` and `optimiser`, so both round alike and decide alike; the tests hold them to that.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from sovereignspec.core.roofline import USABLE_MEMORY_FRACTION
+from sovereignspec.core.specs import GpuSpec, ModelSpec
+
+TIE_QUANTUM = 1e-9
+
+
+@dataclass(frozen=True)
+class Coeffs:
+    """One GPU's roofline coefficients for one model; the fields of `Roofline`, in its order."""
+
+    w: float
+    kv: float
+    wf: float
+    af: float
+    p: float
+    b: float
+    fixed: float
+    cap: float
+
+    @staticmethod
+    def of(gpu: GpuSpec, model: ModelSpec, tp: int) -> Coeffs:
+        return Coeffs(
+            w=model.params * model.bytes_per_param / tp,
+            kv=model.kv_bytes_per_token / tp,
+            wf=2.0 * model.params / tp,
+            af=4.0 * model.layers * model.hidden / tp,
+            p=gpu.effective_flops,
+            b=gpu.effective_bandwidth,
+            fixed=gpu.step_overhead_s + (2.0 * model.layers if tp > 1 else 0.0) * gpu.allreduce_s,
+            cap=USABLE_MEMORY_FRACTION * gpu.mem_bytes,
+        )
+
+    def spt(self, ctx: float) -> float:
+        return (self.wf + self.af * ctx) / self.p
+
+    def memory(self, n_seqs: float, ctx: float) -> float:
+        return (self.w + n_seqs * ctx * self.kv) / self.b
+
+    def headroom(self, n_tokens: float, n_seqs: float, ctx: float) -> float:
+        return 1.0 - min(1.0, (n_tokens * self.spt(ctx)) / self.memory(n_seqs, ctx))
+
+    def seqs_for_headroom(self, h: float, ctx: float) -> float:
+        u = 1.0 - min(max(h, 0.0), 1.0)
+        denom = self.spt(ctx) - u * (ctx * self.kv / self.b)
+        cap = max(self.cap - self.w, 0.0) / (max(ctx, 1.0) * self.kv)
+        s = u * (self.w / self.b) / denom if denom > 0.0 else math.inf
+        return min(s, cap)
+
+
+def tau(alpha: float, gamma: float) -> float:
+    if abs(1.0 - alpha) < 1e-12:
+        return gamma + 1.0
+    return float((1.0 - alpha ** (gamma + 1.0)) / (1.0 - alpha))
+
+
+def quantize(x: float) -> float:
+    return math.floor(x / TIE_QUANTUM + 0.5)
+
+
+@dataclass(frozen=True)
+class Choice:
+    gamma: int
+    step: float
+    plain: float
+    before: float
+    load: float  # background sequences at the judged reading
+
+
+def best_gamma(
+    c: Coeffs,
+    taus: list[float],
+    seqs: float,
+    ctx: float,
+    draft_cost: float,
+    spec_overhead: float,
+    margin: float,
+    judged_headroom: float,
+    slo_ratio: float,
+    allow_spec: bool,
+) -> Choice:
+    """γ* on one GPU: the optimiser's rule, γ by γ. `taus[γ]` = τ(α, γ) for γ = 0..γ_max."""
+    b = seqs
+    n = c.seqs_for_headroom(judged_headroom, ctx)
+    spt = c.spt(ctx)
+    x = n * spt + c.fixed
+    y = b * spt
+    mem = c.memory(n + b, ctx) + c.fixed
+    plain = max(mem, x + y)
+    before = max(c.memory(n, ctx) + c.fixed, x)
+    # γ = 0 first: always feasible; its step is the plain step and the ratio exactly 1.
+    best = (quantize(((b / (n + b)) * taus[0] + n / (n + b)) * (plain / plain)), 0, plain)
+    for gamma in range(1, len(taus) if allow_spec else 1):
+        step = max((gamma + 1.0) * y + x, mem)
+        step += (gamma * draft_cost + spec_overhead) * plain
+        t = taus[gamma]
+        ratio = plain / step
+        aggregate = ((b / (n + b)) * t + n / (n + b)) * ratio
+        if t * ratio >= 1.0 + margin and step <= slo_ratio * before:
+            score = quantize(aggregate)
+            if score > best[0]:
+                best = (score, gamma, step)
+    return Choice(best[1], best[2], plain, before, n)

@@ -1,0 +1,86 @@
+"""Hardware, model and drafter descriptions as the cost model sees them: SI units, no file formats.
+
+The YAML profiles under `profiles/` are validated at the border (`sovereignspec.profiles`) and
+converted into these frozen dataclasses; the core never sees a file or a unit suffix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+DRAFTER_KINDS = ("eagle", "draft-model", "ngram", "medusa", "mtp")
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """One GPU type. Peak and bandwidth are datasheet figures; efficiencies turn them into practice."""
+
+    name: str
+    peak_flops: float  # dense bf16 FLOP/s
+    mem_bandwidth: float  # bytes/s
+    mem_bytes: float
+    idle_watts: float
+    max_watts: float
+    compute_efficiency: float  # fraction of peak that decode GEMMs reach
+    bandwidth_efficiency: float  # fraction of datasheet bandwidth that weight/KV streaming reaches
+    step_overhead_s: float  # fixed cost of one engine step (launches, sampling, scheduling)
+    allreduce_s: float  # latency of one small all-reduce between tensor-parallel ranks
+
+    @property
+    def effective_flops(self) -> float:
+        return self.peak_flops * self.compute_efficiency
+
+    @property
+    def effective_bandwidth(self) -> float:
+        return self.mem_bandwidth * self.bandwidth_efficiency
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A dense decoder-only target model and the tensor parallelism it usually runs at."""
+
+    name: str
+    params: float
+    layers: int
+    hidden: int  # query heads x head_dim
+    kv_heads: int
+    head_dim: int
+    bytes_per_param: float
+    kv_bytes_per_elem: float
+    tensor_parallel: int
+
+    @property
+    def kv_bytes_per_token(self) -> float:
+        """KV cache bytes one token of context occupies, across all ranks."""
+        return 2.0 * self.layers * self.kv_heads * self.head_dim * self.kv_bytes_per_elem
+
+    def flops_per_token(self, context: float) -> float:
+        """FLOPs of one query token: weight GEMMs (2 per parameter) plus attention over `context`."""
+        return 2.0 * self.params + 4.0 * self.layers * context * self.hidden
+
+
+@dataclass(frozen=True)
+class DrafterSpec:
+    """A drafting method. `relative_cost` is one drafted token's cost as a fraction of a target step."""
+
+    name: str
+    kind: str
+    relative_cost: float
+    spec_overhead: float  # the speculation machinery's own per-step cost, as a fraction of a target step
+    targets: tuple[str, ...] = ()  # target models it drafts for; empty = any
+    relative_cost_by_target: dict[str, float] = field(default_factory=dict)
+
+    def cost_for(self, model: str) -> float:
+        return self.relative_cost_by_target.get(model, self.relative_cost)
+
+    def supports(self, model: str) -> bool:
+        return not self.targets or model in self.targets
+
+
+@dataclass(frozen=True)
+class ProfileSet:
+    """Every GPU, model and drafter the cost model knows, by name."""
+
+    gpus: dict[str, GpuSpec]
+    models: dict[str, ModelSpec]
+    drafters: dict[str, DrafterSpec]

@@ -1,0 +1,107 @@
+"""Expected accepted tokens, realized speed-up and the cost of speculation in a shared step.
+
+For a workload with acceptance rate α drafting γ tokens per step, the target verifies γ+1 query
+tokens per sequence and accepts on average
+
+    τ(α, γ) = (1 − α^(γ+1)) / (1 − α)        (γ + 1 at α = 1)
+
+tokens per step (Leviathan et al., 2023). A GPU's step serves several workloads ("co-batched":
+one engine serving several tenants, or engines sharing a card). For workloads i with b_i sequences
+drafting γ_i tokens with a drafter of relative cost c_i and speculation overhead o_i:
+
+    T_step(γ) = T(Σ b_i(γ_i+1), Σ b_i, L) + Σ_{γ_i>0} (γ_i·c_i + o_i) · T(Σ b_i, Σ b_i, L)
+
+The first term is the verification work every co-batched request waits for; the second is each
+speculating workload's drafting and speculation machinery, priced, as in the brief, against the
+plain step of the GPU it runs on: a draft pass and the machinery's bookkeeping are steps of the
+shared loop that everyone waits for. With everyone alike this is the brief's
+S_real = τ·T(n₀) / (T(n₀+Δ) + γ·c·T(n₀) + o_spec), with o_spec = o·T(n₀) (the measured machinery
+tax is relative: 6–22 % of a step).
+
+Workload i's speed-up is τ_i·T_plain / T_step, its time per output token T_step / τ_i, and the
+GPU's aggregate speed-up is the token-weighted mean: (Σ b_i τ_i / Σ b_i) · T_plain / T_step.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from sovereignspec.core.roofline import Roofline
+
+Array = NDArray[np.float64]
+
+
+def tau(alpha: ArrayLike, gamma: ArrayLike) -> Array:
+    """Expected tokens per verification step, τ(α, γ); vectorised, exact at α = 1."""
+    a = np.asarray(alpha, dtype=np.float64)
+    g = np.asarray(gamma, dtype=np.float64)
+    near_one = np.abs(1.0 - a) < 1e-12
+    safe = np.where(near_one, 0.5, a)
+    geometric = (1.0 - safe ** (g + 1.0)) / (1.0 - safe)
+    return np.asarray(np.where(near_one, g + 1.0, geometric), dtype=np.float64)
+
+
+def group_step_time(
+    roof: Roofline,
+    seqs: ArrayLike,
+    gamma: ArrayLike,
+    draft_cost: ArrayLike,
+    spec_overhead: ArrayLike,
+    context: ArrayLike,
+) -> Array:
+    """T_step for configurations `gamma` (shape (..., W)) of W co-batched workloads.
+
+    `seqs`, `draft_cost` and `spec_overhead` have shape (W,); the result has shape (...).
+    """
+    b = np.asarray(seqs, dtype=np.float64)
+    g = np.asarray(gamma, dtype=np.float64)
+    n_tokens = (b * (g + 1.0)).sum(axis=-1)
+    n_seqs = b.sum()
+    verify = roof.step_time(n_tokens, n_seqs, context)
+    plain = roof.step_time(n_seqs, n_seqs, context)
+    drafting = np.where(g > 0, g * np.asarray(draft_cost) + np.asarray(spec_overhead), 0.0).sum(axis=-1)
+    return np.asarray(verify + drafting * plain, dtype=np.float64)
+
+
+def group_outcome(
+    roof: Roofline,
+    seqs: ArrayLike,
+    alpha: ArrayLike,
+    gamma: ArrayLike,
+    draft_cost: ArrayLike,
+    spec_overhead: ArrayLike,
+    context: ArrayLike,
+) -> tuple[Array, Array, Array]:
+    """(speed-up per workload, aggregate speed-up, T_step) for configurations `gamma` (..., W)."""
+    b = np.asarray(seqs, dtype=np.float64)
+    g = np.asarray(gamma, dtype=np.float64)
+    taus = tau(alpha, g)
+    plain = group_step_time(roof, b, np.zeros(b.shape), draft_cost, spec_overhead, context)
+    step = group_step_time(roof, b, g, draft_cost, spec_overhead, context)
+    ratio = plain / step
+    speedups = taus * ratio[..., None]
+    aggregate = (b * taus).sum(axis=-1) / b.sum() * ratio
+    return speedups, np.asarray(aggregate, dtype=np.float64), step
+
+
+def homogeneous_speedup(
+    roof: Roofline,
+    seqs: ArrayLike,
+    alpha: ArrayLike,
+    gamma: ArrayLike,
+    draft_cost: ArrayLike,
+    spec_overhead: ArrayLike,
+    context: ArrayLike,
+) -> Array:
+    """S_real of a single shared engine where every one of `seqs` sequences drafts `gamma` tokens.
+
+    The brief's formula: τ·T(n₀) / (T(n₀ + γ·n₀) + (γ·c + o)·T(n₀)). Broadcasts over all arguments.
+    """
+    s = np.asarray(seqs, dtype=np.float64)
+    g = np.asarray(gamma, dtype=np.float64)
+    plain = roof.step_time(s, s, context)
+    spec = roof.step_time(s * (g + 1.0), s, context) + np.where(
+        g > 0, (g * np.asarray(draft_cost) + np.asarray(spec_overhead)) * plain, 0.0
+    )
+    return np.asarray(tau(alpha, g) * plain / spec, dtype=np.float64)

@@ -1,0 +1,185 @@
+"""Loading and validating the YAML profiles into the core's specs (the border for `profiles/`).
+
+A bad profile fails with a `ConfigError` naming the file, the field, the value and what is
+accepted. Units in the files are the ones on datasheets (TFLOPS, TB/s, GB, W, ms, µs); the core gets SI.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from functools import lru_cache
+from pathlib import Path
+from typing import Annotated, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from sovereignspec.core.specs import DRAFTER_KINDS, DrafterSpec, GpuSpec, ModelSpec, ProfileSet
+from sovereignspec.errors import ConfigError, describe
+
+Positive = Annotated[float, Field(gt=0)]
+Fraction = Annotated[float, Field(gt=0, le=1)]
+
+
+class _Profile(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: str = Field(min_length=1, description="a non-empty name")
+    source: str = Field(min_length=1, description="where the numbers come from")
+    measured: bool = Field(description="true only for figures profiled on real hardware")
+
+
+class GpuProfile(_Profile):
+    kind: Literal["gpu"]
+    peak_tflops: float = Field(gt=0, description="dense bf16 TFLOP/s, > 0")
+    memory_bandwidth_tbps: float = Field(gt=0, description="memory bandwidth in TB/s, > 0")
+    memory_gb: float = Field(gt=0, description="memory in GB, > 0")
+    idle_watts: float = Field(ge=0, description="idle power in W, >= 0")
+    max_watts: float = Field(gt=0, description="max board power in W, > 0")
+    compute_efficiency: float = Field(gt=0, le=1, description="fraction of peak reached, in (0, 1]")
+    bandwidth_efficiency: float = Field(gt=0, le=1, description="fraction of bandwidth reached, in (0, 1]")
+    step_overhead_ms: float = Field(ge=0, description="fixed cost per engine step in ms, >= 0")
+    allreduce_us: float = Field(ge=0, description="latency of one small all-reduce in µs, >= 0")
+
+    def to_spec(self) -> GpuSpec:
+        return GpuSpec(
+            name=self.name,
+            peak_flops=self.peak_tflops * 1e12,
+            mem_bandwidth=self.memory_bandwidth_tbps * 1e12,
+            mem_bytes=self.memory_gb * 1e9,
+            idle_watts=self.idle_watts,
+            max_watts=self.max_watts,
+            compute_efficiency=self.compute_efficiency,
+            bandwidth_efficiency=self.bandwidth_efficiency,
+            step_overhead_s=self.step_overhead_ms * 1e-3,
+            allreduce_s=self.allreduce_us * 1e-6,
+        )
+
+
+class ModelProfile(_Profile):
+    kind: Literal["model"]
+    params_billion: float = Field(gt=0, description="parameters in billions, > 0")
+    layers: int = Field(gt=0, description="a positive integer")
+    hidden: int = Field(gt=0, description="query heads x head dim, a positive integer")
+    kv_heads: int = Field(gt=0, description="a positive integer")
+    head_dim: int = Field(gt=0, description="a positive integer")
+    bytes_per_param: float = Field(gt=0, description="bytes per weight, > 0 (2 for bf16)")
+    kv_bytes_per_elem: float = Field(gt=0, description="bytes per KV element, > 0 (2 for bf16)")
+    tensor_parallel: Literal[1, 2, 4, 8, 16] = Field(description="one of 1, 2, 4, 8, 16")
+
+    def to_spec(self) -> ModelSpec:
+        return ModelSpec(
+            name=self.name,
+            params=self.params_billion * 1e9,
+            layers=self.layers,
+            hidden=self.hidden,
+            kv_heads=self.kv_heads,
+            head_dim=self.head_dim,
+            bytes_per_param=self.bytes_per_param,
+            kv_bytes_per_elem=self.kv_bytes_per_elem,
+            tensor_parallel=self.tensor_parallel,
+        )
+
+
+class DrafterProfile(_Profile):
+    kind: Literal["drafter"]
+    drafter_kind: Literal[DRAFTER_KINDS] = Field(  # type: ignore[valid-type]
+        description="one of " + ", ".join(DRAFTER_KINDS)
+    )
+    relative_cost: float = Field(
+        ge=0, lt=1, description="a drafted token's cost relative to a target step, in [0, 1)"
+    )
+    relative_cost_by_target: dict[str, Annotated[float, Field(ge=0, lt=1)]] = Field(
+        default_factory=dict, description="per-target overrides of relative_cost, each in [0, 1)"
+    )
+    spec_overhead: float = Field(
+        ge=0, lt=1, description="per-step machinery cost relative to a target step, in [0, 1)"
+    )
+    targets: list[str] = Field(default_factory=list, description="target model names; empty means any")
+
+    def to_spec(self) -> DrafterSpec:
+        return DrafterSpec(
+            name=self.name,
+            kind=self.drafter_kind,
+            relative_cost=self.relative_cost,
+            spec_overhead=self.spec_overhead,
+            targets=tuple(self.targets),
+            relative_cost_by_target=dict(self.relative_cost_by_target),
+        )
+
+
+_KINDS: dict[str, type[GpuProfile] | type[ModelProfile] | type[DrafterProfile]] = {
+    "gpus": GpuProfile,
+    "models": ModelProfile,
+    "drafters": DrafterProfile,
+}
+
+
+def default_profile_dir() -> Path:
+    """`$SOVEREIGNSPEC_PROFILES`, else the profiles shipped inside the wheel, else the repository's."""
+    env = os.environ.get("SOVEREIGNSPEC_PROFILES")
+    if env:
+        return Path(env)
+    packaged = Path(__file__).parent / "_profiles"
+    if packaged.is_dir():
+        return packaged
+    return Path(__file__).resolve().parent.parent / "profiles"
+
+
+def load_file(
+    path: Path, schema: type[GpuProfile] | type[ModelProfile] | type[DrafterProfile]
+) -> GpuProfile | ModelProfile | DrafterProfile:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of fields, got {type(data).__name__}")
+    try:
+        return schema.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(describe(exc, schema, where=str(path))) from exc
+
+
+def load_profiles(directory: Path | str | None = None) -> ProfileSet:
+    """Every profile under `directory` (gpus/, models/, drafters/), validated; names must be unique."""
+    root = Path(directory) if directory is not None else default_profile_dir()
+    if not root.is_dir():
+        raise ConfigError(f"profiles directory {root} does not exist")
+    found: dict[str, dict[str, object]] = {k: {} for k in _KINDS}
+    origin: dict[tuple[str, str], Path] = {}
+    for folder, schema in _KINDS.items():
+        for path in sorted((root / folder).glob("*.yaml")):
+            profile = load_file(path, schema)
+            key = (folder, profile.name)
+            if key in origin:
+                raise ConfigError(
+                    f"{path}: field 'name': {profile.name!r} is already defined in {origin[key]}"
+                )
+            origin[key] = path
+            found[folder][profile.name] = profile.to_spec()
+    for folder, items in found.items():
+        if not items:
+            raise ConfigError(f"{root / folder}: no {folder} profiles found (expected *.yaml files)")
+    profiles = ProfileSet(gpus=found["gpus"], models=found["models"], drafters=found["drafters"])  # type: ignore[arg-type]
+    for drafter in profiles.drafters.values():
+        for target in [*drafter.targets, *drafter.relative_cost_by_target]:
+            if target not in profiles.models:
+                raise ConfigError(
+                    f"{origin[('drafters', drafter.name)]}: field 'targets': got {target!r}; "
+                    f"accepted: one of the models {sorted(profiles.models)}"
+                )
+    return profiles
+
+
+@lru_cache(maxsize=8)
+def cached_profiles(directory: str | None = None) -> ProfileSet:
+    return load_profiles(directory)
+
+
+def resolve_name(kind: str, name: str, known: Mapping[str, object]) -> str:
+    """Case-insensitive lookup; a clear error naming the accepted values otherwise."""
+    for candidate in known:
+        if candidate.lower() == name.lower():
+            return candidate
+    raise ConfigError(f"unknown {kind} {name!r}; accepted: {', '.join(sorted(known))}")

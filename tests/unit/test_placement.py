@@ -1,0 +1,220 @@
+"""Placement decisions, table-driven, and the vectorised placer against the scalar reference."""
+
+import math
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sovereignspec.core.placement import ClusterView, GpuState, NodeState, Placer, Policy, WorkloadRequest
+from sovereignspec.core.reference import reference_tick
+from sovereignspec.core.sovereignty import DEFAULT_JURISDICTION_LABEL as JUR
+
+
+def cluster(*specs):
+    """specs: (node, gpu type, headrooms per GPU, jurisdiction, tenants, exclusive tenants, slo ratios)."""
+    nodes, gpus = [], []
+    for spec in specs:
+        name, gpu_type, headrooms, jurisdiction = spec[:4]
+        tenants = frozenset(spec[4]) if len(spec) > 4 else frozenset()
+        exclusive = frozenset(spec[5]) if len(spec) > 5 else frozenset()
+        ratios = spec[6] if len(spec) > 6 else [math.inf] * len(headrooms)
+        labels = {JUR: jurisdiction} if jurisdiction else {}
+        nodes.append(
+            NodeState(name, labels, free_gpus=len(headrooms), tenants=tenants, exclusive_tenants=exclusive)
+        )
+        gpus += [
+            GpuState(name, i, gpu_type, h, q) for i, (h, q) in enumerate(zip(headrooms, ratios, strict=True))
+        ]
+    return ClusterView(nodes, gpus)
+
+
+def wl(name="w", tenant="t", alpha=0.8, drafter="eagle3", cls="latency", **kw):
+    return WorkloadRequest(
+        name, tenant, kw.pop("model", "llama-3.1-8b"), drafter, alpha, latency_class=cls, **kw
+    )
+
+
+def test_latency_work_with_high_acceptance_goes_to_headroom_and_speculates(profiles):
+    view = cluster(("busy", "H100-SXM", [0.05], "eu"), ("idle", "H100-SXM", [0.95], "eu"))
+    p = Placer(profiles, view).place(wl())
+    assert (p.node, p.mode) == ("idle", "speculative") and p.gamma >= 1
+    assert p.record.speedup > 1.5 and "γ*=" in p.record.reason
+
+
+def test_throughput_work_runs_plain_on_the_most_loaded_gpu_keeping_headroom_free(profiles):
+    view = cluster(("busy", "H100-SXM", [0.05], "eu"), ("idle", "H100-SXM", [0.95], "eu"))
+    p = Placer(profiles, view).place(wl(cls="throughput", alpha=0.4, drafter=None))
+    assert (p.node, p.mode, p.gamma) == ("busy", "plain", 0)
+
+
+def test_all_gpus_saturated_means_plain_decode_not_delay(profiles):
+    view = cluster(("a", "H100-SXM", [0.0, 0.0], "eu"), ("b", "A100-80G-SXM", [0.0], "eu"))
+    p = Placer(profiles, view).place(wl())
+    assert p.outcome == "placed" and p.gamma == 0
+    assert "saturated" in p.record.reason or "S_real" in p.record.reason
+
+
+def test_a_tight_neighbour_on_the_only_idle_gpu_keeps_the_newcomer_plain_and_is_named(profiles):
+    loose = Placer(profiles, cluster(("only", "H100-SXM", [0.9], "eu", ["old"], [], [2.0]))).place(
+        wl(seqs=64)
+    )
+    assert loose.gamma > 0
+    view = cluster(("only", "H100-SXM", [0.9], "eu", ["old"], [], [1.0005]))
+    placer = Placer(profiles, view)
+    placer.binding[0] = "old-tenant/chat"
+    p = placer.place(wl(seqs=64))  # big enough a share that speculating would pay the GPU
+    assert p.gamma == 0 and "old-tenant/chat" in p.record.reason
+    assert p.record.binding_neighbour == "old-tenant/chat"
+
+
+def test_stale_telemetry_means_plain_with_the_reason(profiles):
+    view = cluster(("n", "H100-SXM", [None], "eu"))
+    p = Placer(profiles, view).place(wl())
+    assert p.gamma == 0 and "telemetry" in p.record.reason and p.record.headroom is None
+
+
+def test_jurisdiction_is_never_crossed_whatever_the_headroom(profiles):
+    view = cluster(("kr-busy", "RTX-4090", [0.0], "kr"), ("eu-idle", "H100-SXM", [1.0], "eu"))
+    p = Placer(profiles, view).place(wl(jurisdiction="kr"))
+    assert p.node == "kr-busy"
+    assert "eu-idle" in p.record.excluded and "jurisdiction" in p.record.excluded["eu-idle"]
+
+
+def test_no_node_in_the_required_jurisdiction_is_rejected_not_retried(profiles):
+    view = cluster(("eu", "H100-SXM", [1.0], "eu"))
+    p = Placer(profiles, view).place(wl(jurisdiction="kr"))
+    assert p.outcome == "rejected" and "kr" in p.record.reason
+
+
+def test_an_exclusive_tenant_never_shares_in_both_directions(profiles):
+    view = cluster(("shared", "H100-SXM", [1.0, 1.0], "eu", ["other"]), ("empty", "H100-SXM", [0.1], "eu"))
+    placer = Placer(profiles, view)
+    first = placer.place(wl("secret", "bank", exclusive=True))
+    assert first.node == "empty"
+    second = placer.place(wl("next", "shop", alpha=0.9))
+    assert second.node == "shared"
+    full = Placer(profiles, cluster(("held", "H100-SXM", [1.0], "eu", ["bank"], ["bank"])))
+    blocked = full.place(wl("x", "shop"))
+    assert blocked.outcome == "retry" and "exclusive" in blocked.record.excluded["held"]
+
+
+def test_no_free_gpu_now_is_retry(profiles):
+    view = ClusterView([NodeState("n", {JUR: "eu"}, free_gpus=0)], [GpuState("n", 0, "H100-SXM", 1.0)])
+    assert Placer(profiles, view).place(wl()).outcome == "retry"
+
+
+def test_a_70b_model_takes_its_tensor_parallel_gpus_from_the_node(profiles):
+    view = cluster(("n", "A100-80G-SXM", [1.0] * 4, "eu"))
+    placer = Placer(profiles, view)
+    assert placer.place(wl("a", model="llama-3.3-70b")).outcome == "placed"
+    assert placer.place(wl("b", model="llama-3.3-70b")).outcome == "retry"
+
+
+def test_bad_performance_input_forces_plain_but_still_places(profiles):
+    p = Placer(profiles, cluster(("n", "H100-SXM", [1.0], "eu"))).place(wl(force_plain="annotation x: bad"))
+    assert p.outcome == "placed" and p.gamma == 0 and "annotation x" in p.record.reason
+
+
+def test_a_tick_decides_latency_work_first_and_never_overcommits(profiles):
+    view = cluster(("n", "H100-SXM", [1.0, 0.2], "eu"))
+    tick = Placer(profiles, view).tick([wl("bulk", cls="throughput"), wl("chat", alpha=0.9), wl("late")])
+    assert [p.workload for p in tick] == ["chat", "late", "bulk"]
+    assert tick[0].gpu_index == 0 and tick[-1].outcome == "retry"
+
+
+def test_decisions_do_not_depend_on_input_order(profiles):
+    view = _random_cluster(random.Random(3), 30)
+    pending = _random_workloads(random.Random(4), 60)
+    a = Placer(profiles, view).tick(pending)
+    b = Placer(profiles, ClusterView(view.nodes[::-1], view.gpus[::-1])).tick(pending[::-1])
+    assert [(p.workload, p.node, p.gpu_index, p.gamma) for p in a] == [
+        (p.workload, p.node, p.gpu_index, p.gamma) for p in b
+    ]
+
+
+def _random_cluster(rng, n_nodes):
+    nodes, gpus = [], []
+    for i in range(n_nodes):
+        name = f"n{i:03d}"
+        tenants = {f"t{rng.randint(0, 9)}"} if rng.random() < 0.3 else set()
+        exclusive = set(tenants) if tenants and rng.random() < 0.3 else set()
+        nodes.append(
+            NodeState(
+                name,
+                {JUR: rng.choice(["eu", "kr", "us"])},
+                rng.choice([2, 4, 8]),
+                frozenset(tenants),
+                frozenset(exclusive),
+            )
+        )
+        gpu_type = rng.choice(["A100-80G-SXM", "H100-SXM", "H200", "L40S", "RTX-4090"])
+        for k in range(8):
+            headroom = None if rng.random() < 0.05 else round(rng.random(), 3)
+            gpus.append(GpuState(name, k, gpu_type, headroom, rng.choice([math.inf, 1.05, 1.2, 2.0])))
+    return ClusterView(nodes, gpus)
+
+
+def _random_workloads(rng, n):
+    return [
+        WorkloadRequest(
+            f"w{i:04d}",
+            f"t{rng.randint(0, 9)}",
+            rng.choice(["llama-3.1-8b", "llama-3.3-70b"]),
+            rng.choice([None, "eagle3", "ngram", "llama-3.2-1b-draft"]),
+            round(rng.uniform(0.2, 0.95), 2),
+            seqs=rng.choice([1, 8, 32]),
+            context=rng.choice([256, 2048]),
+            latency_class=rng.choice(["latency", "throughput"]),
+            tpot_slo_s=rng.choice([None, 0.02, 0.08]),
+            jurisdiction=rng.choice([None, "eu", "kr", "mars"]),
+            exclusive=rng.random() < 0.1,
+        )
+        for i in range(n)
+    ]
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 10_000), st.sampled_from([True, False]))
+def test_the_vectorised_placer_decides_exactly_as_the_scalar_reference(profiles, seed, externality):
+    rng = random.Random(seed)
+    view = _random_cluster(rng, rng.randint(1, 25))
+    pending = _random_workloads(rng, rng.randint(1, 60))
+    policy = Policy(externality=externality)
+    fast = Placer(profiles, view, policy).tick(pending)
+    slow = reference_tick(profiles, view, pending, policy)
+    assert [(p.workload, p.outcome, p.node, p.gpu_index, p.gamma) for p in fast] == [
+        (r.workload, r.outcome, r.node, r.gpu_index, r.gamma) for r in slow
+    ]
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 10_000))
+def test_no_placement_in_a_tick_ever_breaks_sovereignty(profiles, seed):
+    rng = random.Random(seed)
+    view = _random_cluster(rng, rng.randint(1, 25))
+    pending = {w.name: w for w in _random_workloads(rng, 80)}
+    labels = {n.name: n.labels for n in view.nodes}
+    tenants = {n.name: set(n.tenants) for n in view.nodes}
+    holders = {n.name: set(n.exclusive_tenants) for n in view.nodes}
+    for p in Placer(profiles, view).tick(pending.values()):
+        if p.outcome != "placed":
+            continue
+        w = pending[p.workload]
+        if w.jurisdiction:
+            assert labels[p.node].get(JUR) == w.jurisdiction
+        assert holders[p.node] <= {w.tenant}
+        if w.exclusive:
+            assert tenants[p.node] <= {w.tenant}
+        tenants[p.node].add(w.tenant)
+        if w.exclusive:
+            holders[p.node].add(w.tenant)
+
+
+@pytest.mark.parametrize("explain", [True, False])
+def test_records_carry_where_and_how_with_or_without_the_breakdown(profiles, explain):
+    p = Placer(profiles, cluster(("n", "H100-SXM", [1.0], "eu"))).place(wl(), explain=explain)
+    assert p.record.node == "n" and p.record.gamma == p.gamma and p.record.tpot_ms > 0
+    assert (p.record.speedup is not None) is explain
+    assert p.record.to_dict()["neighbour_slo_ratio"] is None or explain

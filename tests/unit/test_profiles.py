@@ -1,0 +1,95 @@
+import shutil
+from pathlib import Path
+
+import pytest
+
+from sovereignspec.errors import ConfigError
+from sovereignspec.profiles import default_profile_dir, load_profiles
+
+SHIPPED = default_profile_dir()
+
+
+def test_shipped_profiles_cover_the_required_gpus_models_and_drafter_kinds(profiles):
+    assert {"A100-80G-SXM", "H100-SXM", "H200", "L40S", "RTX-4090"} <= set(profiles.gpus)
+    params = sorted(m.params for m in profiles.models.values())
+    assert any(7e9 <= p <= 9e9 for p in params) and any(65e9 <= p <= 75e9 for p in params)
+    assert len({d.kind for d in profiles.drafters.values()}) >= 2
+
+
+def test_every_shipped_profile_says_where_its_numbers_come_from_and_that_they_are_not_measured():
+    for path in SHIPPED.rglob("*.yaml"):
+        text = path.read_text()
+        assert "source:" in text and "measured: false" in text, path
+
+
+def _copy(tmp_path: Path) -> Path:
+    target = tmp_path / "profiles"
+    shutil.copytree(SHIPPED, target)
+    return target
+
+
+@pytest.mark.parametrize(
+    ("file", "old", "new", "field", "expected"),
+    [
+        (
+            "gpus/h100-sxm.yaml",
+            "memory_bandwidth_tbps: 3.35",
+            "memory_bandwidth_tbps: 0",
+            "memory_bandwidth_tbps",
+            "> 0",
+        ),
+        ("gpus/h100-sxm.yaml", "step_overhead_ms: 0.50", "step_overhead_ms: -1", "step_overhead_ms", ">= 0"),
+        (
+            "drafters/eagle3.yaml",
+            "drafter_kind: eagle",
+            "drafter_kind: telepathy",
+            "drafter_kind",
+            "eagle, draft-model",
+        ),
+        ("models/llama-3.1-8b.yaml", "layers: 32\n", "", "layers", "positive integer"),
+        (
+            "models/llama-3.1-8b.yaml",
+            "tensor_parallel: 1",
+            "tensor_parallel: 3",
+            "tensor_parallel",
+            "1, 2, 4, 8, 16",
+        ),
+    ],
+    ids=["zero-bandwidth", "negative-overhead", "unknown-drafter-kind", "missing-field", "odd-tp"],
+)
+def test_a_bad_profile_fails_naming_file_field_value_and_what_is_accepted(
+    tmp_path, file, old, new, field, expected
+):
+    root = _copy(tmp_path)
+    path = root / file
+    text = path.read_text()
+    assert old in text
+    path.write_text(text.replace(old, new))
+    with pytest.raises(ConfigError) as err:
+        load_profiles(root)
+    message = str(err.value)
+    assert str(path) in message and f"'{field}'" in message and expected in message
+    if new.strip():
+        assert new.split(":")[1].strip() in message  # the offending value
+
+
+def test_a_drafter_naming_an_unknown_target_model_is_refused(tmp_path):
+    root = _copy(tmp_path)
+    path = root / "drafters/ngram.yaml"
+    path.write_text(path.read_text().replace("targets: []", "targets: [gpt-9]"))
+    with pytest.raises(ConfigError, match=r"gpt-9.*llama-3\.1-8b"):
+        load_profiles(root)
+
+
+def test_two_profiles_with_one_name_are_refused(tmp_path):
+    root = _copy(tmp_path)
+    shutil.copy(root / "gpus/h200.yaml", root / "gpus/h200-copy.yaml")
+    with pytest.raises(ConfigError, match="already defined"):
+        load_profiles(root)
+
+
+def test_a_profile_that_is_not_yaml_is_refused_with_its_path(tmp_path):
+    root = _copy(tmp_path)
+    (root / "gpus/broken.yaml").write_text("name: [unclosed\n")
+    with pytest.raises(ConfigError, match=r"broken\.yaml: not valid YAML"):
+        load_profiles(root)

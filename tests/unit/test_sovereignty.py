@@ -1,0 +1,106 @@
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sovereignspec.core.sovereignty import (
+    DEFAULT_JURISDICTION_LABEL as JUR,
+)
+from sovereignspec.core.sovereignty import (
+    NodeTenancy,
+    Requirement,
+    TenancyIndex,
+    check_node,
+    filter_nodes,
+)
+
+
+def node(name, jurisdiction=None, tenants=(), exclusive=()):
+    labels = {JUR: jurisdiction} if jurisdiction else {}
+    return NodeTenancy(name, labels, frozenset(tenants), frozenset(exclusive))
+
+
+CASES = [
+    # (requirement, node, excluded constraint or None, permanent)
+    (Requirement("a", "eu"), node("n", "eu"), None, None),
+    (Requirement("a", "eu"), node("n", "kr"), "jurisdiction", True),
+    (Requirement("a", "eu"), node("n"), "jurisdiction", True),
+    (Requirement("a"), node("n"), None, None),
+    (Requirement("a", exclusive=True), node("n", tenants={"b"}), "shared-node", False),
+    (Requirement("a", exclusive=True), node("n", tenants={"a"}), None, None),
+    (Requirement("a"), node("n", tenants={"b"}, exclusive={"b"}), "exclusive-tenant-present", False),
+    (Requirement("b"), node("n", tenants={"b"}, exclusive={"b"}), None, None),
+    (Requirement("a", "kr", exclusive=True), node("n", "eu", tenants={"b"}), "jurisdiction", True),
+]
+
+
+@pytest.mark.parametrize(("req", "n", "constraint", "permanent"), CASES)
+def test_check_node_table(req, n, constraint, permanent):
+    why = check_node(req, n)
+    if constraint is None:
+        assert why is None
+    else:
+        assert why is not None and why.constraint == constraint and why.permanent is permanent
+
+
+def test_filter_names_every_excluded_node_and_knows_when_nothing_can_ever_fit():
+    nodes = [node("a", "eu"), node("b", "kr"), node("c")]
+    result = filter_nodes(Requirement("t", "us"), nodes)
+    assert result.admissible == ()
+    assert set(result.excluded) == {"a", "b", "c"}
+    assert "node is in eu" in result.excluded["a"].detail
+    assert result.never_admissible
+    busy = filter_nodes(Requirement("t", exclusive=True), [node("a", tenants={"x"})])
+    assert not busy.admissible and not busy.never_admissible
+
+
+tenants = st.sampled_from(["t0", "t1", "t2", "t3"])
+jurisdictions = st.sampled_from([None, "eu", "kr", "us"])
+nodes_strategy = st.lists(
+    st.tuples(jurisdictions, st.sets(tenants, max_size=3), st.booleans()), min_size=1, max_size=12
+)
+
+
+def _cluster(spec):
+    out = []
+    for i, (j, ts, excl) in enumerate(spec):
+        holder = {min(ts)} if excl and ts else set()
+        out.append(node(f"n{i:02d}", j, ts, holder))
+    return out
+
+
+@given(nodes_strategy, tenants, jurisdictions, st.booleans())
+def test_the_filter_never_admits_a_violating_node(spec, tenant, jurisdiction, exclusive):
+    nodes = _cluster(spec)
+    req = Requirement(tenant, jurisdiction, exclusive)
+    result = filter_nodes(req, nodes)
+    by_name = {n.name: n for n in nodes}
+    for name in result.admissible:
+        n = by_name[name]
+        if jurisdiction is not None:
+            assert n.labels.get(JUR) == jurisdiction
+        if exclusive:
+            assert n.tenants <= {tenant}
+        assert n.exclusive_tenants <= {tenant}
+    assert set(result.admissible) | set(result.excluded) == set(by_name)
+
+
+@given(nodes_strategy, st.lists(st.tuples(tenants, jurisdictions, st.booleans()), max_size=10))
+def test_the_vectorised_index_agrees_with_the_scalar_check_as_work_is_placed(spec, arrivals):
+    nodes = _cluster(spec)
+    index = TenancyIndex(nodes)
+    for tenant, jurisdiction, exclusive in arrivals:
+        req = Requirement(tenant, jurisdiction, exclusive)
+        expected = np.array([check_node(req, n) is None for n in nodes])
+        assert (index.mask(req) == expected).all()
+        admissible = np.nonzero(expected)[0]
+        if admissible.size:
+            i = int(admissible[0])
+            index.place(i, req)
+            n = nodes[i]
+            nodes[i] = NodeTenancy(
+                n.name,
+                n.labels,
+                n.tenants | {tenant},
+                n.exclusive_tenants | ({tenant} if exclusive else set()),
+            )
