@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 OUT ?= out
 
-.PHONY: venv lint format typecheck test unit run regimes bench clean
+.PHONY: venv lint format typecheck test unit run regimes bench clean binaries cluster-up cluster-down
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,11 +26,24 @@ typecheck: venv
 	$(BIN)/mypy sovereignspec benchmarks
 
 unit: venv
-	VENV=$(VENV) hack/pytest.sh tests/unit
+	VENV=$(VENV) hack/pytest.sh -m "not cluster"
 
-# The whole suite: lint, types (strict on the pure core), the layering check and every test.
-test: lint typecheck
+# The whole suite: lint, types (strict on the pure core), the layering check and every test,
+# including those against the real control plane (built first: pytest's timeouts are per test).
+test: lint typecheck binaries
 	VENV=$(VENV) hack/pytest.sh
+
+# etcd, kube-apiserver, kubectl and the Kueue manager from pinned Go modules, and Debian's
+# Prometheus; cached under ~/.cache/sovereignspec, so only the first run builds.
+binaries:
+	hack/build-binaries.sh all
+
+# The local control plane on loopback; prints where everything runs and the kubeconfig path.
+cluster-up: venv binaries
+	hack/cluster-up.sh
+
+cluster-down:
+	hack/cluster-down.sh
 
 # The main job on the embedded default profiles.
 run: venv

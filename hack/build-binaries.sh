@@ -83,6 +83,25 @@ build_kueue() {
   rm -rf "$work"
 }
 
+# Debian's prometheus package, extracted into the cache (no system install, no service started).
+fetch_prometheus() {
+  local existing
+  existing=$(ls "$BIN_DIR"/prometheus-* 2>/dev/null | head -n1 || true)
+  [[ -n $existing && -x $existing ]] && { log "prometheus cached ($(basename "$existing"))"; return; }
+  local work; work=$(mktemp -d)
+  local logf=$CACHE_DIR/fetch-prometheus.log
+  log "fetching Debian's $PROMETHEUS_DEB package (log: $logf)"
+  (
+    cd "$work"
+    apt-get download "$PROMETHEUS_DEB" || { apt-get update && apt-get download "$PROMETHEUS_DEB"; }
+    deb=$(ls ./*.deb)
+    version=$(dpkg-deb -f "$deb" Version | tr '+~:' '___')
+    dpkg-deb -x "$deb" root
+    install -m 0755 root/usr/bin/prometheus "$BIN_DIR/prometheus-$version"
+  ) >"$logf" 2>&1 || fail prometheus "$logf"
+  rm -rf "$work"
+}
+
 # The Kueue module's own CRDs (never copied into this repository).
 kueue_crd_dir() {
   local dir
@@ -91,10 +110,11 @@ kueue_crd_dir() {
 }
 
 case ${1:-all} in
-  all) build_etcd; build_kubernetes; build_kueue ;;
+  all) build_etcd; build_kubernetes; build_kueue; fetch_prometheus ;;
+  prometheus) fetch_prometheus ;;
   etcd) build_etcd ;;
   kubernetes) build_kubernetes ;;
   kueue) build_kueue ;;
   crd-dir) kueue_crd_dir ;;
-  *) echo "usage: $0 [all|etcd|kubernetes|kueue|crd-dir]" >&2; exit 2 ;;
+  *) echo "usage: $0 [all|etcd|kubernetes|kueue|prometheus|crd-dir]" >&2; exit 2 ;;
 esac

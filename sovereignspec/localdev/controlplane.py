@@ -1,0 +1,100 @@
+"""Drive `hack/cluster-up.sh` / `hack/cluster-down.sh` and talk to the control plane they run."""
+
+from __future__ import annotations
+
+import os
+import ssl
+import subprocess
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+from kubernetes import client, config
+
+REPO = Path(__file__).resolve().parents[2]
+HACK = REPO / "hack"
+
+
+def state_dir() -> Path:
+    return Path(os.environ.get("SOVEREIGNSPEC_CLUSTER_DIR", REPO / ".cluster"))
+
+
+def kubeconfig(user: str = "admin") -> Path:
+    """`admin` (system:masters), `operator` (sovereignspec-operator) or `kueue` (kueue-manager)."""
+    return state_dir() / f"{user}.kubeconfig"
+
+
+def api_client(user: str = "admin") -> client.ApiClient:
+    return config.new_client_from_config(config_file=str(kubeconfig(user)))
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    server: str
+    ca: Path
+    cert: Path
+    key: Path
+
+
+def endpoint(user: str = "admin") -> Endpoint:
+    doc = yaml.safe_load(kubeconfig(user).read_text())
+    user_doc = doc["users"][0]["user"]
+    cluster = doc["clusters"][0]["cluster"]
+    return Endpoint(
+        cluster["server"],
+        Path(cluster["certificate-authority"]),
+        Path(user_doc["client-certificate"]),
+        Path(user_doc["client-key"]),
+    )
+
+
+def is_ready() -> bool:
+    """The apiserver answers /readyz for the admin user."""
+    if not kubeconfig().exists():
+        return False
+    ep = endpoint()
+    ctx = ssl.create_default_context(cafile=str(ep.ca))
+    ctx.load_cert_chain(str(ep.cert), str(ep.key))
+    try:
+        with urllib.request.urlopen(ep.server + "/readyz", context=ctx, timeout=3) as resp:
+            return bool(resp.status == 200)
+    except OSError:
+        return False
+
+
+def up() -> None:
+    """Start (or reuse) the control plane; raises with the script's own diagnostics on failure."""
+    proc = subprocess.run([str(HACK / "cluster-up.sh")], capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"hack/cluster-up.sh failed ({proc.returncode}):\n{proc.stderr[-6000:]}")
+
+
+def down() -> None:
+    proc = subprocess.run([str(HACK / "cluster-down.sh")], capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"hack/cluster-down.sh failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+
+
+def pids() -> dict[str, int]:
+    out = {}
+    for path in (state_dir() / "pids").glob("*.pid"):
+        out[path.stem] = int(path.read_text().strip())
+    return out
+
+
+def ports() -> dict[str, int]:
+    """The ports cluster-lib.sh uses, as it resolves them from the environment."""
+    script = f'source "{HACK / "cluster-lib.sh"}"; ' + "; ".join(
+        f"echo {name}=${name}"
+        for name in (
+            "ETCD_PORT",
+            "ETCD_PEER_PORT",
+            "APISERVER_PORT",
+            "KUEUE_HEALTH_PORT",
+            "KUEUE_METRICS_PORT",
+            "KUEUE_WEBHOOK_PORT",
+        )
+    )
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True).stdout
+    return {k: int(v) for k, v in (line.split("=") for line in out.split())}

@@ -1,0 +1,93 @@
+"""Simulated GPU nodes and Kueue objects from `deploy/examples/`, created through the API.
+
+There is no kubelet, so Node objects (with their labels and `nvidia.com/gpu` capacity in status)
+are written by this harness, exactly as the manifests describe them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, cast
+
+import yaml
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from sovereignspec.localdev.controlplane import REPO
+
+EXAMPLES = REPO / "deploy" / "examples"
+
+
+def documents(path: Path) -> Iterator[dict[str, Any]]:
+    for doc in yaml.safe_load_all(path.read_text()):
+        if doc:
+            yield doc
+
+
+def apply_node(api: client.ApiClient, node: dict[str, Any]) -> None:
+    """Create or update a Node, then write its status (capacity) through the status subresource."""
+    core = client.CoreV1Api(api)
+    body = {k: v for k, v in node.items() if k != "status"}
+    try:
+        core.create_node(cast(Any, body))
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+        core.patch_node(
+            node["metadata"]["name"], {"metadata": {"labels": node["metadata"].get("labels", {})}}
+        )
+    if "status" in node:
+        core.patch_node_status(node["metadata"]["name"], {"status": node["status"]})
+
+
+def apply_examples(
+    api: client.ApiClient, files: tuple[str, ...] = ("00-gpu-nodes.yaml",)
+) -> list[dict[str, Any]]:
+    """Apply example manifests (server-side apply for everything but Nodes); returns the documents."""
+    applied = []
+    for name in files:
+        for doc in documents(EXAMPLES / name):
+            if doc["kind"] == "Node":
+                apply_node(api, doc)
+            else:
+                server_side_apply(api, doc, "sovereignspec-examples")
+            applied.append(doc)
+    return applied
+
+
+def server_side_apply(api: client.ApiClient, doc: dict[str, Any], manager: str, subresource: str = "") -> Any:
+    """PATCH with application/apply-patch+yaml to the object's URL (any kind, any group)."""
+    group_version = doc["apiVersion"]
+    kind = doc["kind"]
+    meta = doc["metadata"]
+    plural = _plural(api, group_version, kind)
+    prefix = "/api/v1" if group_version == "v1" else f"/apis/{group_version}"
+    ns = f"/namespaces/{meta['namespace']}" if meta.get("namespace") else ""
+    path = f"{prefix}{ns}/{plural}/{meta['name']}" + (f"/{subresource}" if subresource else "")
+    return api.call_api(
+        *api.param_serialize(
+            method="PATCH",
+            resource_path=path,
+            query_params=[("fieldManager", manager), ("force", "true")],
+            header_params={"Content-Type": "application/apply-patch+yaml", "Accept": "application/json"},
+            body=doc,
+        )
+    ).read()
+
+
+_PLURALS: dict[tuple[str, str], str] = {}
+
+
+def _plural(api: client.ApiClient, group_version: str, kind: str) -> str:
+    key = (group_version, kind)
+    if key not in _PLURALS:
+        if group_version == "v1":
+            resources = client.CoreV1Api(api).get_api_resources().resources
+        else:
+            group, version = group_version.split("/")
+            resources = client.CustomObjectsApi(api).get_api_resources(group, version).resources
+        for r in resources:
+            if "/" not in r.name:
+                _PLURALS[(group_version, r.kind)] = r.name
+    return _PLURALS[key]

@@ -1,0 +1,115 @@
+"""A real Prometheus (Debian's package, extracted by hack/build-binaries.sh) on loopback.
+
+The harness writes the scrape configuration, starts the server on a free port, and can rewrite
+the targets and reload, stop it, or start it again on the same port (to test outages).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from sovereignspec.localdev.controlplane import HACK
+
+
+def binary() -> Path:
+    cache = Path.home() / ".cache" / "sovereignspec" / "bin"
+    found = sorted(cache.glob("prometheus-*"))
+    if not found:
+        subprocess.run([str(HACK / "build-binaries.sh"), "prometheus"], check=True, capture_output=True)
+        found = sorted(cache.glob("prometheus-*"))
+    return found[-1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class LocalPrometheus:
+    def __init__(self, scrape_interval: str = "1s") -> None:
+        self.port = free_port()
+        self.scrape_interval = scrape_interval
+        self.dir = Path(tempfile.mkdtemp(prefix="sovereignspec-prometheus-"))
+        self.targets: dict[str, list[str]] = {}
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _write_config(self) -> None:
+        config = {
+            "global": {"scrape_interval": self.scrape_interval, "evaluation_interval": self.scrape_interval},
+            "scrape_configs": [
+                {"job_name": job, "static_configs": [{"targets": targets}]}
+                for job, targets in self.targets.items()
+            ],
+        }
+        (self.dir / "prometheus.yml").write_text(yaml.safe_dump(config))
+
+    def start(self, timeout: float = 30.0) -> LocalPrometheus:
+        self._write_config()
+        log = (self.dir / "prometheus.log").open("ab")
+        self.proc = subprocess.Popen(
+            [
+                str(binary()),
+                f"--config.file={self.dir / 'prometheus.yml'}",
+                f"--storage.tsdb.path={self.dir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--web.enable-lifecycle",
+                "--storage.tsdb.retention.time=1h",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"prometheus exited: {(self.dir / 'prometheus.log').read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(self.url + "/-/ready", timeout=1) as resp:
+                    if resp.status == 200:
+                        return self
+            except OSError:
+                time.sleep(0.2)
+        raise RuntimeError("prometheus did not become ready")
+
+    def set_targets(self, job: str, targets: list[str]) -> None:
+        self.targets[job] = targets
+        self._write_config()
+        if self.proc is not None and self.proc.poll() is None:
+            req = urllib.request.Request(self.url + "/-/reload", method="POST")
+            urllib.request.urlopen(req, timeout=5).close()
+
+    def query(self, promql: str) -> list[dict[str, Any]]:
+        url = self.url + "/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            doc = json.load(resp)
+        return list(doc["data"]["result"])
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self.proc = None
+
+    def close(self) -> None:
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)

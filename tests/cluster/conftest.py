@@ -1,0 +1,84 @@
+"""Fixtures for tests that run against the real local control plane (marker `cluster`).
+
+The session brings the control plane up with hack/cluster-up.sh, or reuses one that is already
+running (then it leaves it running). Every test gets its own namespace; nothing relies on
+namespace deletion, since no kube-controller-manager runs here.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from sovereignspec.localdev import controlplane
+from sovereignspec.localdev.gpunodes import apply_examples
+from sovereignspec.localdev.prometheus import LocalPrometheus
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "tests/cluster/" in str(item.fspath).replace("\\", "/"):
+            item.add_marker(pytest.mark.cluster)
+
+
+@pytest.fixture(scope="session")
+def control_plane() -> Iterator[None]:
+    reused = controlplane.is_ready()
+    if not reused:
+        controlplane.up()
+    yield
+    if not reused:
+        controlplane.down()
+
+
+@pytest.fixture(scope="session")
+def api(control_plane: None) -> client.ApiClient:
+    return controlplane.api_client("admin")
+
+
+@pytest.fixture(scope="session")
+def gpu_nodes(api: client.ApiClient) -> list[dict[str, Any]]:
+    return apply_examples(api, ("00-gpu-nodes.yaml",))
+
+
+@pytest.fixture
+def namespace(api: client.ApiClient, request: pytest.FixtureRequest) -> str:
+    base = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:40].strip("-")
+    name = f"{base}-{secrets.token_hex(3)}"
+    client.CoreV1Api(api).create_namespace(
+        {"metadata": {"name": name, "labels": {"sovereignspec.io/test": "true"}}}
+    )
+    return name
+
+
+@pytest.fixture
+def unique() -> Callable[[str], str]:
+    """Names for cluster-scoped objects that must not collide between tests."""
+    token = secrets.token_hex(3)
+    return lambda prefix: f"{prefix}-{token}"
+
+
+@pytest.fixture
+def prometheus() -> Iterator[LocalPrometheus]:
+    prom = LocalPrometheus().start()
+    yield prom
+    prom.close()
+
+
+def wait_until(
+    predicate: Callable[[], Any], timeout: float = 60.0, interval: float = 0.25, what: str = ""
+) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}; last value: {last!r}")

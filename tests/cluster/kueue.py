@@ -1,0 +1,146 @@
+"""Small builders for Kueue objects in tests (v1beta2)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kubernetes import client
+
+from sovereignspec.localdev.gpunodes import server_side_apply
+
+GROUP, VERSION = "kueue.x-k8s.io", "v1beta2"
+TEST_MANAGER = "sovereignspec-e2e"
+
+
+def apply(api: client.ApiClient, doc: dict[str, Any], manager: str = TEST_MANAGER) -> None:
+    server_side_apply(api, doc, manager)
+
+
+def resource_flavor(name: str, node_labels: dict[str, str]) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "ResourceFlavor",
+        "metadata": {"name": name},
+        "spec": {"nodeLabels": node_labels},
+    }
+
+
+def admission_check(name: str, controller: str, parameters: dict[str, str] | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"controllerName": controller}
+    if parameters:
+        spec["parameters"] = parameters
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "AdmissionCheck",
+        "metadata": {"name": name},
+        "spec": spec,
+    }
+
+
+def set_check_active(api: client.ApiClient, name: str, manager: str, active: bool = True) -> None:
+    status = {
+        "conditions": [
+            {
+                "type": "Active",
+                "status": "True" if active else "False",
+                "reason": "Active" if active else "BadParametersRef",
+                "message": "set by the test",
+                "lastTransitionTime": "2026-01-01T00:00:00Z",
+            }
+        ]
+    }
+    body = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "AdmissionCheck",
+        "metadata": {"name": name},
+        "status": status,
+    }
+    server_side_apply(api, body, manager, "status")
+
+
+def cluster_queue(name: str, flavors: dict[str, int], checks: list[str]) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "ClusterQueue",
+        "metadata": {"name": name},
+        "spec": {
+            "namespaceSelector": {},
+            "resourceGroups": [
+                {
+                    "coveredResources": ["cpu", "nvidia.com/gpu"],
+                    "flavors": [
+                        {
+                            "name": f,
+                            "resources": [
+                                {"name": "cpu", "nominalQuota": "1000"},
+                                {"name": "nvidia.com/gpu", "nominalQuota": gpus},
+                            ],
+                        }
+                        for f, gpus in flavors.items()
+                    ],
+                }
+            ],
+            "admissionChecksStrategy": {"admissionChecks": [{"name": c} for c in checks]},
+        },
+    }
+
+
+def local_queue(name: str, namespace: str, cluster_queue_name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "LocalQueue",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"clusterQueue": cluster_queue_name},
+    }
+
+
+def job(
+    name: str,
+    namespace: str,
+    queue: str,
+    annotations: dict[str, str] | None = None,
+    gpus: int = 1,
+    suspend: bool | None = True,
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "template": {
+            "metadata": {"annotations": annotations or {}},
+            "spec": {
+                "restartPolicy": "Never",
+                "containers": [
+                    {
+                        "name": "server",
+                        "image": "vllm/vllm-openai:latest",
+                        "resources": {
+                            "requests": {"cpu": "1", "nvidia.com/gpu": str(gpus)},
+                            "limits": {"nvidia.com/gpu": str(gpus)},
+                        },
+                    }
+                ],
+            },
+        }
+    }
+    if suspend is not None:
+        spec["suspend"] = suspend
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "namespace": namespace, "labels": {"kueue.x-k8s.io/queue-name": queue}},
+        "spec": spec,
+    }
+
+
+def workloads(api: client.ApiClient, namespace: str) -> list[dict[str, Any]]:
+    return list(
+        client.CustomObjectsApi(api).list_namespaced_custom_object(GROUP, VERSION, namespace, "workloads")[
+            "items"
+        ]
+    )
+
+
+def condition(wl: dict[str, Any], kind: str) -> dict[str, Any] | None:
+    return next((c for c in wl.get("status", {}).get("conditions", []) if c["type"] == kind), None)
+
+
+def check_state(wl: dict[str, Any], name: str) -> dict[str, Any] | None:
+    return next((c for c in wl.get("status", {}).get("admissionChecks", []) if c["name"] == name), None)

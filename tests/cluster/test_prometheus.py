@@ -1,0 +1,33 @@
+"""The real Prometheus harness scrapes a target and answers queries over its HTTP API."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Gauge, start_http_server
+
+from sovereignspec.localdev.prometheus import free_port
+from tests.cluster.conftest import wait_until
+
+
+def test_prometheus_scrapes_an_exporter_and_answers_promql(prometheus):
+    registry = CollectorRegistry()
+    gauge = Gauge(
+        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "tensor pipe activity", ["gpu", "Hostname"], registry=registry
+    )
+    gauge.labels("0", "gpu-h100-eu-1").set(0.42)
+    port = free_port()
+    server, thread = start_http_server(port, addr="127.0.0.1", registry=registry)
+    try:
+        prometheus.set_targets("dcgm", [f"127.0.0.1:{port}"])
+        result = wait_until(lambda: prometheus.query("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"), timeout=30)
+        assert float(result[0]["value"][1]) == 0.42
+        assert result[0]["metric"]["Hostname"] == "gpu-h100-eu-1"
+    finally:
+        server.shutdown()
+        thread.join(5)
+
+
+def test_prometheus_can_be_stopped_and_started_again_on_the_same_port(prometheus):
+    port = prometheus.port
+    prometheus.stop()
+    prometheus.start()
+    assert prometheus.port == port and prometheus.query("vector(1)")[0]["value"][1] == "1"
