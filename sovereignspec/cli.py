@@ -117,7 +117,28 @@ def build_parser() -> argparse.ArgumentParser:
     pre.add_argument("--gamma-max", type=_bounded_int("--gamma-max", 0, GAMMA_LIMIT), default=8)
     pre.add_argument("--format", choices=("table", "json"), default="table")
 
+    op = sub.add_parser("operator", help="run the Kueue AdmissionCheck controller (kopf)")
+    op.add_argument(
+        "--kubeconfig", help="kubeconfig file (default: in-cluster, then $KUBECONFIG / ~/.kube/config)"
+    )
+    op.add_argument(
+        "--controller-name", default="sovereignspec.io/speculation", help="AdmissionCheck controllerName"
+    )
+    op.add_argument(
+        "--field-manager", default="sovereignspec-controller", help="server-side apply field manager"
+    )
+    op.add_argument("--bind", default="0.0.0.0", help="address for the metrics and liveness endpoints")
+    op.add_argument("--metrics-port", type=_bounded_int("--metrics-port", 0, 65535), default=8080)
+    op.add_argument("--liveness-port", type=_bounded_int("--liveness-port", 0, 65535), default=8081)
+    op.add_argument("--write-workers", type=_bounded_int("--write-workers", 1, 64), default=8)
+    op.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
     return parser
+
+
+def _operator(args: argparse.Namespace) -> int:
+    from sovereignspec.operator.run import run
+
+    return run(args)
 
 
 def _regimes(args: argparse.Namespace) -> int:
@@ -180,7 +201,11 @@ def _predict(args: argparse.Namespace) -> int:
     return 0
 
 
-HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {"regimes": _regimes, "predict": _predict}
+HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "regimes": _regimes,
+    "predict": _predict,
+    "operator": _operator,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -15,7 +15,7 @@ from typing import Annotated, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from sovereignspec.core.specs import DRAFTER_KINDS, DrafterSpec, GpuSpec, ModelSpec, ProfileSet
+from sovereignspec.core.specs import DRAFTER_KINDS, DrafterSpec, EngineNames, GpuSpec, ModelSpec, ProfileSet
 from sovereignspec.errors import ConfigError, describe
 
 Positive = Annotated[float, Field(gt=0)]
@@ -81,6 +81,13 @@ class ModelProfile(_Profile):
         )
 
 
+class EngineProfile(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    vllm_method: str = Field(default="", description="vLLM speculative_config method, e.g. eagle3, ngram")
+    sglang_algorithm: str = Field(default="", description="SGLang --speculative-algorithm, e.g. EAGLE3")
+    draft_models: dict[str, str] = Field(default_factory=dict, description="target model -> draft checkpoint")
+
+
 class DrafterProfile(_Profile):
     kind: Literal["drafter"]
     drafter_kind: Literal[DRAFTER_KINDS] = Field(  # type: ignore[valid-type]
@@ -96,6 +103,7 @@ class DrafterProfile(_Profile):
         ge=0, lt=1, description="per-step machinery cost relative to a target step, in [0, 1)"
     )
     targets: list[str] = Field(default_factory=list, description="target model names; empty means any")
+    engines: EngineProfile = Field(default_factory=EngineProfile, description="engine names of the method")
 
     def to_spec(self) -> DrafterSpec:
         return DrafterSpec(
@@ -105,6 +113,9 @@ class DrafterProfile(_Profile):
             spec_overhead=self.spec_overhead,
             targets=tuple(self.targets),
             relative_cost_by_target=dict(self.relative_cost_by_target),
+            engines=EngineNames(
+                self.engines.vllm_method, self.engines.sglang_algorithm, dict(self.engines.draft_models)
+            ),
         )
 
 

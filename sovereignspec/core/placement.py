@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import numpy as np
@@ -85,6 +85,8 @@ class WorkloadRequest:
     exclusive: bool = False
     gamma_max: int | None = None
     force_plain: str | None = None  # why speculation is off for this workload (e.g. a bad annotation)
+    node_pool: frozenset[str] | None = None  # nodes its flavor and nodeSelector allow (None: any)
+    gpus: int | None = None  # GPUs it requests on one node (None: the model's tensor-parallel degree)
 
     @property
     def requirement(self) -> Requirement:
@@ -181,9 +183,12 @@ class Placer:
         self.tenancy = TenancyIndex([n.tenancy for n in nodes], self.policy.jurisdiction_label)
         self._node_tenancy = [n.tenancy for n in nodes]
         self.version = np.zeros(len(gpus), dtype=np.int64)
+        self._position = {(g.node, g.index): i for i, g in enumerate(gpus)}
         self._models: dict[str, _ModelArrays] = {}
         self._scores: dict[tuple[object, ...], _Scores] = {}
-        self._exhausted: dict[tuple[str, Requirement], tuple[Literal["retry", "rejected"], str]] = {}
+        self._exhausted: dict[tuple[object, ...], tuple[Literal["retry", "rejected"], str]] = {}
+        self._pools: dict[frozenset[str], NDArray[np.bool_]] = {}
+        self._all_nodes = np.ones(len(nodes), dtype=np.bool_)
 
     # -- per-model coefficients --------------------------------------------------------------
 
@@ -307,27 +312,41 @@ class Placer:
 
     # -- decisions ----------------------------------------------------------------------------
 
+    def _pool(self, w: WorkloadRequest) -> NDArray[np.bool_]:
+        """Per node: in the workload's node pool (its flavor's nodes and its own nodeSelector)."""
+        if w.node_pool is None:
+            return self._all_nodes
+        mask = self._pools.get(w.node_pool)
+        if mask is None:
+            mask = np.array([name in w.node_pool for name in self.node_names], dtype=np.bool_)
+            self._pools[w.node_pool] = mask
+        return mask
+
+    def _need(self, w: WorkloadRequest, m: _ModelArrays) -> NDArray[np.int64]:
+        return m.tp if w.gpus is None else np.full(len(self.gpus), w.gpus, dtype=np.int64)
+
     def candidates(self, w: WorkloadRequest) -> NDArray[np.bool_]:
-        """GPUs `w` may use now: sovereignty first, then capacity and fit."""
+        """GPUs `w` may use now: sovereignty first, then its node pool, capacity and fit."""
         m = self._model(w.model) if w.model in self.profiles.models else None
         if m is None:
             return np.zeros(len(self.gpus), dtype=np.bool_)
-        allowed = self.tenancy.mask(w.requirement)[self.gpu_node]
-        return np.asarray(allowed & m.fits & (self.free[self.gpu_node] >= m.tp), dtype=np.bool_)
+        allowed = (self.tenancy.mask(w.requirement) & self._pool(w))[self.gpu_node]
+        return np.asarray(allowed & m.fits & (self.free[self.gpu_node] >= self._need(w, m)), dtype=np.bool_)
 
     def place(self, w: WorkloadRequest, commit: bool = True, explain: bool = True) -> Placement:
         """Decide `w`; with `commit`, update the view as if it ran there. `explain` adds every term
         and every excluded node to the record (the operator's Event); a bulk tick can skip it."""
         if w.model not in self.profiles.models:
             return self._unplaced(w, "rejected", f"unknown model {w.model!r}", explain)
-        key = (w.model, w.requirement)
+        key = (w.model, w.requirement, w.node_pool, w.gpus)
         if key in self._exhausted:  # capacity only shrinks and tenancy only tightens as a view fills
             return self._unplaced(w, *self._exhausted[key], explain)
         mask = self.candidates(w)
         if not mask.any():
-            permanent = self.tenancy.permanent_mask(w.requirement)[self.gpu_node] & self._model(w.model).fits
+            permanent = (self.tenancy.permanent_mask(w.requirement) & self._pool(w))[self.gpu_node]
+            permanent &= self._model(w.model).fits
             if not permanent.any():
-                why = "no node in this queue's pool satisfies its sovereignty constraints or fits its model"
+                why = "no node of its flavor satisfies its sovereignty constraints and fits its model"
                 if w.jurisdiction is not None:
                     why = f"no node in jurisdiction {w.jurisdiction} that fits {w.model}"
                 self._exhausted[key] = ("rejected", why)
@@ -356,8 +375,25 @@ class Placer:
 
         record = self._record(w, req, off, int(chosen), s, int(cand.size), mask, explain)
         if commit:
-            self._commit(w, req, int(chosen), s)
+            g = int(chosen)
+            self._commit(
+                w, req, g, int(s["gamma"][g]), float(s["step"][g]), float(s["before"][g]), float(s["tpot"][g])
+            )
         return Placement(w.name, record.node, record.gpu_index, record.gamma, record)
+
+    def account(self, w: WorkloadRequest, node: str, gpu_index: int, gamma: int) -> bool:
+        """Take in a placement decided earlier, as `place` would have committed it: the GPU's load
+        and neighbours, the node's capacity and tenancy. Used when the view is rebuilt from the API
+        and a placement is newer than the GPU's telemetry reading. False if the GPU is unknown."""
+        g = self._position.get((node, gpu_index))
+        if g is None or w.model not in self.profiles.models:
+            return False
+        req, _ = self.spec_request(w)
+        req = replace(req, gamma_max=max(req.gamma_max, gamma))
+        table, _ = self._table(w.model, req, np.array([g]))
+        step = float(table.step[gamma, 0])
+        self._commit(w, req, g, gamma, step, float(table.step_before[0]), step / float(table.taus[gamma]))
+        return True
 
     def tick(self, pending: Iterable[WorkloadRequest], explain: bool = False) -> list[Placement]:
         """Decide a batch of pending workloads at one scheduling tick, in the documented order."""
@@ -366,24 +402,30 @@ class Placer:
     # -- bookkeeping --------------------------------------------------------------------------
 
     def _commit(
-        self, w: WorkloadRequest, req: SpecRequest, g: int, s: Mapping[str, NDArray[np.float64]]
+        self,
+        w: WorkloadRequest,
+        req: SpecRequest,
+        g: int,
+        gamma: int,
+        step: float,
+        before: float,
+        tpot: float,
     ) -> None:
         m = self._model(w.model)
-        gamma = float(s["gamma"][g])
         if not self.stale[g]:
             # The reading moves by what the workload adds to the load it reports (not the pessimistic one).
             c = Coeffs(*m.matrix[:, g].tolist())
             n = c.seqs_for_headroom(float(self.headroom[g]), req.context)
             self.headroom[g] = c.headroom(n + req.seqs * (gamma + 1.0), n + req.seqs, req.context)
         # Every neighbour's TPOT grows with the step; the newcomer joins them with its own SLO.
-        self.slo_ratio[g] /= float(s["step"][g] / s["before"][g])
+        self.slo_ratio[g] /= step / before
         if w.tpot_slo_s is not None:
-            own = w.tpot_slo_s / float(s["tpot"][g])
+            own = w.tpot_slo_s / tpot
             if own < self.slo_ratio[g]:
                 self.slo_ratio[g] = own
                 self.binding[g] = w.name
         node = int(self.gpu_node[g])
-        self.free[node] -= int(m.tp[g])
+        self.free[node] -= int(m.tp[g]) if w.gpus is None else w.gpus
         self.tenancy.place(node, w.requirement)
         t = self._node_tenancy[node]
         self._node_tenancy[node] = NodeTenancy(
@@ -403,7 +445,9 @@ class Placer:
             if i in usable_nodes:
                 continue
             why = check_node(w.requirement, tenancy, self.policy.jurisdiction_label)
-            if why is not None:
+            if w.node_pool is not None and tenancy.name not in w.node_pool:
+                text = "node-pool: not selected by the workload's flavor or nodeSelector"
+            elif why is not None:
                 text = f"{why.constraint}: {why.detail}"
             elif m is not None and not m.fits[self.gpu_node == i].any():
                 text = f"capacity: {w.model} does not fit this node's GPUs"

@@ -62,10 +62,13 @@ def reference_tick(
                 tp = tensor_parallel_for(profiles.gpus[g.gpu_type], model)
             except ValueError:
                 continue
+            if w.node_pool is not None and g.node not in w.node_pool:
+                continue
             why = check_node(w.requirement, tenancy[g.node], policy.jurisdiction_label)
             if why is None or not why.permanent:
                 permanent_ok = True
-            if why is not None or free[g.node] < tp:
+            need = tp if w.gpus is None else w.gpus
+            if why is not None or free[g.node] < need:
                 continue
             c = Coeffs.of(profiles.gpus[g.gpu_type], model, tp)
             stale = headroom[pos] is None
@@ -83,7 +86,7 @@ def reference_tick(
                 not stale,
             )
             tpot = choice.step / taus[choice.gamma]
-            rows.append((pos, choice.gamma, tpot, choice.plain, choice.before, h, c, choice.step, tp))
+            rows.append((pos, choice.gamma, tpot, choice.plain, choice.before, h, c, choice.step, need))
 
         if not rows:
             outcome = "retry" if permanent_ok else "rejected"

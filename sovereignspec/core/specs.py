@@ -60,6 +60,15 @@ class ModelSpec:
 
 
 @dataclass(frozen=True)
+class EngineNames:
+    """How serving engines name this drafting method, and the draft checkpoint per target model."""
+
+    vllm_method: str = ""
+    sglang_algorithm: str = ""
+    draft_models: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class DrafterSpec:
     """A drafting method. `relative_cost` is one drafted token's cost as a fraction of a target step."""
 
@@ -69,6 +78,7 @@ class DrafterSpec:
     spec_overhead: float  # the speculation machinery's own per-step cost, as a fraction of a target step
     targets: tuple[str, ...] = ()  # target models it drafts for; empty = any
     relative_cost_by_target: dict[str, float] = field(default_factory=dict)
+    engines: EngineNames = field(default_factory=EngineNames)
 
     def cost_for(self, model: str) -> float:
         return self.relative_cost_by_target.get(model, self.relative_cost)

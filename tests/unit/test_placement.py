@@ -156,7 +156,8 @@ def _random_cluster(rng, n_nodes):
     return ClusterView(nodes, gpus)
 
 
-def _random_workloads(rng, n):
+def _random_workloads(rng, n, nodes=()):
+    pools = [None, frozenset(rng.sample(list(nodes), k=max(1, len(nodes) // 2)))] if nodes else [None]
     return [
         WorkloadRequest(
             f"w{i:04d}",
@@ -170,6 +171,8 @@ def _random_workloads(rng, n):
             tpot_slo_s=rng.choice([None, 0.02, 0.08]),
             jurisdiction=rng.choice([None, "eu", "kr", "mars"]),
             exclusive=rng.random() < 0.1,
+            node_pool=rng.choice(pools),
+            gpus=rng.choice([None, None, 1, 2]),
         )
         for i in range(n)
     ]
@@ -180,7 +183,7 @@ def _random_workloads(rng, n):
 def test_the_vectorised_placer_decides_exactly_as_the_scalar_reference(profiles, seed, externality):
     rng = random.Random(seed)
     view = _random_cluster(rng, rng.randint(1, 25))
-    pending = _random_workloads(rng, rng.randint(1, 60))
+    pending = _random_workloads(rng, rng.randint(1, 60), [n.name for n in view.nodes])
     policy = Policy(externality=externality)
     fast = Placer(profiles, view, policy).tick(pending)
     slow = reference_tick(profiles, view, pending, policy)
@@ -218,3 +221,27 @@ def test_records_carry_where_and_how_with_or_without_the_breakdown(profiles, exp
     assert p.record.node == "n" and p.record.gamma == p.gamma and p.record.tpot_ms > 0
     assert (p.record.speedup is not None) is explain
     assert p.record.to_dict()["neighbour_slo_ratio"] is None or explain
+
+
+def test_a_node_pool_limits_placement_and_an_empty_pool_in_jurisdiction_is_rejected(profiles):
+    view = cluster(
+        ("eu-a", "H100-SXM", [1.0], "eu"),
+        ("eu-b", "H100-SXM", [1.0], "eu"),
+        ("kr-a", "H100-SXM", [1.0], "kr"),
+    )
+    placer = Placer(profiles, view)
+    assert placer.place(wl("x", node_pool=frozenset({"eu-b"}))).node == "eu-b"
+    rejected = placer.place(wl("y", jurisdiction="kr", node_pool=frozenset({"eu-a", "eu-b"})))
+    assert rejected.outcome == "rejected" and "jurisdiction kr" in rejected.record.reason
+
+
+def test_accounting_an_earlier_placement_matches_placing_it(profiles):
+    view = cluster(("n", "H100-SXM", [0.8, 0.8], "eu"))
+    w = wl("a", tpot_slo_s=0.05)
+    placed = Placer(profiles, view)
+    p = placed.place(w)
+    accounted = Placer(profiles, view)
+    assert accounted.account(w, p.node, p.gpu_index, p.gamma)
+    for attr in ("headroom", "slo_ratio", "free"):
+        assert (getattr(placed, attr) == getattr(accounted, attr)).all(), attr
+    assert not accounted.account(w, "nowhere", 0, 0)

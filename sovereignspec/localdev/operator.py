@@ -1,0 +1,217 @@
+"""Run SovereignSpec against the local control plane: install its CRD and RBAC, start the operator
+as a real process (under the least-privilege `sovereignspec-operator` user), and feed it synthetic
+GPU and vLLM telemetry through a real Prometheus."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import client
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from sovereignspec.localdev import controlplane
+from sovereignspec.localdev.gpunodes import server_side_apply
+from sovereignspec.localdev.prometheus import LocalPrometheus, free_port
+
+REPO = controlplane.REPO
+CRD = REPO / "crds" / "sovereignspec.io_speculationpolicies.yaml"
+RULES = REPO / "charts" / "sovereignspec" / "files" / "clusterrole-rules.yaml"
+OPERATOR_USER = "sovereignspec-operator"
+MANAGER = "sovereignspec-localdev"
+
+
+def install(api: client.ApiClient) -> None:
+    """The SpeculationPolicy CRD and the operator's ClusterRole bound to its user."""
+    server_side_apply(api, yaml.safe_load(CRD.read_text()), MANAGER)
+    rules = yaml.safe_load(RULES.read_text())
+    role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": {"name": "sovereignspec"},
+        "rules": rules,
+    }
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": "sovereignspec"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "sovereignspec"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": OPERATOR_USER}],
+    }
+    server_side_apply(api, role, MANAGER)
+    server_side_apply(api, binding, MANAGER)
+    ext = client.ApiextensionsV1Api(api)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        crd = ext.read_custom_resource_definition("speculationpolicies.sovereignspec.io")
+        conditions = crd.status.conditions if crd.status else None
+        if any(c.type == "Established" and c.status == "True" for c in conditions or []):
+            return
+        time.sleep(0.2)
+    raise RuntimeError("the SpeculationPolicy CRD was not established")
+
+
+class OperatorProcess:
+    """`sovereignspec operator` as a child process, with its own log file."""
+
+    def __init__(self, controller_name: str, extra: list[str] | None = None) -> None:
+        self.controller_name = controller_name
+        self.metrics_port = free_port()
+        self.liveness_port = free_port()
+        self.log_path = Path(tempfile.mkdtemp(prefix="sovereignspec-operator-")) / "operator.log"
+        self.extra = extra or []
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 60.0) -> OperatorProcess:
+        cmd = [
+            sys.executable, "-m", "sovereignspec", "operator",
+            "--kubeconfig", str(controlplane.kubeconfig("operator")),
+            "--controller-name", self.controller_name,
+            "--bind", "127.0.0.1",
+            "--metrics-port", str(self.metrics_port),
+            "--liveness-port", str(self.liveness_port),
+            *self.extra,
+        ]  # fmt: skip
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=os.environ
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"operator exited ({self.proc.returncode}):\n{self.logs()[-4000:]}")
+            try:
+                with urllib.request.urlopen(
+                    f"http://127.0.0.1:{self.liveness_port}/healthz", timeout=1
+                ) as resp:
+                    if resp.status == 200:
+                        return self
+            except OSError:
+                time.sleep(0.2)
+        raise RuntimeError(f"operator not live after {timeout}s:\n{self.logs()[-4000:]}")
+
+    def logs(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=3) as resp:
+            return str(resp.read().decode())
+
+    def kill(self) -> None:
+        """SIGKILL: no clean-up, no goodbye, as a node failure would do it."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def rss_bytes(self) -> int:
+        """Resident memory of the operator process right now."""
+        assert self.proc is not None
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        return 0
+
+    def peak_rss_bytes(self) -> int:
+        assert self.proc is not None
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+        return 0
+
+
+class SyntheticTelemetry:
+    """A stand-in for dcgm-exporter and vLLM: GPU tensor activity per (node, gpu), vLLM acceptance
+    counters per (tenant, model) and a TPOT histogram per (namespace, job), on one HTTP endpoint
+    that a real Prometheus scrapes."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.tensor = Gauge(
+            "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "Ratio of cycles the tensor (HMMA) pipe is active.",
+            ["gpu", "Hostname", "modelName"], registry=self.registry,
+        )  # fmt: skip
+        self.accepted = Counter(
+            "vllm:spec_decode_num_accepted_tokens", "accepted draft tokens",
+            ["tenant", "namespace", "model_name"], registry=self.registry,
+        )  # fmt: skip
+        self.drafted = Counter(
+            "vllm:spec_decode_num_draft_tokens", "draft tokens", ["tenant", "namespace", "model_name"],
+            registry=self.registry,
+        )  # fmt: skip
+        self.tpot_hist = Histogram(
+            "vllm:time_per_output_token_seconds", "TPOT", ["namespace", "job_name"], registry=self.registry,
+            buckets=(0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.5, 1.0),
+        )  # fmt: skip
+        self._tpot: dict[tuple[str, str], float] = {}
+        self._acceptance: dict[tuple[str, str, str], float] = {}
+        self.port = free_port()
+        self._server, self._thread = start_http_server(self.port, addr="127.0.0.1", registry=self.registry)
+        self._stop = threading.Event()
+        self._feeder = threading.Thread(target=self._feed, daemon=True)
+        self._feeder.start()
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def set_headroom(self, node: str, gpu: int, headroom: float, compute_efficiency: float = 0.7) -> None:
+        """Publish the tensor-pipe activity at which the operator reads `headroom` on that GPU."""
+        self.tensor.labels(str(gpu), node, "synthetic").set((1.0 - headroom) * compute_efficiency)
+
+    def set_acceptance(self, tenant: str, namespace: str, model: str, rate: float) -> None:
+        self._acceptance[(tenant, namespace, model)] = rate
+
+    def set_tpot(self, namespace: str, job: str, seconds: float) -> None:
+        self._tpot[(namespace, job)] = seconds
+
+    def _feed(self) -> None:
+        # Counters and histograms only mean something as rates: keep them moving.
+        while not self._stop.wait(0.25):
+            for (ns, job), seconds in list(self._tpot.items()):
+                for _ in range(20):
+                    self.tpot_hist.labels(ns, job).observe(seconds)
+            for (tenant, ns, model), rate in list(self._acceptance.items()):
+                self.drafted.labels(tenant, ns, model).inc(1000)
+                self.accepted.labels(tenant, ns, model).inc(1000 * rate)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._server.shutdown()
+
+
+def policy(name: str, prometheus_url: str | None, **spec: Any) -> dict[str, Any]:
+    telemetry = (
+        {"source": "prometheus", "prometheusURL": prometheus_url} if prometheus_url else {"source": "none"}
+    )
+    body = {"telemetry": telemetry, "reevaluationSeconds": 2}
+    for key, value in spec.items():
+        if isinstance(value, dict) and isinstance(body.get(key), dict):
+            body[key] = {**body[key], **value}  # type: ignore[dict-item]
+        else:
+            body[key] = value
+    return {
+        "apiVersion": "sovereignspec.io/v1alpha1",
+        "kind": "SpeculationPolicy",
+        "metadata": {"name": name},
+        "spec": body,
+    }
+
+
+__all__ = ["LocalPrometheus", "OperatorProcess", "SyntheticTelemetry", "install", "policy"]

@@ -1,0 +1,29 @@
+"""The controller's own Prometheus metrics (served by `sovereignspec operator --metrics-port`)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+DECISIONS = Counter(
+    "sovereignspec_decisions_total", "Admission decisions written, by outcome and mode", ["outcome", "mode"]
+)
+GAMMA = Histogram("sovereignspec_draft_budget", "Draft budget γ* of admitted workloads", buckets=range(0, 33))
+SPEEDUP = Histogram(
+    "sovereignspec_predicted_speedup",
+    "Predicted S_real of admitted workloads at their γ*",
+    buckets=(0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0),
+)
+HEADROOM = Gauge(
+    "sovereignspec_gpu_headroom", "Headroom per GPU as last read (-1: no fresh reading)", ["node", "gpu"]
+)
+PENDING = Gauge("sovereignspec_pending_workloads", "Workloads waiting for a SovereignSpec decision")
+LEDGER = Gauge("sovereignspec_ledger_workloads", "Workloads placed by SovereignSpec and not finished")
+CONFLICTS = Counter(
+    "sovereignspec_api_conflicts_total", "Decisions dropped because the Workload changed meanwhile"
+)
+BAD_ANNOTATIONS = Counter("sovereignspec_bad_annotations_total", "Malformed workload annotations", ["field"])
+TELEMETRY_UP = Gauge(
+    "sovereignspec_telemetry_up", "1 if the last telemetry read returned GPU readings", ["source"]
+)
+TELEMETRY_ERRORS = Counter("sovereignspec_telemetry_errors_total", "Telemetry reads that failed", ["source"])
+TICK_SECONDS = Histogram("sovereignspec_tick_seconds", "Duration of a decision tick")

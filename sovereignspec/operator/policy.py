@@ -1,0 +1,106 @@
+"""SpeculationPolicy: the parameters object an AdmissionCheck points at (group sovereignspec.io).
+
+The CRD's OpenAPI schema (crds/) rejects most bad input at the API server; this pydantic model is
+the second line (and the only one for fields whose rules a schema cannot say), so that a bad
+policy makes the AdmissionCheck inactive with a message naming the field, instead of a crash.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from sovereignspec.core.sovereignty import DEFAULT_JURISDICTION_LABEL
+from sovereignspec.errors import describe
+
+GROUP = "sovereignspec.io"
+VERSION = "v1alpha1"
+KIND = "SpeculationPolicy"
+PLURAL = "speculationpolicies"
+
+# GPU Feature Discovery's nvidia.com/gpu.product values for the shipped GPU profiles.
+DEFAULT_GPU_PRODUCTS = {
+    "NVIDIA-A100-SXM4-80GB": "A100-80G-SXM",
+    "NVIDIA-H100-80GB-HBM3": "H100-SXM",
+    "NVIDIA-H200": "H200",
+    "NVIDIA-L40S": "L40S",
+    "NVIDIA-GeForce-RTX-4090": "RTX-4090",
+}
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+
+
+class Acceptance(_Model):
+    learn: bool = Field(True, description="true or false")
+    window: str = Field("5m", pattern=r"^[0-9]+[smh]$", description="a Prometheus range such as 5m")
+    prior_weight_tokens: float = Field(2000.0, alias="priorWeightTokens", ge=0, description="a number >= 0")
+
+
+class Telemetry(_Model):
+    source: Literal["prometheus", "dcgm-exporter", "none"] = Field(
+        "prometheus", description="prometheus, dcgm-exporter or none"
+    )
+    prometheus_url: str | None = Field(None, alias="prometheusURL", description="an http(s) URL")
+    dcgm_endpoints: list[str] = Field(default_factory=list, alias="dcgmEndpoints", description="http(s) URLs")
+    staleness_seconds: float = Field(
+        60.0, alias="stalenessSeconds", gt=0, le=3600, description="in (0, 3600]"
+    )
+    headroom_uncertainty: float = Field(
+        0.05, alias="headroomUncertainty", ge=0, le=1, description="in [0, 1]"
+    )
+    acceptance: Acceptance = Field(default_factory=Acceptance)
+
+
+class Profiles(_Model):
+    gpu_products: dict[str, str] = Field(
+        default_factory=lambda: dict(DEFAULT_GPU_PRODUCTS),
+        alias="gpuProducts",
+        description="nvidia.com/gpu.product value -> GPU profile name",
+    )
+
+
+class Defaults(_Model):
+    model: str = Field("llama-3.1-8b", description="a target model profile name")
+    acceptance_rate: float = Field(0.6, alias="acceptanceRate", ge=0, le=1, description="a number in [0, 1]")
+    tpot_slo_ms: float | None = Field(
+        None, alias="tpotSLOMilliseconds", gt=0, description="a positive number"
+    )
+    latency_class: Literal["latency", "throughput"] = Field("latency", alias="latencyClass")
+    max_num_seqs: int = Field(8, alias="maxNumSeqs", ge=1, description="a positive integer")
+    context_length: int = Field(1024, alias="contextLength", ge=1, description="a positive integer")
+
+
+class Sovereignty(_Model):
+    jurisdiction_label: str = Field(
+        DEFAULT_JURISDICTION_LABEL, alias="jurisdictionLabel", min_length=1, description="a node label key"
+    )
+
+
+class Retry(_Model):
+    base_seconds: int = Field(15, alias="baseSeconds", ge=1, le=3600, description="an integer in 1..3600")
+    max_seconds: int = Field(600, alias="maxSeconds", ge=1, le=86400, description="an integer in 1..86400")
+
+
+class PolicySpec(_Model):
+    telemetry: Telemetry = Field(default_factory=Telemetry)
+    profiles: Profiles = Field(default_factory=Profiles)
+    gamma_max: int = Field(8, alias="gammaMax", ge=0, le=32, description="an integer in 0..32")
+    self_benefit_margin: float = Field(0.02, alias="selfBenefitMargin", ge=0, le=1, description="in [0, 1]")
+    externality: bool = Field(True, description="true or false")
+    defaults: Defaults = Field(default_factory=Defaults)
+    sovereignty: Sovereignty = Field(default_factory=Sovereignty)
+    retry: Retry = Field(default_factory=Retry)
+    reevaluation_seconds: float = Field(
+        10.0, alias="reevaluationSeconds", gt=0, le=600, description="in (0, 600]"
+    )
+
+
+def parse_policy(name: str, spec: dict[str, object] | None) -> PolicySpec:
+    """Validate a policy's spec; raises ValueError with one line per bad field."""
+    try:
+        return PolicySpec.model_validate(spec or {})
+    except ValidationError as exc:
+        raise ValueError(describe(exc, PolicySpec, where=f"{KIND} {name}")) from exc

@@ -1,0 +1,46 @@
+"""Start the operator process: logging, API client, metrics endpoint, then kopf."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+import kopf
+from kubernetes import client, config
+from prometheus_client import start_http_server
+
+from sovereignspec.operator import main as handlers
+from sovereignspec.operator.controller import Controller, Settings
+from sovereignspec.profiles import load_profiles
+
+
+def api_client(kubeconfig: str | None) -> client.ApiClient:
+    if kubeconfig:
+        os.environ["KUBECONFIG"] = kubeconfig  # kopf logs in through the same file
+        return config.new_client_from_config(config_file=kubeconfig)
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+    return client.ApiClient()
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=getattr(logging, args.log_level.upper()),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    logging.getLogger("kopf").setLevel(logging.WARNING)
+    profiles = load_profiles(args.profiles)
+    settings = Settings(
+        controller_name=args.controller_name,
+        field_manager=args.field_manager,
+        write_workers=args.write_workers,
+    )
+    handlers.configure(Controller(api_client(args.kubeconfig), profiles, settings))
+    if args.metrics_port:
+        start_http_server(args.metrics_port, addr=args.bind)
+    liveness = f"http://{args.bind}:{args.liveness_port}/healthz" if args.liveness_port else None
+    kopf.run(clusterwide=True, standalone=True, liveness_endpoint=liveness)
+    return 0

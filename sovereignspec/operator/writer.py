@@ -1,0 +1,151 @@
+"""Every write the controller makes. Only our own admission-check entry on a Workload, by
+server-side apply to /status under our field manager with only that entry in the body, guarded
+by the resourceVersion we decided on (so a decision about a workload that changed meanwhile is
+dropped and taken again, never applied to the wrong state); AdmissionCheck conditions; Events."""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import UTC, datetime
+from typing import Any, cast
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+log = logging.getLogger(__name__)
+
+KUEUE = "kueue.x-k8s.io/v1beta2"
+MESSAGE_LIMIT = 1024  # keep admission-check messages short; the Event carries the rest
+EVENT_LIMIT = 1000
+
+
+def now_rfc3339() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class ConflictError(Exception):
+    """The object changed since it was read; the caller decides again next tick."""
+
+
+class Writer:
+    def __init__(self, api: client.ApiClient, field_manager: str, component: str = "sovereignspec") -> None:
+        self.api = api
+        self.field_manager = field_manager
+        self.component = component
+
+    def _apply(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        try:
+            resp = self.api.call_api(
+                *self.api.param_serialize(
+                    method="PATCH",
+                    resource_path=path,
+                    query_params=[("fieldManager", self.field_manager), ("force", "true")],
+                    header_params={
+                        "Content-Type": "application/apply-patch+yaml",
+                        "Accept": "application/json",
+                    },
+                    body=body,
+                )
+            )
+            data = resp.read()
+            if resp.status == 409:
+                raise ConflictError(path)
+            if resp.status >= 400:
+                raise ApiException(status=resp.status, reason=data.decode(errors="replace")[:500])
+            return dict(json.loads(data))
+        except ApiException as exc:
+            if exc.status == 409:
+                raise ConflictError(path) from exc
+            raise
+
+    def check_state(
+        self,
+        workload: dict[str, Any],
+        check: str,
+        state: str,
+        message: str,
+        previous: dict[str, Any] | None,
+        pod_set_updates: list[dict[str, Any]] | None = None,
+        requeue_after: int | None = None,
+    ) -> dict[str, Any]:
+        """Set our entry of status.admissionChecks (and nothing else)."""
+        meta = workload["metadata"]
+        changed = previous is None or previous.get("state") != state
+        entry: dict[str, Any] = {
+            "name": check,
+            "state": state,
+            "message": message[:MESSAGE_LIMIT],
+            "lastTransitionTime": now_rfc3339() if changed else previous["lastTransitionTime"],  # type: ignore[index]
+        }
+        if pod_set_updates is not None:
+            entry["podSetUpdates"] = pod_set_updates
+        if requeue_after is not None:
+            entry["requeueAfterSeconds"] = requeue_after
+        body = {
+            "apiVersion": KUEUE,
+            "kind": "Workload",
+            "metadata": {
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "resourceVersion": meta["resourceVersion"],
+            },
+            "status": {"admissionChecks": [entry]},
+        }
+        path = f"/apis/{KUEUE}/namespaces/{meta['namespace']}/workloads/{meta['name']}/status"
+        return self._apply(path, body)
+
+    def admission_check_active(self, name: str, active: bool, reason: str, message: str) -> None:
+        body = {
+            "apiVersion": KUEUE,
+            "kind": "AdmissionCheck",
+            "metadata": {"name": name},
+            "status": {
+                "conditions": [
+                    {
+                        "type": "Active",
+                        "status": "True" if active else "False",
+                        "reason": reason,
+                        "message": message[:MESSAGE_LIMIT],
+                        "lastTransitionTime": now_rfc3339(),
+                        "observedGeneration": 0,
+                    }
+                ]
+            },
+        }
+        self._apply(f"/apis/{KUEUE}/admissionchecks/{name}/status", body)
+
+    def event(self, obj: dict[str, Any], kind: str, reason: str, message: str, warning: bool = False) -> None:
+        """A core/v1 Event on `obj`; failures are logged, never raised (an Event is a courtesy)."""
+        meta = obj["metadata"]
+        stamp = now_rfc3339()
+        body: dict[str, Any] = {
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta.get("namespace") or "default"},
+            "involvedObject": {
+                "apiVersion": obj.get("apiVersion", KUEUE),
+                "kind": kind,
+                "name": meta["name"],
+                "namespace": meta.get("namespace"),
+                "uid": meta.get("uid"),
+                "resourceVersion": meta.get("resourceVersion"),
+            },
+            "reason": reason,
+            "message": message[:EVENT_LIMIT],
+            "type": "Warning" if warning else "Normal",
+            "source": {"component": self.component},
+            "reportingComponent": self.component,
+            "reportingInstance": self.component,
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+        }
+        try:
+            client.CoreV1Api(self.api).create_namespaced_event(body["metadata"]["namespace"], cast(Any, body))
+        except ApiException as exc:
+            log.warning(
+                "could not post Event %s on %s/%s: %s",
+                reason,
+                meta.get("namespace"),
+                meta["name"],
+                exc.reason,
+            )
