@@ -41,6 +41,8 @@ class DecisionRecord:
     neighbour_slo_ratio: float | None = None  # q = min slo/tpot over neighbours
     candidates: int = 0
     excluded: dict[str, str] = field(default_factory=dict)  # node -> constraint: detail
+    # candidate GPUs where speculation would have paid but a neighbour's SLO said no: gpu -> why
+    held_back: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

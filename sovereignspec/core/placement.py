@@ -436,6 +436,20 @@ class Placer:
         )
         self.version[g] += 1
 
+    def _held_back(self, w: WorkloadRequest, req: SpecRequest, mask: NDArray[np.bool_]) -> dict[str, str]:
+        """Candidate GPUs where the objective wanted speculation and a neighbour's SLO refused it."""
+        out: dict[str, str] = {}
+        if req.gamma_max == 0:
+            return out
+        idx = np.nonzero(mask)[0]
+        table, _ = self._table(w.model, req, idx)
+        for col, g in enumerate(idx.tolist()):
+            why = blocker(table, col)
+            if why.by_externality and len(out) < EXPLAIN_LIMIT:
+                where = f"{self.node_names[int(self.gpu_node[g])]}/gpu{int(self.gpu_index[g])}"
+                out[where] = f"γ={why.gamma} would push neighbour {self.binding[g]} past its TPOT SLO"
+        return out
+
     def _excluded(self, w: WorkloadRequest, mask: NDArray[np.bool_] | None) -> dict[str, str]:
         out: dict[str, str] = {}
         skipped = 0
@@ -538,6 +552,7 @@ class Placer:
             neighbour_step_ratio=float(s["step"][g] / s["before"][g]),
             neighbour_slo_ratio=float(self.slo_ratio[g]),
             excluded=self._excluded(w, mask),
+            held_back=self._held_back(w, req, mask),
             **where,  # type: ignore[arg-type]
         )
 

@@ -12,12 +12,14 @@ import tempfile
 import threading
 import time
 import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import yaml
 from kubernetes import client
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from sovereignspec.localdev import controlplane
 from sovereignspec.localdev.gpunodes import server_side_apply
@@ -161,8 +163,8 @@ class SyntheticTelemetry:
         )  # fmt: skip
         self._tpot: dict[tuple[str, str], float] = {}
         self._acceptance: dict[tuple[str, str, str], float] = {}
-        self.port = free_port()
-        self._server, self._thread = start_http_server(self.port, addr="127.0.0.1", registry=self.registry)
+        self._server = _serve_text_format(self.registry)
+        self.port = self._server.server_address[1]
         self._stop = threading.Event()
         self._feeder = threading.Thread(target=self._feed, daemon=True)
         self._feeder.start()
@@ -194,6 +196,28 @@ class SyntheticTelemetry:
     def close(self) -> None:
         self._stop.set()
         self._server.shutdown()
+        self._server.server_close()
+
+
+def _serve_text_format(registry: CollectorRegistry) -> ThreadingHTTPServer:
+    """/metrics in the classic text format only. vLLM's metric names contain colons; a client that
+    negotiates OpenMetrics or UTF-8 escaping would rename them, and real exporters do not."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = generate_latest(registry)
+            self.send_response(200)
+            self.send_header("Content-Type", CONTENT_TYPE_LATEST)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: Any) -> None:
+            return
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
 
 
 def policy(name: str, prometheus_url: str | None, **spec: Any) -> dict[str, Any]:

@@ -55,8 +55,8 @@ class TickReport:
 
 
 class TelemetryCache:
-    """One snapshot per telemetry configuration, reused for a second so a burst of ticks does not
-    hammer Prometheus."""
+    """One snapshot per telemetry configuration, reused for a second so that a burst of ticks does
+    not hammer Prometheus."""
 
     def __init__(self, max_age: float) -> None:
         self.max_age = max_age
@@ -66,8 +66,8 @@ class TelemetryCache:
         t = spec.telemetry
         key = (t.source, t.prometheus_url, tuple(t.dcgm_endpoints), t.acceptance.window)
         cached = self._cache.get(key)
-        if cached is not None and time.time() - cached.fetched_at < self.max_age:
-            return cached
+        if cached is not None and not cached.error and time.time() - cached.fetched_at < self.max_age:
+            return cached  # failures are not cached: the next tick tries again
         if t.source == "prometheus" and t.prometheus_url:
             snap = PrometheusReader(t.prometheus_url, window=t.acceptance.window).snapshot()
         elif t.source == "dcgm-exporter" and t.dcgm_endpoints:
@@ -329,6 +329,9 @@ class Controller:
             "SpeculativeDecode" if record.gamma > 0 else "PlainDecode",
             _record_text(record, p),
         )
+        if record.held_back:
+            held = "; ".join(f"{gpu}: {why}" for gpu, why in sorted(record.held_back.items()))
+            self.writer.event(wl, "Workload", "NeighbourSLO", f"speculation held back on {held}")
         excluded = _excluded_text(record)
         if excluded:
             self.writer.event(wl, "Workload", "ExcludedNodes", excluded.lstrip("; "))

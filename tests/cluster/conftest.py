@@ -82,3 +82,52 @@ def wait_until(
             return last
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}; last value: {last!r}")
+
+
+@pytest.fixture(scope="session")
+def operator_env(api: client.ApiClient) -> Iterator[tuple[Any, Any]]:
+    """SovereignSpec installed (CRD, RBAC), synthetic telemetry behind a real Prometheus, a policy,
+    our AdmissionCheck (Active) and the operator running as its own least-privilege user."""
+    from sovereignspec.localdev.gpunodes import server_side_apply
+    from sovereignspec.localdev.operator import OperatorProcess, SyntheticTelemetry, install, policy
+    from tests.cluster import kueue as k
+    from tests.cluster.operator_env import Env
+
+    install(api)
+    telemetry = SyntheticTelemetry()
+    prom = LocalPrometheus().start()
+    prom.set_targets("synthetic", [telemetry.target])
+    controller, check = "sovereignspec.io/e2e", "sovereignspec-e2e"
+    server_side_apply(api, policy("e2e", prom.url, telemetry={"stalenessSeconds": 10}), "sovereignspec-e2e")
+    k.apply(
+        api,
+        k.admission_check(
+            check, controller, {"apiGroup": "sovereignspec.io", "kind": "SpeculationPolicy", "name": "e2e"}
+        ),
+    )
+    operator = OperatorProcess(controller).start()
+
+    def active() -> bool:
+        ac = client.CustomObjectsApi(api).get_cluster_custom_object(
+            "kueue.x-k8s.io", "v1beta2", "admissionchecks", check
+        )
+        return any(
+            c["type"] == "Active" and c["status"] == "True"
+            for c in ac.get("status", {}).get("conditions", [])
+        )
+
+    wait_until(active, timeout=60, what="our AdmissionCheck to become Active")
+    yield Env(api, telemetry, prom, check, controller), operator
+    operator.stop()
+    prom.close()
+    telemetry.close()
+
+
+@pytest.fixture
+def env(operator_env: tuple[Any, Any]) -> Any:
+    return operator_env[0]
+
+
+@pytest.fixture
+def operator(operator_env: tuple[Any, Any]) -> Any:
+    return operator_env[1]

@@ -1,0 +1,190 @@
+"""Fixtures' building blocks for the operator tests: an isolated GPU pool per test (own nodes,
+flavors, ClusterQueue and LocalQueue), job submission and waiting for our decision."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubernetes import client
+
+from sovereignspec.localdev.gpunodes import apply_node, server_side_apply
+from sovereignspec.localdev.operator import SyntheticTelemetry
+from sovereignspec.localdev.prometheus import LocalPrometheus
+from tests.cluster import kueue as k
+from tests.cluster.conftest import wait_until
+
+PRODUCTS = {
+    "H100-SXM": "NVIDIA-H100-80GB-HBM3",
+    "A100-80G-SXM": "NVIDIA-A100-SXM4-80GB",
+    "RTX-4090": "NVIDIA-GeForce-RTX-4090",
+    "H200": "NVIDIA-H200",
+}
+EFFICIENCY = {"H100-SXM": 0.7, "A100-80G-SXM": 0.7, "RTX-4090": 0.65, "H200": 0.7}
+JURISDICTION = "node-restriction.kubernetes.io/jurisdiction"
+
+
+@dataclass
+class Env:
+    api: client.ApiClient
+    telemetry: SyntheticTelemetry
+    prometheus: LocalPrometheus
+    check: str  # our AdmissionCheck
+    controller: str
+
+
+@dataclass
+class Pool:
+    env: Env
+    namespace: str
+    token: str
+    nodes: dict[str, tuple[str, str, int]] = field(
+        default_factory=dict
+    )  # name -> (gpu type, jurisdiction, gpus)
+    queue: str = "serving"
+
+    def headroom(self, node: str, values: list[float]) -> None:
+        gpu_type = self.nodes[node][0]
+        for i, h in enumerate(values):
+            self.env.telemetry.set_headroom(node, i, h, EFFICIENCY[gpu_type])
+
+
+def make_pool(
+    env: Env,
+    namespace: str,
+    nodes: list[tuple[str, str, int, list[float]]],
+    extra_checks: list[str] | None = None,
+) -> Pool:
+    """nodes: (gpu type, jurisdiction, gpu count, headroom per GPU). One flavor per GPU type, in
+    the order given; a ClusterQueue with our check (and `extra_checks`) and a LocalQueue."""
+    token = secrets.token_hex(3)
+    pool = Pool(env, namespace, token)
+    flavors: dict[str, str] = {}
+    for i, (gpu_type, jurisdiction, count, headrooms) in enumerate(nodes):
+        name = f"t{token}-{gpu_type.lower()}-{jurisdiction}-{i}"
+        labels = {
+            "kubernetes.io/hostname": name,
+            "nvidia.com/gpu.product": PRODUCTS[gpu_type],
+            JURISDICTION: jurisdiction,
+            "topology.kubernetes.io/region": jurisdiction,
+            "sovereignspec.io/test-pool": token,
+        }
+        capacity = {"cpu": "128", "memory": "1Ti", "pods": "110", "nvidia.com/gpu": str(count)}
+        apply_node(
+            env.api,
+            {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {"name": name, "labels": labels},
+                "status": {"capacity": capacity, "allocatable": capacity},
+            },
+        )
+        pool.nodes[name] = (gpu_type, jurisdiction, count)
+        pool.headroom(name, headrooms)
+        flavors.setdefault(gpu_type, f"t{token}-{gpu_type.lower()}")
+    for gpu_type, flavor in flavors.items():
+        k.apply(
+            env.api,
+            k.resource_flavor(
+                flavor, {"nvidia.com/gpu.product": PRODUCTS[gpu_type], "sovereignspec.io/test-pool": token}
+            ),
+        )
+    # Telemetry for the new nodes must reach Prometheus before anything is decided on them.
+    for name, (_, _, count) in pool.nodes.items():
+        wait_until(
+            lambda name=name, count=count: len(env.prometheus.query(
+                f'DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{{Hostname="{name}"}}')) >= count,
+            timeout=30,
+            what=f"telemetry of {name} in Prometheus",
+        )  # fmt: skip
+    time.sleep(1.2)  # the operator reuses a telemetry snapshot for 1 s; let it see the new nodes
+    cq = f"t{token}"
+    k.apply(
+        env.api, k.cluster_queue(cq, dict.fromkeys(flavors.values(), 64), [env.check, *(extra_checks or [])])
+    )
+    k.apply(env.api, k.local_queue(pool.queue, namespace, cq))
+    return pool
+
+
+def annotations(**values: Any) -> dict[str, str]:
+    return {f"sovereignspec.io/{k.replace('_', '-')}": str(v) for k, v in values.items()}
+
+
+def submit(pool: Pool, name: str, gpus: int = 1, **notes: Any) -> None:
+    body = k.job(name, pool.namespace, pool.queue, annotations=annotations(**notes), gpus=gpus)
+    server_side_apply(pool.env.api, body, "sovereignspec-e2e")
+
+
+def workload_of(pool: Pool, job: str) -> dict[str, Any] | None:
+    for wl in k.workloads(pool.env.api, pool.namespace):
+        if any(r.get("name") == job for r in wl["metadata"].get("ownerReferences", [])):
+            return wl
+    return None
+
+
+def decided(pool: Pool, job: str, timeout: float = 60.0) -> dict[str, Any]:
+    """The workload once our check left Pending (Ready, Retry or Rejected).
+
+    Kueue evicts a workload whose check is Retry or Rejected and resets every check to Pending
+    ("Reset to Pending after eviction. Previously: Rejected"); the decision then shows in that
+    message and in our Event, which `outcome` reads."""
+
+    def check() -> dict[str, Any] | None:
+        wl = workload_of(pool, job)
+        entry = k.check_state(wl, pool.env.check) if wl else None
+        if not entry:
+            return None
+        return wl if entry["state"] != "Pending" or "Previously:" in entry.get("message", "") else None
+
+    return wait_until(check, timeout=timeout, what=f"a decision for {job}")
+
+
+def outcome(pool: Pool, job: str) -> tuple[str, str]:
+    """(state, our message) of the decision on `job`, surviving Kueue's reset after eviction."""
+    wl = decided(pool, job)
+    entry = k.check_state(wl, pool.env.check)
+    assert entry is not None
+    if entry["state"] != "Pending":
+        return entry["state"], entry["message"]
+    state = entry["message"].rsplit("Previously: ", 1)[1]
+    return state, event(pool, state, wl["metadata"]["name"]).message
+
+
+def admitted_job(pool: Pool, job: str, timeout: float = 60.0) -> client.V1Job:
+    batch = client.BatchV1Api(pool.env.api)
+
+    def running() -> client.V1Job | None:
+        j = batch.read_namespaced_job(job, pool.namespace)
+        return j if j.spec.suspend is False else None
+
+    return wait_until(running, timeout=timeout, what=f"job {job} to be admitted")
+
+
+def events(pool: Pool, name: str | None = None) -> list[client.CoreV1Event]:
+    items = client.CoreV1Api(pool.env.api).list_namespaced_event(pool.namespace).items
+    return [e for e in items if name is None or e.involved_object.name == name]
+
+
+def event(pool: Pool, reason: str, name: str | None = None, timeout: float = 30.0) -> client.CoreV1Event:
+    """Wait for an Event with `reason` (ours are posted right after the decision is written)."""
+    return wait_until(
+        lambda: next((e for e in events(pool, name) if e.reason == reason), None),
+        timeout=timeout,
+        what=reason,
+    )
+
+
+def our_entry(pool: Pool, wl: dict[str, Any]) -> dict[str, Any]:
+    entry = k.check_state(wl, pool.env.check)
+    assert entry is not None
+    return entry
+
+
+def wait_for_series(prometheus: LocalPrometheus, promql: str, timeout: float = 30.0) -> None:
+    wait_until(lambda: prometheus.query(promql), timeout=timeout, what=promql)
+
+
+def now() -> float:
+    return time.monotonic()

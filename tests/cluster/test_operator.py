@@ -1,0 +1,296 @@
+"""SovereignSpec as a Kueue AdmissionCheck controller, end to end: a real kube-apiserver and etcd,
+Kueue admitting real Jobs, the operator as its own process and user, telemetry through a real
+Prometheus. Each test gets its own GPU nodes, flavors and queues (see operator_env.make_pool)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from kubernetes import client
+
+from sovereignspec.localdev.gpunodes import server_side_apply
+from tests.cluster import kueue as k
+from tests.cluster.conftest import wait_until
+from tests.cluster.operator_env import (
+    admitted_job,
+    decided,
+    event,
+    events,
+    make_pool,
+    our_entry,
+    outcome,
+    submit,
+    wait_for_series,
+    workload_of,
+)
+
+CHAT = {"model": "llama-3.1-8b", "drafter": "eagle3", "acceptance_rate": 0.8, "latency_class": "latency"}
+
+
+def _notes(job: client.V1Job) -> dict[str, str]:
+    return dict(job.spec.template.metadata.annotations or {})
+
+
+def test_an_idle_gpu_and_a_high_acceptance_latency_workload_is_admitted_speculative(env, namespace):
+    pool = make_pool(env, namespace, [("H100-SXM", "eu", 4, [0.95] * 4)])
+    submit(pool, "chat", tenant="acme", **CHAT)
+    job = admitted_job(pool, "chat")
+    notes = _notes(job)
+    node = next(iter(pool.nodes))
+    assert notes["sovereignspec.io/mode"] == "speculative"
+    gamma = int(notes["sovereignspec.io/draft-budget"])
+    assert gamma >= 1
+    vllm = json.loads(notes["sovereignspec.io/vllm-speculative-config"])
+    assert (
+        vllm["method"] == "eagle3" and vllm["num_speculative_tokens"] == gamma and "EAGLE3" in vllm["model"]
+    )
+    assert f"--speculative-num-steps {gamma}" in notes["sovereignspec.io/sglang-args"]
+    assert json.loads(notes["sovereignspec.io/draft-budget-by-batch"])[0][0] == 1
+    assert job.spec.template.spec.node_selector["kubernetes.io/hostname"] == node
+    assert "S_real=" in event(pool, "SpeculativeDecode").message
+
+
+def test_saturated_gpus_admit_plain_at_once(env, namespace):
+    pool = make_pool(
+        env, namespace, [("H100-SXM", "eu", 2, [0.0, 0.0]), ("A100-80G-SXM", "eu", 2, [0.0, 0.0])]
+    )
+    submit(pool, "busy", **CHAT)
+    wl = decided(pool, "busy")
+    entry = our_entry(pool, wl)
+    assert entry["state"] == "Ready" and "plain γ=0" in entry["message"]
+    notes = _notes(admitted_job(pool, "busy"))
+    assert notes["sovereignspec.io/mode"] == "plain" and notes["sovereignspec.io/draft-budget"] == "0"
+    assert "sovereignspec.io/vllm-speculative-config" not in notes
+    assert not [e for e in events(pool) if e.reason == "Retry"]
+
+
+def test_a_jurisdiction_is_never_crossed_whatever_the_headroom_elsewhere(env, namespace):
+    pool = make_pool(env, namespace, [("H100-SXM", "eu", 4, [1.0] * 4), ("H100-SXM", "kr", 4, [0.0] * 4)])
+    kr_node = next(n for n, (_, j, _) in pool.nodes.items() if j == "kr")
+    for i in range(3):
+        submit(pool, f"kr-{i}", jurisdiction="kr", **CHAT)
+        job = admitted_job(pool, f"kr-{i}")
+        assert job.spec.template.spec.node_selector["kubernetes.io/hostname"] == kr_node
+
+
+def test_no_node_of_the_flavor_in_the_jurisdiction_is_rejected_with_that_reason(env, namespace):
+    pool = make_pool(env, namespace, [("H100-SXM", "eu", 4, [1.0] * 4)])
+    submit(pool, "kr-only", jurisdiction="kr", **CHAT)
+    state, message = outcome(pool, "kr-only")
+    assert state == "Rejected" and "jurisdiction kr" in message
+    assert event(pool, "Rejected").type == "Warning"
+    assert workload_of(pool, "kr-only")["spec"]["active"] is False  # Kueue deactivated it
+
+
+def test_an_exclusive_tenant_never_shares_a_node_in_either_direction(env, namespace):
+    pool = make_pool(env, namespace, [("H100-SXM", "eu", 4, [0.9] * 4), ("H100-SXM", "eu", 4, [0.5] * 4)])
+    submit(pool, "bank", tenant="bank", exclusive_node="true", **CHAT)
+    bank_node = admitted_job(pool, "bank").spec.template.spec.node_selector["kubernetes.io/hostname"]
+    submit(pool, "shop", tenant="shop", **CHAT)
+    shop_node = admitted_job(pool, "shop").spec.template.spec.node_selector["kubernetes.io/hostname"]
+    assert shop_node != bank_node  # nobody joins an exclusive tenant
+    submit(pool, "vault", tenant="vault", exclusive_node="true", **CHAT)
+    state, message = outcome(pool, "vault")
+    assert state == "Retry" and "retry in" in message  # every node runs another tenant: not now, not never
+    assert workload_of(pool, "vault")["spec"].get("active", True) is True
+
+
+def test_a_neighbour_near_its_slo_keeps_the_newcomer_plain_and_is_named(env, namespace):
+    # GPU 0 is the only one with headroom; GPU 1 is compute-saturated (short contexts reach the ridge).
+    pool = make_pool(env, namespace, [("H100-SXM", "eu", 2, [0.9, 0.0])])
+    short = {"context_length": 256, "model": "llama-3.1-8b", "latency_class": "latency"}
+    submit(pool, "tight", tenant="old", drafter="ngram", acceptance_rate=0.5, tpot_slo_ms=40, **short)
+    first = admitted_job(pool, "tight")
+    assert first.spec.template.metadata.annotations["sovereignspec.io/gpu-index"] == "0"
+    env.telemetry.set_tpot(namespace, "tight", 0.039)  # 97.5 % of its SLO
+    wait_for_series(env.prometheus, f'vllm:time_per_output_token_seconds_bucket{{namespace="{namespace}"}}')
+    time.sleep(3)  # a rate needs two scrapes
+    submit(pool, "newcomer", tenant="new", drafter="eagle3", acceptance_rate=0.9, max_num_seqs=64, **short)
+    wl = decided(pool, "newcomer")
+    entry = our_entry(pool, wl)
+    neighbour = workload_of(pool, "tight")["metadata"]["name"]
+    notes = {u["name"]: u["annotations"] for u in entry["podSetUpdates"]}
+    assert all(n["sovereignspec.io/mode"] == "plain" for n in notes.values()), entry["message"]
+    named = event(pool, "NeighbourSLO", wl["metadata"]["name"]).message
+    assert neighbour in named and "/gpu0" in named
+
+
+def test_prometheus_down_means_plain_within_a_reevaluation_period_and_recovery_uses_it_again(env, namespace):
+    pool = make_pool(env, namespace, [("H100-SXM", "eu", 4, [0.95] * 4)])
+    env.prometheus.stop()
+    try:
+        stopped = time.monotonic()
+        time.sleep(1.1)  # decisions may use a snapshot up to 1 s old (the telemetry cache)
+        submit(pool, "blind", **CHAT)
+        entry = our_entry(pool, decided(pool, "blind"))
+        assert time.monotonic() - stopped < 2 + 5  # within one re-evaluation period (+ Kueue's own latency)
+        assert entry["state"] == "Ready" and entry["message"].startswith("plain")
+        assert "unreachable" in entry["message"]
+    finally:
+        env.prometheus.start()
+    wait_for_series(env.prometheus, "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE")
+    submit(pool, "seeing", **CHAT)
+    assert our_entry(pool, decided(pool, "seeing"))["message"].startswith("speculative")
+
+
+def test_stale_gpu_series_mean_plain_with_the_reason(env, namespace):
+    pool = make_pool(env, namespace, [("H100-SXM", "eu", 2, [0.95, 0.95])])
+    node = next(iter(pool.nodes))
+    for gpu in (0, 1):
+        env.telemetry.tensor.remove(str(gpu), node, "synthetic")  # the exporter stops reporting them
+    wait_until(
+        lambda: not env.prometheus.query(f'DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{{Hostname="{node}"}}'),
+        timeout=30,
+        what="the series to go stale",
+    )
+    submit(pool, "stale", **CHAT)
+    entry = our_entry(pool, decided(pool, "stale"))
+    assert entry["state"] == "Ready" and "plain" in entry["message"] and "telemetry" in entry["message"]
+
+
+def test_another_controllers_check_keeps_its_entry_through_our_writes(env, namespace):
+    other = f"other-{namespace[-6:]}"
+    k.apply(env.api, k.admission_check(other, "other.example.com/gate"))
+    k.set_check_active(env.api, other, "other-controller")
+    pool = make_pool(env, namespace, [("H100-SXM", "eu", 2, [0.9, 0.9])], extra_checks=[other])
+    submit(pool, "shared", **CHAT)
+
+    def listed():
+        wl = workload_of(pool, "shared")
+        return wl if wl and k.check_state(wl, other) else None
+
+    wl = wait_until(listed, what="the workload")
+    body = {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "Workload",
+        "metadata": {"name": wl["metadata"]["name"], "namespace": namespace},
+        "status": {"admissionChecks": [{"name": other, "state": "Pending", "message": "other: waiting",
+                                        "lastTransitionTime": "2026-01-01T00:00:00Z"}]},
+    }  # fmt: skip
+    server_side_apply(env.api, body, "other-controller", "status")
+    wl = decided(pool, "shared")
+    theirs = k.check_state(wl, other)
+    assert (theirs["state"], theirs["message"]) == ("Pending", "other: waiting")
+    body["status"]["admissionChecks"][0].update(state="Ready", message="other: done")
+    server_side_apply(env.api, body, "other-controller", "status")
+    job = admitted_job(pool, "shared")
+    assert _notes(job)["sovereignspec.io/mode"] in ("speculative", "plain")
+    wl = workload_of(pool, "shared")
+    assert k.check_state(wl, other)["message"] == "other: done"
+    assert our_entry(pool, wl)["state"] == "Ready"
+
+
+def test_a_bad_performance_annotation_means_plain_ready_and_a_warning_naming_the_field(env, namespace):
+    pool = make_pool(env, namespace, [("H100-SXM", "eu", 4, [0.95] * 4)])
+    submit(pool, "vague", **{**CHAT, "acceptance_rate": "high"})
+    submit(pool, "hasty", **CHAT, tpot_slo_ms=-5)
+    for name, field, accepted in (
+        ("vague", "acceptance-rate", "a number in [0, 1]"),
+        ("hasty", "tpot-slo-ms", "a positive number of milliseconds"),
+    ):
+        wl = decided(pool, name)
+        entry = our_entry(pool, wl)
+        assert entry["state"] == "Ready" and entry["message"].startswith("plain")
+        warning = event(pool, "BadAnnotation", wl["metadata"]["name"])
+        assert warning.type == "Warning"
+        assert f"sovereignspec.io/{field}" in warning.message and accepted in warning.message
+        admitted_job(pool, name)
+
+
+def test_a_bad_sovereignty_annotation_fails_closed_naming_the_field(env, namespace):
+    pool = make_pool(env, namespace, [("H100-SXM", "eu", 4, [0.95] * 4)])
+    submit(pool, "where", jurisdiction="Europe!", **CHAT)
+    submit(pool, "alone", exclusive_node="maybe", **CHAT)
+    for name, field in (("where", "jurisdiction"), ("alone", "exclusive-node")):
+        state, message = outcome(pool, name)
+        assert state == "Rejected" and f"sovereignspec.io/{field}" in message
+
+
+def test_an_admission_check_with_a_missing_or_invalid_policy_is_inactive_with_a_reason(env, unique):
+    missing, invalid = unique("ac-missing"), unique("ac-invalid")
+    bad_policy = unique("bad-policy")
+    server_side_apply(
+        env.api,
+        {"apiVersion": "sovereignspec.io/v1alpha1", "kind": "SpeculationPolicy",
+         "metadata": {"name": bad_policy}, "spec": {"profiles": {"gpuProducts": {"NVIDIA-B300": "B300"}}}},
+        "sovereignspec-e2e",
+    )  # fmt: skip
+    params = {"apiGroup": "sovereignspec.io", "kind": "SpeculationPolicy"}
+    k.apply(env.api, k.admission_check(missing, env.controller, {**params, "name": "does-not-exist"}))
+    k.apply(env.api, k.admission_check(invalid, env.controller, {**params, "name": bad_policy}))
+    custom = client.CustomObjectsApi(env.api)
+
+    def active(name):
+        ac = custom.get_cluster_custom_object("kueue.x-k8s.io", "v1beta2", "admissionchecks", name)
+        return next((c for c in ac.get("status", {}).get("conditions", []) if c["type"] == "Active"), None)
+
+    cond = wait_until(lambda: active(missing), what="Active on the check with a missing policy")
+    assert (
+        cond["status"] == "False" and cond["reason"] == "BadParametersRef" and "not found" in cond["message"]
+    )
+    cond = wait_until(lambda: active(invalid), what="Active on the check with an invalid policy")
+    assert cond["status"] == "False" and cond["reason"] == "InvalidParameters" and "B300" in cond["message"]
+
+
+def test_the_operator_serves_liveness_and_its_own_metrics(operator, env, namespace):
+    pool = make_pool(env, namespace, [("H100-SXM", "eu", 1, [0.95])])
+    submit(pool, "metered", **CHAT)
+    admitted_job(pool, "metered")
+    text = operator.metrics()
+    assert 'sovereignspec_decisions_total{mode="speculative",outcome="placed"}' in text
+    assert "sovereignspec_gpu_headroom" in text and "sovereignspec_tick_seconds_count" in text
+
+
+def test_a_sigkilled_operator_loses_nothing_in_a_burst_of_fifty(env, namespace, unique):
+    from dataclasses import replace as dc_replace
+
+    from sovereignspec.localdev.operator import OperatorProcess, policy
+
+    controller, check, name = "sovereignspec.io/burst", unique("sovereignspec-burst"), unique("burst")
+    server_side_apply(env.api, policy(name, env.prometheus.url), "sovereignspec-e2e")
+    params = {"apiGroup": "sovereignspec.io", "kind": "SpeculationPolicy", "name": name}
+    k.apply(env.api, k.admission_check(check, controller, params))
+    burst = dc_replace(env, check=check, controller=controller)
+    pool = make_pool(
+        # One flavor (Kueue fills the first flavor with quota first), four nodes, 64 GPUs for 50 jobs.
+        burst, namespace, [("H100-SXM", "eu", 16, [0.9] * 16), ("H100-SXM", "eu", 16, [0.3] * 16),
+                           ("H100-SXM", "eu", 16, [0.7] * 16), ("H100-SXM", "eu", 16, [0.0] * 16)],
+    )  # fmt: skip
+    first = OperatorProcess(controller).start()
+    try:
+        for i in range(50):
+            submit(pool, f"job-{i:02d}", tenant=f"tenant-{i % 5}", tpot_slo_ms=80, **CHAT)
+
+        def ready_count() -> int:
+            return sum(
+                1
+                for wl in k.workloads(env.api, namespace)
+                if (k.check_state(wl, check) or {}).get("state") == "Ready"
+            )
+
+        wait_until(lambda: ready_count() >= 10, timeout=120, what="ten decisions before the kill")
+        first.kill()
+        killed_at = ready_count()
+    finally:
+        first.kill()
+    second = OperatorProcess(controller).start()
+    try:
+        jobs = [admitted_job(pool, f"job-{i:02d}", timeout=180) for i in range(50)]
+    finally:
+        second.stop()
+    assert killed_at < 50, "the kill came too late to test anything"
+    per_node: dict[str, int] = {}
+    for job in jobs:
+        wl = workload_of(pool, job.metadata.name)
+        conditions = {c["type"]: c for c in wl["status"]["conditions"]}
+        assert conditions["Admitted"]["status"] == "True"
+        assert conditions.get("Evicted", {}).get("status") != "True"  # admitted once, never bounced
+        assert "Finished" not in conditions
+        entry = k.check_state(wl, check)
+        assert entry["state"] == "Ready"
+        node = entry["podSetUpdates"][0]["nodeSelector"]["kubernetes.io/hostname"]
+        assert job.spec.template.spec.node_selector["kubernetes.io/hostname"] == node  # what reached the pod
+        per_node[node] = per_node.get(node, 0) + 1
+    assert set(per_node) <= set(pool.nodes)
+    assert all(count <= pool.nodes[node][2] for node, count in per_node.items()), per_node
