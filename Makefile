@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 OUT ?= out
 
-.PHONY: venv lint format typecheck test unit run regimes bench clean binaries cluster-up cluster-down
+.PHONY: venv lint format typecheck test unit run demo regimes bench bench-operator clean binaries cluster-up cluster-down
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -45,12 +45,16 @@ cluster-up: venv binaries
 cluster-down:
 	hack/cluster-down.sh
 
-# The main job on the embedded default profiles.
-run: venv
+# The main job: SovereignSpec admitting a mix of tenants' serving Jobs on the local control plane.
+demo: venv binaries
+	$(BIN)/python -m sovereignspec.localdev.demo
+
+run: demo
+
+# The regime analysis of the source on the shipped profiles (table + plot).
+regimes: venv
 	mkdir -p $(OUT)
 	$(BIN)/sovereignspec regimes --alphas 0.6,0.8 --plot $(OUT)/regimes.png
-
-regimes: run
 
 bench: venv
 	$(BIN)/python -m benchmarks
