@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any
+from typing import Any, cast
 
 from kubernetes import client
 
@@ -38,15 +38,16 @@ EFFICIENCY = {"4090": 0.65}
 
 # (job, tenant, annotations, GPUs): a mix of tenants, drafters, acceptance, SLOs and sovereignty.
 WORKLOADS: list[tuple[str, str, dict[str, str], int]] = [
-    ("legal-draft", "lawfirm", {"model": "llama-3.1-8b", "drafter": "eagle3", "acceptance-rate": "0.85",
-                                "tpot-slo-ms": "30", "jurisdiction": "eu"}, 1),
+    ("legal-draft", "lawfirm", {"model": "llama-3.1-8b", "drafter": "eagle3",
+                                "acceptance-rate": "0.85", "tpot-slo-ms": "30", "jurisdiction": "eu"}, 1),
     ("bank-assist", "bank", {"model": "llama-3.1-8b", "drafter": "eagle3", "acceptance-rate": "0.8",
                              "jurisdiction": "kr", "exclusive-node": "true"}, 1),
     ("gov-summarise", "ministry", {"model": "llama-3.1-8b", "drafter": "ngram", "acceptance-rate": "0.5",
                                    "latency-class": "throughput", "jurisdiction": "kr"}, 1),
-    ("retail-batch", "retail", {"model": "llama-3.1-8b", "drafter": "none", "latency-class": "throughput"}, 1),
-    ("research-70b", "lab", {"model": "llama-3.3-70b", "drafter": "llama-3.2-1b-draft", "acceptance-rate": "0.7",
-                             "tpot-slo-ms": "80"}, 4),
+    ("retail-batch", "retail", {"model": "llama-3.1-8b", "drafter": "none",
+                                "latency-class": "throughput"}, 1),
+    ("research-70b", "lab", {"model": "llama-3.3-70b", "drafter": "llama-3.2-1b-draft",
+                             "acceptance-rate": "0.7", "tpot-slo-ms": "80"}, 4),
     ("media-caption", "media", {"model": "llama-3.1-8b", "drafter": "ngram", "acceptance-rate": "0.4",
                                 "context-length": "256"}, 1),
     ("startup-chat", "startup", {"model": "llama-3.1-8b", "drafter": "eagle3", "acceptance-rate": "high"}, 1),
@@ -92,9 +93,13 @@ def _job(name: str, tenant: str, notes: dict[str, str], gpus: int) -> dict[str, 
 
 def _decision(api: client.ApiClient, job: str) -> tuple[str, str] | None:
     """(state, message) of our check on the job's workload, once decided."""
-    items = client.CustomObjectsApi(api).list_namespaced_custom_object(
-        "kueue.x-k8s.io", "v1beta2", NAMESPACE, "workloads"
-    )["items"]
+    listed: dict[str, Any] = cast(
+        dict[str, Any],
+        client.CustomObjectsApi(api).list_namespaced_custom_object(
+            "kueue.x-k8s.io", "v1beta2", NAMESPACE, "workloads"
+        ),
+    )
+    items: list[dict[str, Any]] = listed["items"]
     for wl in items:
         if not any(r.get("name") == job for r in wl["metadata"].get("ownerReferences", [])):
             continue
@@ -102,13 +107,13 @@ def _decision(api: client.ApiClient, job: str) -> tuple[str, str] | None:
         if entry is None:
             return None
         if entry["state"] != "Pending":
-            return entry["state"], entry["message"]
+            return str(entry["state"]), str(entry["message"])
         if "Previously: " in entry.get("message", ""):
             state = entry["message"].rsplit("Previously: ", 1)[1]
             events = client.CoreV1Api(api).list_namespaced_event(NAMESPACE).items
             why = next((e.message for e in events if e.involved_object.name == wl["metadata"]["name"]
                         and e.reason == state), state)  # fmt: skip
-            return state, why
+            return state, str(why)
     return None
 
 
