@@ -88,9 +88,9 @@ def wait_until(
 def operator_env(api: client.ApiClient) -> Iterator[tuple[Any, Any]]:
     """SovereignSpec installed (CRD, RBAC), synthetic telemetry behind a real Prometheus, a policy,
     our AdmissionCheck (Active) and the operator running as its own least-privilege user."""
+    from sovereignspec.localdev import kueue as k
     from sovereignspec.localdev.gpunodes import server_side_apply
     from sovereignspec.localdev.operator import OperatorProcess, SyntheticTelemetry, install, policy
-    from tests.cluster import kueue as k
     from tests.cluster.operator_env import Env
 
     install(api)

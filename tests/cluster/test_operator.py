@@ -9,8 +9,8 @@ import time
 
 from kubernetes import client
 
+from sovereignspec.localdev import kueue as k
 from sovereignspec.localdev.gpunodes import server_side_apply
-from tests.cluster import kueue as k
 from tests.cluster.conftest import wait_until
 from tests.cluster.operator_env import (
     admitted_job,

@@ -1,8 +1,8 @@
-"""Small builders for Kueue objects in tests (v1beta2)."""
+"""Small builders for Kueue objects (v1beta2), for the tests, the demo and the benchmarks."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from kubernetes import client
 
@@ -58,7 +58,7 @@ def set_check_active(api: client.ApiClient, name: str, manager: str, active: boo
     server_side_apply(api, body, manager, "status")
 
 
-def cluster_queue(name: str, flavors: dict[str, int], checks: list[str]) -> dict[str, Any]:
+def cluster_queue(name: str, flavors: dict[str, int], checks: list[str], cpu: str = "1000") -> dict[str, Any]:
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "ClusterQueue",
@@ -72,7 +72,7 @@ def cluster_queue(name: str, flavors: dict[str, int], checks: list[str]) -> dict
                         {
                             "name": f,
                             "resources": [
-                                {"name": "cpu", "nominalQuota": "1000"},
+                                {"name": "cpu", "nominalQuota": cpu},
                                 {"name": "nvidia.com/gpu", "nominalQuota": gpus},
                             ],
                         }
@@ -131,11 +131,9 @@ def job(
 
 
 def workloads(api: client.ApiClient, namespace: str) -> list[dict[str, Any]]:
-    return list(
-        client.CustomObjectsApi(api).list_namespaced_custom_object(GROUP, VERSION, namespace, "workloads")[
-            "items"
-        ]
-    )
+    listed = cast(dict[str, Any], client.CustomObjectsApi(api).list_namespaced_custom_object(
+        GROUP, VERSION, namespace, "workloads"))  # fmt: skip
+    return list(listed["items"])
 
 
 def condition(wl: dict[str, Any], kind: str) -> dict[str, Any] | None:
@@ -144,3 +142,17 @@ def condition(wl: dict[str, Any], kind: str) -> dict[str, Any] | None:
 
 def check_state(wl: dict[str, Any], name: str) -> dict[str, Any] | None:
     return next((c for c in wl.get("status", {}).get("admissionChecks", []) if c["name"] == name), None)
+
+
+def set_check_state(
+    api: client.ApiClient, wl: dict[str, Any], check: str, state: str, message: str, manager: str
+) -> None:
+    """Write one admission-check entry of a Workload by server-side apply (another controller's way)."""
+    body = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "Workload",
+        "metadata": {"name": wl["metadata"]["name"], "namespace": wl["metadata"]["namespace"]},
+        "status": {"admissionChecks": [{"name": check, "state": state, "message": message,
+                                        "lastTransitionTime": "2026-01-01T00:00:00Z"}]},
+    }  # fmt: skip
+    server_side_apply(api, body, manager, "status")

@@ -1,0 +1,213 @@
+"""`python -m benchmarks.operator` (or `make bench-operator`): admission latency and memory of the
+operator on the local control plane, beside a trivial always-Ready check, in one run.
+
+Setup: 250 simulated nodes x 8 GPUs = 2,000 GPUs with telemetry through a real Prometheus; two
+identical ClusterQueues over them, one with the SovereignSpec AdmissionCheck, one with a trivial
+check answered by this benchmark itself (a watch that writes Ready by server-side apply as soon as
+quota is reserved). 500 Jobs go to each queue, interleaved. For every Workload the benchmark
+notes, from its own watch, when QuotaReserved and when Admitted became true, and reports the
+median and p99 of the difference per queue and their ratio, and the operator's peak RSS.
+"""
+
+from __future__ import annotations
+
+import secrets
+import statistics
+import sys
+import threading
+import time
+from typing import Any, cast
+
+from kubernetes import client, watch
+
+from sovereignspec.localdev import controlplane
+from sovereignspec.localdev import kueue as k
+from sovereignspec.localdev.gpunodes import apply_node, server_side_apply
+from sovereignspec.localdev.operator import OperatorProcess, SyntheticTelemetry, install, policy
+from sovereignspec.localdev.prometheus import LocalPrometheus
+
+JOBS = 500
+NODES = 250
+GPUS_PER_NODE = 8
+KUEUE = (k.GROUP, k.VERSION)
+TRIVIAL = "bench.sovereignspec.io/trivial"
+OURS = "sovereignspec.io/bench"
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def job(name: str, namespace: str, queue: str, i: int) -> dict[str, Any]:
+    notes = {
+        "sovereignspec.io/tenant": f"tenant-{i % 20}",
+        "sovereignspec.io/model": "llama-3.1-8b",
+        "sovereignspec.io/drafter": "eagle3" if i % 3 else "ngram",
+        "sovereignspec.io/acceptance-rate": f"{0.5 + (i % 5) * 0.1:.1f}",
+        "sovereignspec.io/tpot-slo-ms": "60",
+    }
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "namespace": namespace, "labels": {"kueue.x-k8s.io/queue-name": queue}},
+        "spec": {
+            "suspend": True,
+            "template": {
+                "metadata": {"annotations": notes},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [{"name": "c", "image": "vllm", "resources": {
+                        "requests": {"cpu": "1", "nvidia.com/gpu": "1"}, "limits": {"nvidia.com/gpu": "1"}}}],
+                },
+            },
+        },
+    }  # fmt: skip
+
+
+class Recorder:
+    """Watches Workloads in the benchmark namespaces; notes when each condition first turned true."""
+
+    def __init__(self, api: client.ApiClient, namespaces: dict[str, str]) -> None:
+        self.api = api
+        self.namespaces = namespaces  # namespace -> queue label
+        self.reserved: dict[str, float] = {}
+        self.admitted: dict[str, float] = {}
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._watch, args=(ns,), daemon=True) for ns in namespaces]
+        for t in self.threads:
+            t.start()
+
+    def _watch(self, namespace: str) -> None:
+        custom = client.CustomObjectsApi(self.api)
+        while not self.stop.is_set():
+            w = watch.Watch()
+            for ev in w.stream(
+                custom.list_namespaced_custom_object, *KUEUE, namespace, "workloads", timeout_seconds=30
+            ):
+                now = time.monotonic()
+                wl = ev["object"]
+                key = f"{namespace}/{wl['metadata']['name']}"
+                conds = {c["type"]: c["status"] for c in wl.get("status", {}).get("conditions", [])}
+                if conds.get("QuotaReserved") == "True":
+                    self.reserved.setdefault(key, now)
+                if conds.get("Admitted") == "True":
+                    self.admitted.setdefault(key, now)
+                if self.stop.is_set():
+                    w.stop()
+                    break
+
+
+class TrivialCheck:
+    """The baseline admission-check controller: Ready as soon as quota is reserved."""
+
+    def __init__(self, api: client.ApiClient, namespace: str, check: str) -> None:
+        self.api, self.namespace, self.check = api, namespace, check
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        custom = client.CustomObjectsApi(self.api)
+        while not self.stop.is_set():
+            w = watch.Watch()
+            for ev in w.stream(custom.list_namespaced_custom_object, *KUEUE, self.namespace, "workloads",
+                               timeout_seconds=30):  # fmt: skip
+                wl = ev["object"]
+                status = wl.get("status", {})
+                reserved = any(
+                    c["type"] == "QuotaReserved" and c["status"] == "True"
+                    for c in status.get("conditions", [])
+                )
+                entry = next((c for c in status.get("admissionChecks", []) if c["name"] == self.check), None)
+                if reserved and entry and entry["state"] == "Pending":
+                    k.set_check_state(self.api, wl, self.check, "Ready", "trivial", "bench-trivial-check")
+                if self.stop.is_set():
+                    w.stop()
+                    break
+
+
+def main() -> int:
+    controlplane.up()
+    api = controlplane.api_client()
+    install(api)
+    token = secrets.token_hex(3)
+    telemetry = SyntheticTelemetry()
+    prometheus = LocalPrometheus(scrape_interval="2s").start()
+    prometheus.set_targets("synthetic", [telemetry.target])
+    print(f"creating {NODES} nodes x {GPUS_PER_NODE} GPUs ...", flush=True)
+    products = ["NVIDIA-H100-80GB-HBM3", "NVIDIA-A100-SXM4-80GB", "NVIDIA-H200", "NVIDIA-GeForce-RTX-4090"]
+    for i in range(NODES):
+        name = f"bench-{token}-{i:03d}"
+        cap = {"cpu": "128", "memory": "1Ti", "pods": "110", "nvidia.com/gpu": str(GPUS_PER_NODE)}
+        labels = {
+            "kubernetes.io/hostname": name,
+            "nvidia.com/gpu.product": products[i % 4],
+            "sovereignspec.io/bench": token,
+            "node-restriction.kubernetes.io/jurisdiction": "eu",
+        }
+        node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}}
+        apply_node(api, {**node, "status": {"capacity": cap, "allocatable": cap}})
+        for g in range(GPUS_PER_NODE):
+            telemetry.set_headroom(name, g, ((i * GPUS_PER_NODE + g) % 20) / 20)
+    while len(prometheus.query("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE")) < NODES * GPUS_PER_NODE:
+        time.sleep(1)
+
+    flavor, ours_check, trivial_check = f"bench-{token}", f"bench-ours-{token}", f"bench-trivial-{token}"
+    policy_name = f"bench-{token}"
+    k.apply(api, k.resource_flavor(flavor, {"sovereignspec.io/bench": token}), "bench")
+    server_side_apply(api, policy(policy_name, prometheus.url), "bench")
+    params = {"apiGroup": "sovereignspec.io", "kind": "SpeculationPolicy", "name": policy_name}
+    k.apply(api, k.admission_check(ours_check, OURS, params), "bench")
+    k.apply(api, k.admission_check(trivial_check, TRIVIAL), "bench")
+    k.set_check_active(api, trivial_check, "bench-trivial-check")
+    namespaces = {}
+    for label, check in (("ours", ours_check), ("trivial", trivial_check)):
+        name = f"bench-{label}-{token}"
+        k.apply(api, k.cluster_queue(name, {flavor: NODES * GPUS_PER_NODE}, [check], cpu="100000"), "bench")
+        client.CoreV1Api(api).create_namespace(cast(Any, {"metadata": {"name": name}}))
+        k.apply(api, k.local_queue("q", name, name), "bench")
+        namespaces[label] = name
+
+    operator = OperatorProcess(OURS).start()
+    trivial = TrivialCheck(api, namespaces["trivial"], trivial_check)
+    recorder = Recorder(api, dict.fromkeys(namespaces.values(), "q"))
+    time.sleep(2)
+    print(f"submitting {JOBS} jobs to each queue ...", flush=True)
+    started = time.monotonic()
+    for i in range(JOBS):
+        for label in ("ours", "trivial"):
+            server_side_apply(api, job(f"j{i:03d}", namespaces[label], "q", i), "bench")
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and len(recorder.admitted) < 2 * JOBS:
+        time.sleep(1)
+    elapsed = time.monotonic() - started
+    peak = operator.peak_rss_bytes()
+    recorder.stop.set()
+    trivial.stop.set()
+    operator.stop()
+    prometheus.close()
+    telemetry.close()
+
+    results = {}
+    for label, ns in namespaces.items():
+        waits = [
+            recorder.admitted[k] - recorder.reserved[k]
+            for k in recorder.admitted
+            if k.startswith(ns + "/") and k in recorder.reserved
+        ]
+        results[label] = waits
+    print(f"\n{JOBS} Jobs per queue over {NODES * GPUS_PER_NODE} GPUs; all admitted in {elapsed:.1f} s")
+    print(f"{'queue':<28} {'admitted':>8} {'median s':>9} {'p99 s':>8}")
+    for label, waits in results.items():
+        name = "SovereignSpec check" if label == "ours" else "trivial always-Ready check"
+        print(f"{name:<28} {len(waits):>8} {statistics.median(waits):>9.3f} {pct(waits, 0.99):>8.3f}")
+    ratio_med = statistics.median(results["ours"]) / statistics.median(results["trivial"])
+    ratio_p99 = pct(results["ours"], 0.99) / pct(results["trivial"], 0.99)
+    print(f"ratio SovereignSpec / trivial: median {ratio_med:.2f}, p99 {ratio_p99:.2f}")
+    print(f"operator peak RSS: {peak / 2**20:.1f} MiB")
+    return 0 if all(len(w) == JOBS for w in results.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
