@@ -83,6 +83,21 @@ build_kueue() {
   rm -rf "$work"
 }
 
+build_helm() {
+  local out=$BIN_DIR/helm-$HELM_VERSION
+  [[ -x $out ]] && { log "helm $HELM_VERSION cached"; return; }
+  local work; work=$(mktemp -d)
+  local logf=$CACHE_DIR/build-helm.log
+  log "building helm $HELM_VERSION (log: $logf)"
+  (
+    cd "$work"
+    GOBIN=$work go install -trimpath -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" \
+      "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+  ) >"$logf" 2>&1 || fail helm "$logf"
+  mv "$work/helm" "$out"
+  rm -rf "$work"
+}
+
 # Debian's prometheus package, extracted into the cache (no system install, no service started).
 fetch_prometheus() {
   local existing
@@ -110,11 +125,12 @@ kueue_crd_dir() {
 }
 
 case ${1:-all} in
-  all) build_etcd; build_kubernetes; build_kueue; fetch_prometheus ;;
+  all) build_etcd; build_kubernetes; build_kueue; build_helm; fetch_prometheus ;;
+  helm) build_helm ;;
   prometheus) fetch_prometheus ;;
   etcd) build_etcd ;;
   kubernetes) build_kubernetes ;;
   kueue) build_kueue ;;
   crd-dir) kueue_crd_dir ;;
-  *) echo "usage: $0 [all|etcd|kubernetes|kueue|prometheus|crd-dir]" >&2; exit 2 ;;
+  *) echo "usage: $0 [all|etcd|kubernetes|kueue|helm|prometheus|crd-dir]" >&2; exit 2 ;;
 esac

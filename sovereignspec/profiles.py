@@ -152,23 +152,37 @@ def load_file(
         raise ConfigError(describe(exc, schema, where=str(path))) from exc
 
 
+def _peek_kind(path: Path) -> object:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    return data.get("kind") if isinstance(data, dict) else None
+
+
 def load_profiles(directory: Path | str | None = None) -> ProfileSet:
-    """Every profile under `directory` (gpus/, models/, drafters/), validated; names must be unique."""
+    """Every profile under `directory` (gpus/, models/, drafters/, or flat files with their `kind`),
+    validated; names must be unique within a kind."""
     root = Path(directory) if directory is not None else default_profile_dir()
     if not root.is_dir():
         raise ConfigError(f"profiles directory {root} does not exist")
     found: dict[str, dict[str, object]] = {k: {} for k in _KINDS}
     origin: dict[tuple[str, str], Path] = {}
-    for folder, schema in _KINDS.items():
-        for path in sorted((root / folder).glob("*.yaml")):
-            profile = load_file(path, schema)
-            key = (folder, profile.name)
-            if key in origin:
-                raise ConfigError(
-                    f"{path}: field 'name': {profile.name!r} is already defined in {origin[key]}"
-                )
-            origin[key] = path
-            found[folder][profile.name] = profile.to_spec()
+    by_kind = {"gpu": "gpus", "model": "models", "drafter": "drafters"}
+    files = [(folder, path) for folder in _KINDS for path in sorted((root / folder).glob("*.yaml"))]
+    # A flat directory works too (a mounted ConfigMap): each file says its own `kind`.
+    for path in sorted(root.glob("*.yaml")):
+        kind = _peek_kind(path)
+        if kind not in by_kind:
+            raise ConfigError(f"{path}: field 'kind': got {kind!r}; accepted: gpu, model or drafter")
+        files.append((by_kind[kind], path))
+    for folder, path in files:
+        profile = load_file(path, _KINDS[folder])
+        key = (folder, profile.name)
+        if key in origin:
+            raise ConfigError(f"{path}: field 'name': {profile.name!r} is already defined in {origin[key]}")
+        origin[key] = path
+        found[folder][profile.name] = profile.to_spec()
     for folder, items in found.items():
         if not items:
             raise ConfigError(f"{root / folder}: no {folder} profiles found (expected *.yaml files)")

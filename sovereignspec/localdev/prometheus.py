@@ -7,6 +7,7 @@ the targets and reload, stop it, or start it again on the same port (to test out
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -23,7 +24,7 @@ from sovereignspec.localdev.controlplane import HACK
 
 
 def binary() -> Path:
-    cache = Path.home() / ".cache" / "sovereignspec" / "bin"
+    cache = Path(os.environ.get("SOVEREIGNSPEC_CACHE", Path.home() / ".cache" / "sovereignspec")) / "bin"
     found = sorted(cache.glob("prometheus-*"))
     if not found:
         subprocess.run([str(HACK / "build-binaries.sh"), "prometheus"], check=True, capture_output=True)

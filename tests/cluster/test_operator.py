@@ -144,6 +144,7 @@ def test_stale_gpu_series_mean_plain_with_the_reason(env, namespace):
         timeout=30,
         what="the series to go stale",
     )
+    time.sleep(1.1)  # the operator may reuse a snapshot for up to 1 s
     submit(pool, "stale", **CHAT)
     entry = our_entry(pool, decided(pool, "stale"))
     assert entry["state"] == "Ready" and "plain" in entry["message"] and "telemetry" in entry["message"]

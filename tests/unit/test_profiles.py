@@ -93,3 +93,16 @@ def test_a_profile_that_is_not_yaml_is_refused_with_its_path(tmp_path):
     (root / "gpus/broken.yaml").write_text("name: [unclosed\n")
     with pytest.raises(ConfigError, match=r"broken\.yaml: not valid YAML"):
         load_profiles(root)
+
+
+def test_a_flat_directory_of_profiles_works_like_the_folders(tmp_path):
+    for path in SHIPPED.rglob("*.yaml"):
+        (tmp_path / path.name).write_text(path.read_text())
+    flat = load_profiles(tmp_path)
+    assert flat == load_profiles(SHIPPED)
+
+
+def test_a_flat_profile_without_a_known_kind_is_refused(tmp_path):
+    (tmp_path / "odd.yaml").write_text("kind: tpu\nname: x\n")
+    with pytest.raises(ConfigError, match="'kind': got 'tpu'"):
+        load_profiles(tmp_path)
