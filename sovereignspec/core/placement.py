@@ -8,17 +8,21 @@ The order of a decision, for each workload:
 2. γ* on every remaining GPU (`optimiser`), from the GPU's headroom reading and its tightest
    neighbour; GPUs with stale telemetry are scored as saturated and allowed plain decode only;
 3. the heterogeneous-placement policy:
-   - latency-sensitive work that can speculate somewhere goes where its predicted time per output
-     token is lowest (that is where the headroom is);
-   - everything else (throughput work, or work whose drafter pays nowhere) runs on the most
-     loaded GPU that still meets its own TPOT SLO and keeps every neighbour within theirs,
-     keeping headroom free for those who benefit from it.
+   - latency-sensitive work goes where its predicted time per output token is lowest: where the
+     headroom is, and where it can speculate if its drafter pays anywhere;
+   - throughput work runs where it adds the most tokens per second to the cluster: its own rate
+     less what its neighbours lose to the longer step, among GPUs where it meets its own TPOT SLO
+     and keeps every neighbour within theirs (falling back to its own SLO, then to any).
+   Latency work whose drafter pays nowhere still takes the fastest GPU rather than a packed one:
+   its SLO is about latency, and load predictions miss what they cannot see (prefill, bursts).
+   A tick decides high-acceptance work first, so it reaches the idle GPUs first.
 
-Ties are broken, in order: lower TPOT / lower headroom as above (values compared after rounding to
-1e-9 relative), then higher headroom for latency work / lower TPOT for packed work, then node name,
-then GPU index. A tick decides pending workloads latency-sensitive first, then by declared
-acceptance rate (high first), then by name; each placement updates the GPU's load and neighbours
-before the next is decided, so decisions in one tick never contradict each other.
+Ties are broken, in order: lower TPOT (latency work) / more tokens per second added (throughput
+work), compared after rounding to 1e-9 relative, then higher headroom (latency work) / lower TPOT
+(throughput work), then node name, then GPU index. A tick decides pending workloads
+latency-sensitive first, then by declared acceptance rate (high first), then by name; each
+placement updates the GPU's load and neighbours before the next is decided, so decisions in one
+tick never contradict each other.
 
 Speed: a tick keeps, per workload signature (model, drafter, α, batch, context, limits), the γ table
 for every GPU and recomputes only the GPUs whose state changed since it was last used. Sorting the
@@ -98,9 +102,11 @@ class GpuState:
     node: str
     index: int
     gpu_type: str
-    headroom: float | None  # None: no fresh telemetry
+    headroom: float | None  # None: no fresh telemetry (the GPU may run plain decode only)
     slo_ratio: float = math.inf  # min over neighbours of slo / current tpot
     binding_neighbour: str | None = None
+    # Without telemetry, the load its known placements imply (for placing plain work); else 0.
+    stale_estimate: float | None = None
 
 
 @dataclass(frozen=True)
@@ -176,7 +182,7 @@ class Placer:
         type_index = {t: i for i, t in enumerate(self.gpu_types)}
         self.gpu_type = np.array([type_index[g.gpu_type] for g in gpus], dtype=np.int64)
         self.stale = np.array([g.headroom is None for g in gpus], dtype=np.bool_)
-        self.headroom = np.array([0.0 if g.headroom is None else g.headroom for g in gpus], dtype=np.float64)
+        self.headroom = np.array([_headroom(g) for g in gpus], dtype=np.float64)
         self.slo_ratio = np.array([g.slo_ratio for g in gpus], dtype=np.float64)
         self.binding: list[str | None] = [g.binding_neighbour for g in gpus]
         self.free = np.array([n.free_gpus for n in nodes], dtype=np.int64)
@@ -359,8 +365,8 @@ class Placer:
         cand = np.nonzero(mask)[0]
         tpot = s["tpot"][cand]
         tpot_q = quantize(tpot / tpot.min())
-        head_q = quantize(np.where(self.stale[cand], 0.0, self.headroom[cand]))
-        if w.latency_class == "latency" and (s["gamma"][cand] > 0).any():
+        head_q = quantize(self.headroom[cand])
+        if w.latency_class == "latency":
             chosen = cand[_first_min(tpot_q, -head_q)]
         else:
             fits_own = tpot <= w.tpot_slo_s if w.tpot_slo_s is not None else np.ones(cand.size, np.bool_)
@@ -371,7 +377,14 @@ class Placer:
                     pool = subset
                     break
             local = np.nonzero(pool)[0]
-            chosen = cand[local[_first_min(head_q[local], tpot_q[local])]]
+            # Where it adds the most tokens per second to the cluster: its own rate, less what its
+            # neighbours lose to the longer step (their plain-equivalent rate N/T before and after).
+            idx = cand[local]
+            gain = req.seqs / s["tpot"][idx] - s["bg_seqs"][idx] * (
+                1.0 / s["before"][idx] - 1.0 / s["step"][idx]
+            )
+            gain_q = quantize(gain / np.abs(gain).max()) if np.abs(gain).max() > 0 else np.zeros(idx.size)
+            chosen = int(idx[_first_min(-gain_q, tpot_q[local])])
 
         record = self._record(w, req, off, int(chosen), s, int(cand.size), mask, explain)
         if commit:
@@ -412,11 +425,11 @@ class Placer:
         tpot: float,
     ) -> None:
         m = self._model(w.model)
-        if not self.stale[g]:
-            # The reading moves by what the workload adds to the load it reports (not the pessimistic one).
-            c = Coeffs(*m.matrix[:, g].tolist())
-            n = c.seqs_for_headroom(float(self.headroom[g]), req.context)
-            self.headroom[g] = c.headroom(n + req.seqs * (gamma + 1.0), n + req.seqs, req.context)
+        # The reading (or, without telemetry, the estimate) moves by what the workload adds to the
+        # load it reports (not the pessimistic one).
+        c = Coeffs(*m.matrix[:, g].tolist())
+        n = c.seqs_for_headroom(float(self.headroom[g]), req.context)
+        self.headroom[g] = c.headroom(n + req.seqs * (gamma + 1.0), n + req.seqs, req.context)
         # Every neighbour's TPOT grows with the step; the newcomer joins them with its own SLO.
         self.slo_ratio[g] /= step / before
         if w.tpot_slo_s is not None:
@@ -557,6 +570,12 @@ class Placer:
         )
 
 
+def _headroom(g: GpuState) -> float:
+    if g.headroom is not None:
+        return g.headroom
+    return 0.0 if g.stale_estimate is None else g.stale_estimate
+
+
 def tick_order(w: WorkloadRequest) -> tuple[int, float, str]:
     return (0 if w.latency_class == "latency" else 1, -w.alpha, w.name)
 
@@ -568,3 +587,31 @@ def _first_min(primary: NDArray[np.float64], secondary: NDArray[np.float64]) -> 
         sec = np.where(best, secondary, np.inf)
         best &= sec == sec.min()
     return int(np.argmax(best))
+
+
+def with_ledger_load(
+    cluster: ClusterView, placed: list[tuple[WorkloadRequest, str, int, int]], profiles: ProfileSet
+) -> ClusterView:
+    """Headroom = the lower of what telemetry reads and what the placements already made imply.
+
+    A placement shows in GPU telemetry only once its server runs (image pull and model load take
+    minutes), so a fresh reading can still miss it; the placements are known at once. What they
+    imply is computed by accounting every one of them on an otherwise idle GPU. `placed` holds
+    (workload, node, GPU index, γ)."""
+    if not placed:
+        return cluster
+    idle = ClusterView(
+        [NodeState(n.name, n.labels, 10**6) for n in cluster.nodes],
+        [GpuState(g.node, g.index, g.gpu_type, 1.0) for g in cluster.gpus],
+    )
+    ledger = Placer(profiles, idle)
+    for w, node, gpu, gamma in placed:
+        ledger.account(w, node, gpu, gamma)
+    implied = {(g.node, g.index): float(h) for g, h in zip(ledger.gpus, ledger.headroom, strict=True)}
+    gpus = [
+        replace(g, stale_estimate=implied[(g.node, g.index)])
+        if g.headroom is None
+        else replace(g, headroom=min(g.headroom, implied[(g.node, g.index)]))
+        for g in cluster.gpus
+    ]
+    return ClusterView(cluster.nodes, gpus)

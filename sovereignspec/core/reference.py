@@ -35,7 +35,8 @@ def reference_tick(
     tenancy = {n.name: NodeTenancy(n.name, n.labels, n.tenants, n.exclusive_tenants) for n in cluster.nodes}
     free = {n.name: n.free_gpus for n in cluster.nodes}
     gpus = sorted(cluster.gpus, key=lambda g: (g.node, g.index))
-    headroom = [g.headroom for g in gpus]
+    stale_gpu = [g.headroom is None for g in gpus]
+    headroom = [g.headroom if g.headroom is not None else (g.stale_estimate or 0.0) for g in gpus]
     slo_ratio = [g.slo_ratio for g in gpus]
     out: list[RefDecision] = []
 
@@ -55,7 +56,8 @@ def reference_tick(
         b, ctx = float(w.seqs), float(w.context)
 
         taus = [tau(w.alpha, float(g)) for g in range(top + 1)]
-        rows = []  # (gpu position, γ, tpot, plain step, step before, headroom, coeffs, step, tp)
+        # (gpu position, γ, tpot, plain step, step before, headroom, coeffs, step, tp, load)
+        rows: list[tuple[int, int, float, float, float, float, Coeffs, float, int, float]] = []
         permanent_ok = False
         for pos, g in enumerate(gpus):
             try:
@@ -71,8 +73,8 @@ def reference_tick(
             if why is not None or free[g.node] < need:
                 continue
             c = Coeffs.of(profiles.gpus[g.gpu_type], model, tp)
-            stale = headroom[pos] is None
-            h = 0.0 if stale else float(headroom[pos])  # type: ignore[arg-type]
+            stale = stale_gpu[pos]
+            h = headroom[pos]
             choice = best_gamma(
                 c,
                 taus,
@@ -86,28 +88,34 @@ def reference_tick(
                 not stale,
             )
             tpot = choice.step / taus[choice.gamma]
-            rows.append((pos, choice.gamma, tpot, choice.plain, choice.before, h, c, choice.step, need))
+            rows.append(
+                (pos, choice.gamma, tpot, choice.plain, choice.before, h, c, choice.step, need, choice.load)
+            )
 
         if not rows:
             outcome = "retry" if permanent_ok else "rejected"
             out.append(RefDecision(w.name, outcome, None, None, 0))
             continue
         low = min(r[2] for r in rows)
-        if w.latency_class == "latency" and any(r[1] > 0 for r in rows):
+        if w.latency_class == "latency":
             chosen = min(rows, key=lambda r: (quantize(r[2] / low), -quantize(r[5]), r[0]))
         else:
             own = [r for r in rows if w.tpot_slo_s is None or r[2] <= w.tpot_slo_s]
             both = [r for r in own if r[3] <= slo_ratio[r[0]] * r[4]]
             pool = both or own or rows
-            chosen = min(pool, key=lambda r: (quantize(r[5]), quantize(r[2] / low), r[0]))
-        pos, gamma, tpot, _, before, h, c, step, tp = chosen
+            gains = [b / r[2] - r[9] * (1.0 / r[4] - 1.0 / r[7]) for r in pool]
+            largest = max(abs(x) for x in gains)
+            keys = [quantize(x / largest) if largest > 0 else 0.0 for x in gains]
+            chosen = min(
+                zip(keys, pool, strict=True), key=lambda kr: (-kr[0], quantize(kr[1][2] / low), kr[1][0])
+            )[1]
+        pos, gamma, tpot, _, before, h, c, step, tp, _load = chosen
         g = gpus[pos]
         out.append(RefDecision(w.name, "placed", g.node, g.index, gamma))
 
         # The same bookkeeping as Placer._commit.
-        if headroom[pos] is not None:
-            n = c.seqs_for_headroom(h, ctx)
-            headroom[pos] = c.headroom(n + b * (gamma + 1.0), n + b, ctx)
+        n = c.seqs_for_headroom(h, ctx)
+        headroom[pos] = c.headroom(n + b * (gamma + 1.0), n + b, ctx)
         slo_ratio[pos] /= step / before
         if w.tpot_slo_s is not None:
             slo_ratio[pos] = min(slo_ratio[pos], w.tpot_slo_s / tpot)

@@ -105,3 +105,20 @@ def homogeneous_speedup(
         g > 0, (g * np.asarray(draft_cost) + np.asarray(spec_overhead)) * plain, 0.0
     )
     return np.asarray(tau(alpha, g) * plain / spec, dtype=np.float64)
+
+
+def alpha_from_draft_acceptance(rate: float, gamma: float) -> float:
+    """Per-token α from an engine's draft acceptance rate (accepted / drafted tokens) at draft
+    length γ: under the chain model that rate is (τ(α, γ) − 1)/γ, increasing in α; inverted by
+    bisection."""
+    if gamma <= 0:
+        return 0.0
+    target = min(max(rate, 0.0), 1.0) * gamma + 1.0
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if float(tau(mid, gamma)) < target:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2

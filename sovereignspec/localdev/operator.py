@@ -157,13 +157,23 @@ class SyntheticTelemetry:
             "vllm:spec_decode_num_draft_tokens", "draft tokens", ["tenant", "namespace", "model_name"],
             registry=self.registry,
         )  # fmt: skip
+        self.drafts = Counter(
+            "vllm:spec_decode_num_drafts", "drafts", ["tenant", "namespace", "model_name"],
+            registry=self.registry,
+        )  # fmt: skip
+        self.per_pos = Counter(
+            "vllm:spec_decode_num_accepted_tokens_per_pos", "accepted tokens per draft position",
+            ["tenant", "namespace", "model_name", "position"], registry=self.registry,
+        )  # fmt: skip
         self.tpot_hist = Histogram(
             "vllm:time_per_output_token_seconds", "TPOT", ["namespace", "job_name"], registry=self.registry,
             buckets=(0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.5, 1.0),
         )  # fmt: skip
         self._tpot: dict[tuple[str, str], float] = {}
-        self._acceptance: dict[tuple[str, str, str], float] = {}
-        self._server = _serve_text_format(self.registry)
+        self._acceptance: dict[tuple[str, str, str], tuple[float, int]] = {}
+        # A scrape sees each tick's counter updates all or not at all, so ratios of counters hold.
+        self._lock = threading.Lock()
+        self._server = _serve_text_format(self.registry, self._lock)
         self.port = self._server.server_address[1]
         self._stop = threading.Event()
         self._feeder = threading.Thread(target=self._feed, daemon=True)
@@ -177,8 +187,9 @@ class SyntheticTelemetry:
         """Publish the tensor-pipe activity at which the operator reads `headroom` on that GPU."""
         self.tensor.labels(str(gpu), node, "synthetic").set((1.0 - headroom) * compute_efficiency)
 
-    def set_acceptance(self, tenant: str, namespace: str, model: str, rate: float) -> None:
-        self._acceptance[(tenant, namespace, model)] = rate
+    def set_acceptance(self, tenant: str, namespace: str, model: str, alpha: float, gamma: int = 4) -> None:
+        """vLLM's counters for drafts of `gamma` tokens accepted token by token with probability α."""
+        self._acceptance[(tenant, namespace, model)] = (alpha, gamma)
 
     def set_tpot(self, namespace: str, job: str, seconds: float) -> None:
         self._tpot[(namespace, job)] = seconds
@@ -186,12 +197,21 @@ class SyntheticTelemetry:
     def _feed(self) -> None:
         # Counters and histograms only mean something as rates: keep them moving.
         while not self._stop.wait(0.25):
-            for (ns, job), seconds in list(self._tpot.items()):
-                for _ in range(20):
-                    self.tpot_hist.labels(ns, job).observe(seconds)
-            for (tenant, ns, model), rate in list(self._acceptance.items()):
-                self.drafted.labels(tenant, ns, model).inc(1000)
-                self.accepted.labels(tenant, ns, model).inc(1000 * rate)
+            with self._lock:
+                self._tick()
+
+    def _tick(self) -> None:
+        for (ns, job), seconds in list(self._tpot.items()):
+            for _ in range(20):
+                self.tpot_hist.labels(ns, job).observe(seconds)
+        for (tenant, ns, model), (alpha, gamma) in list(self._acceptance.items()):
+            drafts = 250
+            self.drafts.labels(tenant, ns, model).inc(drafts)
+            self.drafted.labels(tenant, ns, model).inc(drafts * gamma)
+            for pos in range(gamma):
+                accepted = drafts * alpha ** (pos + 1)
+                self.per_pos.labels(tenant, ns, model, str(pos)).inc(accepted)
+                self.accepted.labels(tenant, ns, model).inc(accepted)
 
     def close(self) -> None:
         self._stop.set()
@@ -199,13 +219,14 @@ class SyntheticTelemetry:
         self._server.server_close()
 
 
-def _serve_text_format(registry: CollectorRegistry) -> ThreadingHTTPServer:
+def _serve_text_format(registry: CollectorRegistry, lock: threading.Lock) -> ThreadingHTTPServer:
     """/metrics in the classic text format only. vLLM's metric names contain colons; a client that
     negotiates OpenMetrics or UTF-8 escaping would rename them, and real exporters do not."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            body = generate_latest(registry)
+            with lock:
+                body = generate_latest(registry)
             self.send_response(200)
             self.send_header("Content-Type", CONTENT_TYPE_LATEST)
             self.send_header("Content-Length", str(len(body)))

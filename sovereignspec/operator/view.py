@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sovereignspec.core.placement import ClusterView, GpuState, NodeState, Placer, WorkloadRequest
+from sovereignspec.core.placement import ClusterView, GpuState, NodeState, WorkloadRequest, with_ledger_load
 from sovereignspec.core.roofline import headroom_from_tensor_activity
 from sovereignspec.core.specs import ProfileSet
 from sovereignspec.operator import annotations as ann
@@ -234,31 +234,10 @@ def build(
                 )
             )
     cluster, headroom, stale_reason = _cluster(nodes, committed, policy, profiles, snapshot, now)
-    cluster = _with_ledger_load(cluster, committed, profiles)
-    return View(cluster, committed, pending, stale_reason, headroom)
-
-
-def _with_ledger_load(cluster: ClusterView, committed: list[Committed], profiles: ProfileSet) -> ClusterView:
-    """Headroom = the lower of what telemetry reads and what our own placements imply.
-
-    A placement shows in GPU telemetry only once its server runs (image pull and model load take
-    minutes), so a fresh reading can still miss it; the ledger knows it at once. What the ledger
-    implies is computed by accounting every placement on an otherwise idle GPU."""
-    if not committed:
-        return cluster
-    idle = ClusterView(
-        [NodeState(n.name, n.labels, 10**6) for n in cluster.nodes],
-        [GpuState(g.node, g.index, g.gpu_type, 1.0) for g in cluster.gpus],
+    cluster = with_ledger_load(
+        cluster, [(c.request, c.node, c.gpu_index, c.gamma) for c in committed], profiles
     )
-    ledger = Placer(profiles, idle)
-    for c in committed:
-        ledger.account(c.request, c.node, c.gpu_index, c.gamma)
-    implied = {(g.node, int(g.index)): float(h) for g, h in zip(ledger.gpus, ledger.headroom, strict=True)}
-    gpus = [
-        g if g.headroom is None else replace(g, headroom=min(g.headroom, implied[(g.node, g.index)]))
-        for g in cluster.gpus
-    ]
-    return ClusterView(cluster.nodes, gpus)
+    return View(cluster, committed, pending, stale_reason, headroom)
 
 
 def _committed(

@@ -10,6 +10,7 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
+from sovereignspec.core.speedup import alpha_from_draft_acceptance
 from sovereignspec.telemetry.snapshot import (
     ACTIVITY_METRICS,
     GpuReading,
@@ -29,8 +30,9 @@ class PrometheusReader:
         self.timeout = timeout
         self.window = window
 
-    def query(self, promql: str) -> list[dict[str, Any]]:
-        target = f"{self.url}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+    def query(self, promql: str, at: float | None = None) -> list[dict[str, Any]]:
+        params = {"query": promql} if at is None else {"query": promql, "time": f"{at:.3f}"}
+        target = f"{self.url}/api/v1/query?" + urllib.parse.urlencode(params)
         try:
             with urllib.request.urlopen(target, timeout=self.timeout) as resp:
                 doc = json.load(resp)
@@ -57,23 +59,37 @@ class PrometheusReader:
         return readings
 
     def acceptance(self) -> dict[tuple[str, str], tuple[float, float]]:
-        """(tenant, model) -> (acceptance rate, draft tokens in the window), from vLLM and SGLang."""
+        """(tenant, model) -> (per-token acceptance α, draft tokens in the window).
+
+        vLLM: α is the first draft position's acceptance (accepted_tokens_per_pos{position="0"} /
+        drafts) when the per-position counter is there; otherwise it is recovered from accepted /
+        drafted tokens at the mean draft length drafted / drafts. SGLang's spec_accept_rate is
+        taken as α, with the prior's weight (it reports no token counts)."""
         by = "tenant, namespace, model_name"
         w = self.window
-        accepted = self.query(f"sum by ({by}) (increase(vllm:spec_decode_num_accepted_tokens_total[{w}]))")
-        drafted = self.query(f"sum by ({by}) (increase(vllm:spec_decode_num_draft_tokens_total[{w}]))")
+        # One evaluation time for every query: increase() extrapolates to the window's edges, so
+        # counters read at different instants would not divide into a true ratio.
+        at = time.time()
+
+        def totals(metric: str, extra: str = "") -> dict[tuple[str, str], float]:
+            rows = self.query(f"sum by ({by}) (increase({metric}{extra}[{w}]))", at)
+            return {_tenant_model(r["metric"]): float(r["value"][1]) for r in rows}
+
+        drafts = totals("vllm:spec_decode_num_drafts_total")
+        draft_tokens = totals("vllm:spec_decode_num_draft_tokens_total")
+        accepted = totals("vllm:spec_decode_num_accepted_tokens_total")
+        first = totals("vllm:spec_decode_num_accepted_tokens_per_pos_total", '{position="0"}')
         out: dict[tuple[str, str], tuple[float, float]] = {}
-        totals = {_tenant_model(r["metric"]): float(r["value"][1]) for r in drafted}
-        for r in accepted:
-            key = _tenant_model(r["metric"])
-            tokens = totals.get(key, 0.0)
-            if tokens > 0:
-                out[key] = (float(r["value"][1]) / tokens, tokens)
-        # SGLang exports the rate itself; weight it by one window of its running requests' tokens
-        # is unknown, so it counts as much as the prior's weight (see blend_acceptance).
-        for r in self.query(f"avg by ({by}) (avg_over_time(sglang:spec_accept_rate[{w}]))"):
-            key = _tenant_model(r["metric"])
-            out.setdefault(key, (float(r["value"][1]), -1.0))
+        for key, tokens in draft_tokens.items():
+            n = drafts.get(key, 0.0)
+            if tokens <= 0 or n <= 0:
+                continue
+            if key in first:
+                out[key] = (min(first[key] / n, 1.0), tokens)
+            elif key in accepted:
+                out[key] = (alpha_from_draft_acceptance(accepted[key] / tokens, round(tokens / n)), tokens)
+        for r in self.query(f"avg by ({by}) (avg_over_time(sglang:spec_accept_rate[{w}]))", at):
+            out.setdefault(_tenant_model(r["metric"]), (float(r["value"][1]), -1.0))
         return out
 
     def tpot(self) -> dict[tuple[str, str], float]:

@@ -295,3 +295,16 @@ def test_a_sigkilled_operator_loses_nothing_in_a_burst_of_fifty(env, namespace, 
         per_node[node] = per_node.get(node, 0) + 1
     assert set(per_node) <= set(pool.nodes)
     assert all(count <= pool.nodes[node][2] for node, count in per_node.items()), per_node
+
+
+def test_acceptance_observed_in_vllm_metrics_is_blended_with_the_declared_prior(env, namespace):
+    pool = make_pool(env, namespace, [("H100-SXM", "eu", 4, [0.95] * 4)])
+    tenant = f"learner-{namespace[-6:]}"
+    env.telemetry.set_acceptance(tenant, namespace, "llama-3.1-8b", 0.3)
+    wait_for_series(env.prometheus, f'vllm:spec_decode_num_drafts_total{{tenant="{tenant}"}}')
+    time.sleep(3)  # increase() needs two scrapes
+    submit(pool, "learner", tenant=tenant, **CHAT)  # declares 0.8
+    message = our_entry(pool, decided(pool, "learner"))["message"]
+    assert "declared 0.80 blended with 0.30 observed" in message
+    blended = float(message.split("α ")[1].split(" ")[0])
+    assert 0.3 < blended < 0.8

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
+from sovereignspec.localdev.operator import SyntheticTelemetry
 from sovereignspec.localdev.prometheus import free_port
+from sovereignspec.telemetry.prometheus import PrometheusReader
 from tests.cluster.conftest import wait_until
 
 
@@ -31,3 +34,26 @@ def test_prometheus_can_be_stopped_and_started_again_on_the_same_port(prometheus
     prometheus.stop()
     prometheus.start()
     assert prometheus.port == port and prometheus.query("vector(1)")[0]["value"][1] == "1"
+
+
+def test_learned_acceptance_comes_from_vllms_per_position_counter_or_by_inverting_the_rate(prometheus):
+    current, older = SyntheticTelemetry(), SyntheticTelemetry()
+    older.registry.unregister(older.per_pos)  # a vLLM without the per-position counter
+    try:
+        current.set_acceptance("acme", "shop", "llama-3.1-8b", 0.7, gamma=4)
+        older.set_acceptance("bank", "vault", "llama-3.1-8b", 0.55, gamma=5)
+        prometheus.set_targets("vllm", [current.target, older.target])
+        reader = PrometheusReader(prometheus.url, window="1m")
+
+        def both() -> dict[tuple[str, str], tuple[float, float]] | None:
+            seen = reader.acceptance()
+            return seen if len(seen) == 2 else None
+
+        seen = wait_until(both, timeout=30, what="both tenants' acceptance")
+        alpha, tokens = seen[("acme", "llama-3.1-8b")]
+        assert alpha == pytest.approx(0.7, abs=1e-6) and tokens > 0
+        alpha, tokens = seen[("bank", "llama-3.1-8b")]
+        assert alpha == pytest.approx(0.55, abs=1e-6) and tokens > 0
+    finally:
+        current.close()
+        older.close()

@@ -1,6 +1,7 @@
 """The model's laws, checked with hypothesis over the shipped profiles and wide parameter ranges."""
 
 import numpy as np
+import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
@@ -118,3 +119,11 @@ def test_idle_gpu_with_good_acceptance_speculates_and_saturated_one_does_not():
     roof, c, o = _setup(("H100-SXM", "llama-3.1-8b", "eagle3"))
     assert _gamma_star(roof, c, o, 0.8, 8, 256, 1.0) >= 4
     assert _gamma_star(roof, c, o, 0.8, 8, 256, 0.0) == 0
+
+
+@given(st.floats(0.01, 0.99), st.integers(1, 16))
+def test_alpha_is_recovered_from_an_engines_draft_acceptance_rate(alpha, gamma):
+    from sovereignspec.core.speedup import alpha_from_draft_acceptance
+
+    rate = (float(tau(alpha, gamma)) - 1.0) / gamma
+    assert alpha_from_draft_acceptance(rate, gamma) == pytest.approx(alpha, abs=1e-6)

@@ -43,10 +43,14 @@ def test_latency_work_with_high_acceptance_goes_to_headroom_and_speculates(profi
     assert p.record.speedup > 1.5 and "γ*=" in p.record.reason
 
 
-def test_throughput_work_runs_plain_on_the_most_loaded_gpu_keeping_headroom_free(profiles):
-    view = cluster(("busy", "H100-SXM", [0.05], "eu"), ("idle", "H100-SXM", [0.95], "eu"))
-    p = Placer(profiles, view).place(wl(cls="throughput", alpha=0.4, drafter=None))
-    assert (p.node, p.mode, p.gamma) == ("busy", "plain", 0)
+def test_throughput_work_goes_where_it_adds_the_most_tokens_not_beside_a_speculator(profiles):
+    view = cluster(("a", "H100-SXM", [0.95], "eu"), ("b", "H100-SXM", [0.9], "eu"))
+    placer = Placer(profiles, view)
+    chat = placer.place(wl("chat"))
+    assert chat.node == "a" and chat.gamma > 0
+    bulk = placer.place(wl("bulk", cls="throughput", alpha=0.4, drafter=None))
+    # On a, the speculating chat would lose more tokens than b's smaller headroom costs the bulk.
+    assert (bulk.node, bulk.mode, bulk.gamma) == ("b", "plain", 0)
 
 
 def test_all_gpus_saturated_means_plain_decode_not_delay(profiles):
@@ -152,7 +156,8 @@ def _random_cluster(rng, n_nodes):
         gpu_type = rng.choice(["A100-80G-SXM", "H100-SXM", "H200", "L40S", "RTX-4090"])
         for k in range(8):
             headroom = None if rng.random() < 0.05 else round(rng.random(), 3)
-            gpus.append(GpuState(name, k, gpu_type, headroom, rng.choice([math.inf, 1.05, 1.2, 2.0])))
+            ratio = rng.choice([math.inf, 1.05, 1.2, 2.0])
+            gpus.append(GpuState(name, k, gpu_type, headroom, ratio))
     return ClusterView(nodes, gpus)
 
 
