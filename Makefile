@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 OUT ?= out
 
-.PHONY: venv lint format typecheck test unit run demo regimes bench bench-operator clean binaries cluster-up cluster-down
+.PHONY: venv lint format typecheck test unit run demo regimes simulate bench bench-operator bench-sim clean binaries cluster-up cluster-down
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -58,6 +58,14 @@ regimes: venv
 
 bench: venv
 	$(BIN)/python -m benchmarks
+
+# One simulated hour of a 64-GPU cluster at the mixed scenario's load.
+bench-sim: venv
+	$(BIN)/python -m benchmarks.simulate
+
+# Every shipped scenario under every policy, with figures in out/sim/.
+simulate: venv
+	for s in idle mixed saturated sovereign-split heterogeneous; do $(BIN)/sovereignspec simulate $$s --plot $(OUT)/sim || exit 1; done
 
 # Admission latency (500 Jobs, SovereignSpec vs a trivial check) and operator memory, on the local
 # control plane with 2,000 simulated GPUs.

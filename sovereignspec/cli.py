@@ -117,6 +117,17 @@ def build_parser() -> argparse.ArgumentParser:
     pre.add_argument("--gamma-max", type=_bounded_int("--gamma-max", 0, GAMMA_LIMIT), default=8)
     pre.add_argument("--format", choices=("table", "json"), default="table")
 
+    sim = sub.add_parser("simulate", help="simulate a multi-tenant cluster under every policy")
+    sim.add_argument("scenario", help="a SCENARIO.yaml, or the name of a shipped one")
+    sim.add_argument("--policy", action="append", help="only this policy (repeatable; never is always run)")
+    sim.add_argument("--seed", type=_bounded_int("--seed", 0, None), help="override the scenario's seed")
+    sim.add_argument(
+        "--duration", type=_bounded_float("--duration", 1.0, 86400.0), help="override duration_s"
+    )
+    sim.add_argument("--format", choices=("table", "json"), default="table")
+    sim.add_argument("--plot", metavar="DIR", help="write PNG figures (runs a load sweep too)")
+    sim.add_argument("--check", action="store_true", help="verify sovereignty after every event")
+
     op = sub.add_parser("operator", help="run the Kueue AdmissionCheck controller (kopf)")
     op.add_argument(
         "--kubeconfig", help="kubeconfig file (default: in-cluster, then $KUBECONFIG / ~/.kube/config)"
@@ -139,6 +150,41 @@ def _operator(args: argparse.Namespace) -> int:
     from sovereignspec.operator.run import run
 
     return run(args)
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    from sovereignspec.sim import policies as sim_policies
+    from sovereignspec.sim import report
+    from sovereignspec.sim.run import run_all
+    from sovereignspec.sim.scenario import load
+
+    scenario = load(args.scenario)
+    updates = {}
+    if args.seed is not None:
+        updates["seed"] = args.seed
+    if args.duration is not None:
+        updates["duration_s"] = args.duration
+    if updates:
+        scenario = scenario.model_copy(update=updates)
+    for name in args.policy or []:
+        if name not in sim_policies.POLICIES:
+            raise ConfigError(f"--policy: got {name!r}; accepted: {', '.join(sim_policies.POLICIES)}")
+    profiles = load_profiles(args.profiles)
+    try:
+        results = run_all(scenario, profiles, args.policy, check=args.check)
+    except (KeyError, ValueError) as exc:
+        raise ConfigError(f"scenario {scenario.name}: {exc}") from exc
+    if args.plot:
+        from sovereignspec.plots import plot_simulation
+
+        written = plot_simulation(scenario, profiles, results, args.plot, args.policy)
+    if args.format == "json":
+        print(json.dumps(report.to_json(scenario, results), indent=1))
+    else:
+        print(report.table(scenario, results))
+        if args.plot:
+            print("\nfigures: " + ", ".join(written))
+    return 0
 
 
 def _regimes(args: argparse.Namespace) -> int:
@@ -205,6 +251,7 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "regimes": _regimes,
     "predict": _predict,
     "operator": _operator,
+    "simulate": _simulate,
 }
 
 

@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import TYPE_CHECKING
 
 from sovereignspec.core.regimes import POLICIES, RegimeRow
 from sovereignspec.errors import ConfigError
+
+if TYPE_CHECKING:
+    from sovereignspec.core.specs import ProfileSet
+    from sovereignspec.sim.metrics import RunResult
+    from sovereignspec.sim.scenario import Scenario
 
 
 def plot_regimes(rows: list[RegimeRow], path: str) -> None:
@@ -52,3 +58,80 @@ def plot_regimes(rows: list[RegimeRow], path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def plot_simulation(
+    scenario: Scenario,
+    profiles: ProfileSet,
+    results: dict[str, RunResult],
+    directory: str,
+    policies: list[str] | None = None,
+    loads: tuple[float, ...] = (0.25, 0.5, 1.0, 1.5),
+) -> list[str]:
+    """Speed-up against load per policy (a load sweep), P99 TPOT per tenant, goodput vs the oracle."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from pathlib import Path
+
+    import matplotlib.pyplot as plt
+
+    from sovereignspec.sim.run import run_all
+    from sovereignspec.sim.scenario import scaled
+
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+
+    # Load 1.0 is the run already made.
+    sweep = {x: results if x == 1.0 else run_all(scaled(scenario, x), profiles, policies) for x in loads}
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for name in results:
+        ax.plot(loads, [sweep[load][name].speedup for load in loads], marker="o", label=name)
+    ax.axhline(1.0, color="grey", linestyle=":", linewidth=0.8)
+    ax.set_xlabel("load (× the scenario's arrival rates)")
+    ax.set_ylabel("decode speed-up vs never")
+    ax.set_title(f"{scenario.name}: speed-up against load")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = out / f"{scenario.name}-speedup-vs-load.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    written.append(str(path))
+
+    tenants = [t.tenant for t in next(iter(results.values())).tenants]
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    width = 0.8 / len(results)
+    for i, (name, r) in enumerate(results.items()):
+        ax.bar(
+            [j + i * width for j in range(len(tenants))],
+            [t.tpot_p99_ms for t in r.tenants],
+            width,
+            label=name,
+        )
+    for j, t in enumerate(scenario.tenants):
+        ax.hlines(t.tpot_slo_ms, j - width / 2, j + 0.8, colors="black", linestyles="--", linewidth=0.8)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(tenants))], tenants)
+    ax.set_ylabel("P99 TPOT (ms); dashes: SLO")
+    ax.set_title(f"{scenario.name}: P99 time per output token per tenant")
+    ax.legend(fontsize=6, ncol=3)
+    fig.tight_layout()
+    path = out / f"{scenario.name}-p99-tpot.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    written.append(str(path))
+
+    oracle = results.get("oracle")
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    names = list(results)
+    values = [results[n].goodput_tokens_per_s / oracle.goodput_tokens_per_s if oracle else 0.0 for n in names]
+    ax.barh(names, values, color=["tab:green" if n == "sovereignspec" else "tab:gray" for n in names])
+    ax.axvline(1.0, color="black", linewidth=0.8)
+    ax.set_xlabel("goodput / oracle's goodput")
+    ax.set_title(f"{scenario.name}: goodput against the oracle")
+    fig.tight_layout()
+    path = out / f"{scenario.name}-goodput-vs-oracle.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    written.append(str(path))
+    return written

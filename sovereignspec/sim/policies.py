@@ -1,0 +1,368 @@
+"""Speculation policies behind one interface: where a tenant's replicas go, and which γ each
+replica runs, re-decided whenever its GPU's batch changes.
+
+- never — spread placement; γ = 0.
+- always-K — spread; K for every replica with a drafter.
+- vllm-table — spread; a static [batch range → K] table on the replica's own batch (vLLM's
+  dynamic speculative decoding).
+- smartspec — spread; per replica, the K maximising its own goodput on the live batch, with
+  acceptance learned online; no neighbours' SLOs (SmartSpec / TurboSpec).
+- trt-threshold — spread; K = 4 until rolling acceptance falls under 0.5, then off for good
+  (TensorRT-LLM).
+- sovereignspec — SovereignSpec's core (`Placer`) from lagged telemetry and declared α; γ* from the
+  core, lowered on the fly by the per-batch table derived from the same model (the engine hand-off).
+- sovereignspec-no-externality — the same without the neighbours' SLO check.
+- oracle — the core with true α, true load and no uncertainty; then, per GPU, the γ of every replica
+  maximising the GPU's token rate under every replica's SLO, with true α, re-decided on every change.
+
+"spread" places each replica on the admissible GPU with the least declared load (sovereignty is
+enforced for every policy; no policy may break it).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from sovereignspec.core.placement import (
+    ClusterView,
+    GpuState,
+    NodeState,
+    Placer,
+    Policy,
+    WorkloadRequest,
+    with_ledger_load,
+)
+from sovereignspec.core.sovereignty import DEFAULT_JURISDICTION_LABEL
+from sovereignspec.core.speedup import tau
+from sovereignspec.engines import budget_by_batch
+
+if TYPE_CHECKING:
+    from sovereignspec.sim.engine import Gpu, Replica, Simulator
+
+VLLM_TABLE = ((1, 4, 5), (5, 16, 3), (17, 64, 1), (65, 10**9, 0))
+
+
+class SimPolicy:
+    name = "never"
+    dynamic = False  # re-decides γ as batches change (else γ stays as placed)
+
+    def __init__(self) -> None:
+        self.last_reason: dict[int, str] = {}
+
+    def initial_gamma(self, sim: Simulator, tenant: int) -> int:
+        return 0
+
+    def place(self, sim: Simulator, tenant: int, count: int) -> list[tuple[int, int, float | None]]:
+        """Spread: the admissible GPU with the least declared load, one replica at a time.
+        Returns (GPU, γ, predicted TPOT or None) per placed replica."""
+        out: list[tuple[int, int, float | None]] = []
+        extra: dict[int, int] = {}
+        t = sim.scenario.tenants[tenant]
+        for _ in range(max(count, 0)):
+            cap = sim.scenario.replicas_per_gpu
+            options = [g for g in sim.admissible(tenant) if len(g.replicas) + extra.get(g.id, 0) < cap]
+            if not options:
+                self.last_reason[tenant] = "no admissible GPU with a free engine slot"
+                break
+
+            def load(g: Gpu) -> int:
+                declared = sum(sim.scenario.tenants[sim.replicas[r].tenant].max_num_seqs for r in g.replicas)
+                return declared + extra.get(g.id, 0) * t.max_num_seqs
+
+            best = min(options, key=lambda g: (load(g), g.id))
+            extra[best.id] = extra.get(best.id, 0) + 1
+            out.append((best.id, self.initial_gamma(sim, tenant), None))
+        return out
+
+    def gammas(self, sim: Simulator, g: Gpu) -> dict[int, int]:
+        return {rid: sim.replicas[rid].gamma for rid in g.replicas}
+
+
+class Never(SimPolicy):
+    name = "never"
+
+
+class AlwaysK(SimPolicy):
+    def __init__(self, k: int) -> None:
+        super().__init__()
+        self.k = k
+        self.name = f"always-{k}"
+
+    def initial_gamma(self, sim: Simulator, tenant: int) -> int:
+        return self.k if sim.scenario.tenants[tenant].drafter else 0
+
+
+class VllmTable(SimPolicy):
+    name = "vllm-table"
+    dynamic = True
+
+    def gammas(self, sim: Simulator, g: Gpu) -> dict[int, int]:
+        out = {}
+        for rid in g.replicas:
+            r = sim.replicas[rid]
+            has = sim.scenario.tenants[r.tenant].drafter
+            out[rid] = next(k for lo, hi, k in VLLM_TABLE if lo <= max(r.active, 1) <= hi) if has else 0
+        return out
+
+
+class TrtThreshold(SimPolicy):
+    name = "trt-threshold"
+    dynamic = True
+    k, threshold = 4, 0.5
+
+    def gammas(self, sim: Simulator, g: Gpu) -> dict[int, int]:
+        out = {}
+        for rid in g.replicas:
+            r = sim.replicas[rid]
+            if r.alpha_est < self.threshold:
+                r.switched_off = True
+            has = sim.scenario.tenants[r.tenant].drafter
+            out[rid] = self.k if has and not r.switched_off else 0
+        return out
+
+
+class SmartSpec(SimPolicy):
+    """Per engine: the K that maximises the engine's own goodput on the live batch."""
+
+    name = "smartspec"
+    dynamic = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._memo: dict[tuple[object, ...], dict[int, int]] = {}
+
+    def gammas(self, sim: Simulator, g: Gpu) -> dict[int, int]:
+        out = {rid: sim.replicas[rid].current for rid in g.replicas}
+        key = (
+            g.id,
+            tuple(sorted(g.running.items())),
+            round(g.ctx_sum / max(len(g.seqs), 1), -1),
+            tuple(round(sim.replicas[rid].alpha_est, 2) for rid in g.replicas),
+            tuple(out.values()),
+        )
+        if key in self._memo:
+            return self._memo[key]
+        for rid in g.replicas:
+            r = sim.replicas[rid]
+            if not sim.scenario.tenants[r.tenant].drafter or r.active == 0:
+                out[rid] = 0
+                continue
+            best, best_rate = 0, -1.0
+            for k in range(sim.scenario.gamma_max + 1):
+                trial = {**out, rid: k}
+                step = sim.step_time(g, trial)
+                rate = float(tau(r.alpha_est, k)) / step if step else 0.0
+                if rate > best_rate * (1 + 1e-9):
+                    best, best_rate = k, rate
+            out[rid] = best
+        self._memo[key] = out
+        return out
+
+
+class SovereignSpec(SimPolicy):
+    """The core's placement and γ*, plus the per-batch table handed to the engine."""
+
+    name = "sovereignspec"
+    dynamic = True
+    externality = True
+    know_truth = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._tables: dict[tuple[str, int], list[list[int]]] = {}
+        self._by_batch: dict[tuple[int, int], int] = {}
+
+    def _alpha(self, sim: Simulator, tenant: int) -> float:
+        t = sim.scenario.tenants[tenant]
+        if self.know_truth or t.declared_alpha is None:
+            return t.alpha.mean
+        return t.declared_alpha
+
+    def _request(self, sim: Simulator, tenant: int, name: str) -> WorkloadRequest:
+        t = sim.scenario.tenants[tenant]
+        return WorkloadRequest(
+            name=name,
+            tenant=t.name,
+            model=sim.model.name,
+            drafter=t.drafter,
+            alpha=self._alpha(sim, tenant),
+            seqs=t.max_num_seqs,
+            context=int(t.prompt_tokens.mean + t.output_tokens.mean / 2),
+            latency_class=t.latency_class,
+            tpot_slo_s=t.tpot_slo_ms / 1e3,
+            jurisdiction=t.jurisdiction,
+            exclusive=t.exclusive,
+        )
+
+    def _view(self, sim: Simulator, pending: list[tuple[Gpu, WorkloadRequest, int]]) -> ClusterView:
+        """The cluster as the operator would rebuild it: telemetry (lagged), the ledger of placed
+        replicas (and those placed earlier in this call), their tenancy and free engine slots."""
+        cap = sim.scenario.replicas_per_gpu
+        used = {g.id: len(g.replicas) for g in sim.gpus}
+        for g, _, _ in pending:
+            used[g.id] += 1
+        nodes, gpus = [], []
+        for node in sorted({g.node for g in sim.gpus}):
+            tenancy = sim.tenancy(node)
+            mine = [w for g, w, _ in pending if g.node == node]
+            free = sum(cap - used[g.id] for g in sim.gpus if g.node == node and used[g.id] < cap)
+            nodes.append(
+                NodeState(
+                    node,
+                    tenancy.labels,
+                    free,
+                    tenancy.tenants | {w.tenant for w in mine},
+                    tenancy.exclusive_tenants | {w.tenant for w in mine if w.exclusive},
+                )
+            )
+        for g in sim.gpus:
+            if used[g.id] >= cap:
+                continue
+            headroom = sim.true_headroom(g) if self.know_truth else sim.reading(g, sim.now)
+            ratio, binding = math.inf, None
+            step = sim.step_time(g)
+            for rid in g.replicas:
+                r = sim.replicas[rid]
+                t = sim.scenario.tenants[r.tenant]
+                if step and r.active:
+                    tpot = step / float(tau(r.alpha_est, r.current))  # what vLLM's TPOT histogram shows
+                elif r.predicted_tpot_s:
+                    tpot = r.predicted_tpot_s  # no traffic yet: the prediction made when it was placed
+                else:
+                    continue
+                if t.tpot_slo_ms / 1e3 / tpot < ratio:
+                    ratio, binding = t.tpot_slo_ms / 1e3 / tpot, t.name
+            gpus.append(GpuState(g.node, g.index, g.gpu_type, headroom, ratio, binding))
+        placed = [
+            (self._request(sim, r.tenant, f"r{r.id}"), sim.gpus[r.gpu].node, sim.gpus[r.gpu].index, r.gamma)
+            for r in sim.replicas
+        ] + [(w, g.node, g.index, gamma) for g, w, gamma in pending]
+        return with_ledger_load(ClusterView(nodes, gpus), placed, sim.profiles)
+
+    def place(self, sim: Simulator, tenant: int, count: int) -> list[tuple[int, int, float | None]]:
+        policy = Policy(
+            gamma_max=sim.scenario.gamma_max,
+            headroom_uncertainty=0.0 if self.know_truth else 0.05,
+            externality=self.externality,
+            jurisdiction_label=DEFAULT_JURISDICTION_LABEL,
+        )
+        by_position = {(g.node, g.index): g for g in sim.gpus}
+        pending: list[tuple[Gpu, WorkloadRequest, int]] = []
+        predicted: list[float | None] = []
+        for k in range(max(count, 0)):
+            # One replica per view, so each sees the previous ones on their GPUs and in their slots.
+            request = self._request(sim, tenant, f"new{k}")
+            p = Placer(sim.profiles, self._view(sim, pending), policy).place(request, explain=False)
+            if p.outcome != "placed" or p.node is None or p.gpu_index is None:
+                self.last_reason[tenant] = p.record.reason
+                break
+            pending.append((by_position[(p.node, p.gpu_index)], request, p.gamma))
+            predicted.append(p.record.tpot_ms / 1e3 if p.record.tpot_ms else None)
+        return [(g.id, gamma, tpot) for (g, _, gamma), tpot in zip(pending, predicted, strict=True)]
+
+    def _table(self, sim: Simulator, g: Gpu, r: Replica) -> list[list[int]]:
+        key = (g.gpu_type, r.tenant)
+        if key not in self._tables:
+            t = sim.scenario.tenants[r.tenant]
+            drafter = sim.profiles.drafters[t.drafter] if t.drafter else None
+            self._tables[key] = (
+                budget_by_batch(
+                    sim.profiles.gpus[g.gpu_type],
+                    sim.model,
+                    drafter,
+                    self._alpha(sim, r.tenant),
+                    t.prompt_tokens.mean + t.output_tokens.mean / 2,
+                    sim.scenario.gamma_max,
+                    0.02,
+                )
+                if drafter
+                else [[1, 10**9, 0]]
+            )
+        return self._tables[key]
+
+    def gammas(self, sim: Simulator, g: Gpu) -> dict[int, int]:
+        out = {}
+        for rid in g.replicas:
+            r = sim.replicas[rid]
+            key = (rid, r.active)
+            if key not in self._by_batch:
+                table = self._table(sim, g, r)
+                batch = max(r.active, 1)
+                from_table = next((k for lo, hi, k in table if batch <= hi), table[-1][2])
+                self._by_batch[key] = min(r.gamma, from_table)
+            out[rid] = self._by_batch[key]
+        return out
+
+
+class SovereignSpecNoExternality(SovereignSpec):
+    name = "sovereignspec-no-externality"
+    externality = False
+
+
+class Oracle(SovereignSpec):
+    """True α and load: places with the core, then searches every replica's γ on every change."""
+
+    name = "oracle"
+    know_truth = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._memo: dict[tuple[object, ...], dict[int, int]] = {}
+
+    def gammas(self, sim: Simulator, g: Gpu) -> dict[int, int]:
+        current = {rid: sim.replicas[rid].current for rid in g.replicas}
+        live = [rid for rid in g.replicas if sim.replicas[rid].active]
+        if not live:
+            return current
+        # The search depends only on the batch: who runs how many sequences, at what context.
+        key = (g.id, tuple(sorted(g.running.items())), round(g.ctx_sum / max(len(g.seqs), 1), -1))
+        if key in self._memo:
+            return {**current, **self._memo[key]}
+        for _ in range(2):  # coordinate ascent, twice over
+            for rid in live:
+                if not sim.scenario.tenants[sim.replicas[rid].tenant].drafter:
+                    current[rid] = 0
+                    continue
+                best, best_score = current[rid], None
+                for k in range(sim.scenario.gamma_max + 1):
+                    score = self._score(sim, g, {**current, rid: k}, live)
+                    if best_score is None or score > best_score:
+                        best, best_score = k, score
+                current[rid] = best
+        self._memo[key] = {rid: current[rid] for rid in live}
+        return current
+
+    def _score(self, sim: Simulator, g: Gpu, gammas: dict[int, int], live: list[int]) -> tuple[int, float]:
+        """(SLOs met, tokens per second): meeting every SLO first, then the GPU's token rate."""
+        step = sim.step_time(g, gammas)
+        rate, met = 0.0, 1
+        for rid in live:
+            r = sim.replicas[rid]
+            t = sim.scenario.tenants[r.tenant]
+            tokens = float(tau(t.alpha.mean, gammas[rid]))
+            rate += r.active * tokens / step
+            if step / tokens > t.tpot_slo_ms / 1e3:
+                met = 0
+        return met, rate
+
+
+POLICIES: dict[str, type[SimPolicy] | tuple[type[SimPolicy], int]] = {
+    "never": Never,
+    "always-2": (AlwaysK, 2),
+    "always-4": (AlwaysK, 4),
+    "vllm-table": VllmTable,
+    "smartspec": SmartSpec,
+    "trt-threshold": TrtThreshold,
+    "sovereignspec-no-externality": SovereignSpecNoExternality,
+    "sovereignspec": SovereignSpec,
+    "oracle": Oracle,
+}
+
+
+def make(name: str) -> SimPolicy:
+    entry = POLICIES[name]
+    if isinstance(entry, tuple):
+        cls, k = entry
+        return cls(k)  # type: ignore[call-arg]
+    return entry()

@@ -1,0 +1,55 @@
+"""Tables and JSON for simulation results."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from sovereignspec.sim.metrics import RunResult
+from sovereignspec.sim.scenario import Scenario
+
+
+def _f(x: float, digits: int = 2) -> str:
+    return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.{digits}f}"
+
+
+def table(scenario: Scenario, results: dict[str, RunResult]) -> str:
+    lines = [
+        f"Scenario {scenario.name} (seed {scenario.seed}, {scenario.duration_s:g} s of arrivals, "
+        f"{sum(g.nodes * g.gpus_per_node for g in scenario.cluster)} GPUs): {scenario.description.strip()}",
+        "",
+        f"{'policy':<30} {'speed-up':>8} {'goodput tok/s':>13} {'vs oracle':>9} {'SLO miss':>8} "
+        f"{'by others':>9} {'J/token':>8} {'Jain':>5} {'events':>7}",
+    ]
+    oracle = results.get("oracle")
+    for name, r in results.items():
+        rel = (
+            r.goodput_tokens_per_s / oracle.goodput_tokens_per_s
+            if oracle and oracle.goodput_tokens_per_s
+            else math.nan
+        )
+        lines.append(
+            f"{name:<30} {_f(r.speedup):>8} {r.goodput_tokens_per_s:>13.0f} {_f(rel, 3):>9} "
+            f"{r.slo_violation_rate:>8.1%} {r.violations_from_others:>9d} {_f(r.energy_j_per_token, 3):>8} "
+            f"{r.jain_fairness:>5.2f} {r.events:>7d}"
+        )
+        if r.unplaced:
+            lines.append(f"{'':<30} unplaced: {r.unplaced}")
+    lines += ["", "Per tenant (speed-up vs never; TPOT and TTFT in ms; SLO miss rate):"]
+    lines.append(f"{'policy':<30} {'tenant':<16} {'speed-up':>8} {'TPOT p50':>8} {'p99':>7} {'TTFT p50':>8} "
+                 f"{'p99':>8} {'miss':>6} {'goodput':>8}")  # fmt: skip
+    for name, r in results.items():
+        for t in r.tenants:
+            lines.append(
+                f"{name:<30} {t.tenant:<16} {_f(t.speedup):>8} {_f(t.tpot_p50_ms):>8} {_f(t.tpot_p99_ms):>7} "
+                f"{_f(t.ttft_p50_ms, 0):>8} {_f(t.ttft_p99_ms, 0):>8} {t.slo_violation_rate:>6.1%} "
+                f"{t.goodput_tokens_per_s:>8.0f}"
+            )
+    return "\n".join(lines)
+
+
+def to_json(scenario: Scenario, results: dict[str, RunResult]) -> dict[str, Any]:
+    return {
+        "scenario": scenario.model_dump(),
+        "policies": {name: r.to_dict() for name, r in results.items()},
+    }

@@ -1,0 +1,29 @@
+"""Run a scenario under every policy (or some) and compare them on the same arrivals."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sovereignspec.core.specs import ProfileSet
+from sovereignspec.sim import policies
+from sovereignspec.sim.engine import Simulator
+from sovereignspec.sim.metrics import RunResult, compare, summarise
+from sovereignspec.sim.scenario import Scenario
+
+
+def run_policy(
+    scenario: Scenario, profiles: ProfileSet, policy: str, check: bool = False
+) -> tuple[Simulator, RunResult]:
+    sim = Simulator(scenario, profiles, policies.make(policy), check=check).run()
+    return sim, summarise(sim)
+
+
+def run_all(
+    scenario: Scenario, profiles: ProfileSet, names: Sequence[str] | None = None, check: bool = False
+) -> dict[str, RunResult]:
+    chosen = list(names or policies.POLICIES)
+    if "never" not in chosen:
+        chosen.insert(0, "never")  # the reference for speed-ups
+    runs = {name: run_policy(scenario, profiles, name, check) for name in chosen}
+    compare(runs)
+    return {name: result for name, (_, result) in runs.items()}

@@ -1,0 +1,172 @@
+"""The simulator: determinism, the source's regimes, SovereignSpec against the baselines and the
+oracle, and sovereignty on every event. Each shipped scenario is run once per policy (module cache)."""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+
+import pytest
+
+from sovereignspec.errors import ConfigError
+from sovereignspec.profiles import load_profiles
+from sovereignspec.sim import policies, report
+from sovereignspec.sim.engine import Replica, Simulator
+from sovereignspec.sim.metrics import RunResult
+from sovereignspec.sim.run import run_all, run_policy
+from sovereignspec.sim.scenario import SHIPPED, Scenario, load
+
+SCENARIOS = ("idle", "mixed", "saturated", "sovereign-split", "heterogeneous")
+BASELINES = ("never", "always-2", "always-4", "vllm-table", "smartspec", "trt-threshold")
+
+
+@cache
+def results(name: str) -> dict[str, RunResult]:
+    # sovereign-split is where sovereignty can be broken: check it after every event there.
+    return run_all(load(name), load_profiles(), check=name == "sovereign-split")
+
+
+def test_every_shipped_scenario_is_covered_and_valid() -> None:
+    assert sorted(p.stem for p in SHIPPED.glob("*.yaml")) == sorted(SCENARIOS)
+
+
+def test_same_scenario_and_seed_give_identical_json() -> None:
+    scenario, profiles = load("mixed"), load_profiles()
+    names = ["sovereignspec", "always-4"]
+    first = json.dumps(report.to_json(scenario, run_all(scenario, profiles, names)), sort_keys=True)
+    second = json.dumps(report.to_json(scenario, run_all(scenario, profiles, names)), sort_keys=True)
+    assert first == second
+
+
+def test_a_different_seed_gives_different_arrivals() -> None:
+    scenario, profiles = load("idle"), load_profiles()
+    a = run_policy(scenario, profiles, "never")[0]
+    b = run_policy(scenario.model_copy(update={"seed": scenario.seed + 1}), profiles, "never")[0]
+    assert [r.arrival for r in a.requests] != [r.arrival for r in b.requests]
+
+
+def test_every_policy_serves_the_same_requests() -> None:
+    scenario, profiles = load("sovereign-split"), load_profiles()
+    arrivals = {
+        name: [
+            (r.tenant, r.arrival, r.prompt, r.output, r.alpha)
+            for r in run_policy(scenario, profiles, name)[0].requests
+        ]
+        for name in ("never", "oracle")
+    }
+    assert arrivals["never"] == arrivals["oracle"]
+
+
+def test_sovereignspec_doubles_decode_speed_on_an_idle_cluster() -> None:
+    assert results("idle")["sovereignspec"].speedup >= 2.0
+
+
+def test_always_4_is_a_decode_tax_on_a_saturated_cluster_with_a_weak_drafter() -> None:
+    run = results("saturated")["always-4"]
+    weak = next(t for t in run.tenants if t.tenant == "support-ngram")
+    assert run.speedup < 1.0
+    assert weak.speedup < 1.0
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_sovereignspec_is_never_slower_than_plain_decode(scenario: str) -> None:
+    assert results(scenario)["sovereignspec"].speedup >= 0.98
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_sovereignspec_reaches_95_percent_of_the_oracles_goodput(scenario: str) -> None:
+    runs = results(scenario)
+    assert runs["sovereignspec"].goodput_tokens_per_s >= 0.95 * runs["oracle"].goodput_tokens_per_s
+
+
+@pytest.mark.parametrize("scenario", ["mixed", "heterogeneous"])
+def test_sovereignspec_beats_every_baseline_on_goodput(scenario: str) -> None:
+    runs = results(scenario)
+    ours = runs["sovereignspec"].goodput_tokens_per_s
+    for name in BASELINES:
+        assert ours > runs[name].goodput_tokens_per_s, name
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_sovereignspec_causes_no_neighbour_slo_misses_where_the_oracle_causes_none(scenario: str) -> None:
+    runs = results(scenario)
+    if runs["oracle"].violations_from_others == 0:
+        assert runs["sovereignspec"].violations_from_others == 0
+
+
+def test_sovereignty_held_after_every_event_under_every_policy() -> None:
+    # results() ran sovereign-split with check=True: any breach would have raised there.
+    runs = results("sovereign-split")
+    assert set(runs) == set(policies.POLICIES)
+    for run in runs.values():
+        assert not run.unplaced, run.unplaced
+        assert run.events > 10_000
+
+
+def test_the_sovereignty_check_catches_a_replica_outside_its_jurisdiction() -> None:
+    scenario = load("sovereign-split")
+    sim = Simulator(scenario, load_profiles(), policies.make("never"))
+    bank = next(i for i, t in enumerate(scenario.tenants) if t.name == "bank-kr")
+    eu_gpu = next(g for g in sim.gpus if g.jurisdiction == "eu")
+    sim.replicas.append(Replica(0, bank, eu_gpu.id, 0, 0, 0.0, 0.0))
+    with pytest.raises(AssertionError, match="bank-kr placed in eu, requires kr"):
+        sim.assert_sovereignty()
+
+
+def test_the_sovereignty_check_catches_a_tenant_beside_an_exclusive_one() -> None:
+    scenario = load("sovereign-split")
+    sim = Simulator(scenario, load_profiles(), policies.make("never"))
+    names = [t.name for t in scenario.tenants]
+    kr_gpu = next(g for g in sim.gpus if g.jurisdiction == "kr")
+    sim.replicas.append(Replica(0, names.index("bank-kr"), kr_gpu.id, 0, 0, 0.0, 0.0))
+    sim.replicas.append(Replica(1, names.index("batch"), kr_gpu.id, 0, 0, 0.0, 0.0))
+    with pytest.raises(AssertionError, match="exclusive bank-kr shares"):
+        sim.assert_sovereignty()
+
+
+def test_a_tenant_with_no_admissible_gpu_is_reported_unplaced_not_misplaced() -> None:
+    base = load("sovereign-split")
+    tenants = [
+        t.model_copy(update={"jurisdiction": "us"}) if t.name == "legal-eu" else t for t in base.tenants
+    ]
+    scenario = base.model_copy(update={"tenants": tenants, "duration_s": 20.0})
+    sim, result = run_policy(scenario, load_profiles(), "sovereignspec", check=True)
+    assert "legal-eu" in result.unplaced
+    assert not any(scenario.tenants[r.tenant].name == "legal-eu" for r in sim.replicas)
+
+
+def test_a_malformed_scenario_names_the_field_and_what_is_accepted(tmp_path: object) -> None:
+    from pathlib import Path
+
+    path = Path(str(tmp_path)) / "bad.yaml"
+    data = load("idle").model_dump()
+    data["tenants"][0]["tpot_slo_ms"] = -1
+    path.write_text(json.dumps(data))
+    with pytest.raises(ConfigError) as err:
+        load(path)
+    assert "tpot_slo_ms" in str(err.value) and "-1" in str(err.value)
+
+
+def test_an_unknown_scenario_lists_the_shipped_ones() -> None:
+    with pytest.raises(ConfigError, match="shipped scenarios: heterogeneous, idle"):
+        load("no-such-scenario")
+
+
+def test_a_scenario_mixing_target_models_is_refused_with_the_models_named() -> None:
+    base = load("idle")
+    tenants = [base.tenants[0], base.tenants[0].model_copy(update={"name": "big", "model": "llama-3.1-70b"})]
+    with pytest.raises(ValueError, match="one target model per cluster"):
+        Simulator(base.model_copy(update={"tenants": tenants}), load_profiles(), policies.make("never"))
+
+
+def test_speculative_steps_emit_one_to_gamma_plus_one_tokens_and_accept_at_rate_alpha() -> None:
+    scenario: Scenario = load("idle").model_copy(update={"duration_s": 60.0})
+    sim, _ = run_policy(scenario, load_profiles(), "always-4")
+    finished = [r for r in sim.requests if r.t_finish == r.t_finish]  # not NaN
+    assert len(finished) > 50
+    for r in finished:
+        assert r.speculated
+        assert r.output / 5 <= r.drafts <= r.output  # ≥ 1 token per verification step, ≤ γ + 1
+    # Per-token Bernoulli acceptance: the first drafted token is accepted at the tenant's α (0.8).
+    rate = sum(r.first_accepted for r in finished) / sum(r.drafts for r in finished)
+    assert rate == pytest.approx(0.8, abs=0.02)
