@@ -59,3 +59,20 @@ def test_the_layering_check_sees_a_forbidden_import(tmp_path: Path) -> None:
     sample = tmp_path / "bad.py"
     sample.write_text("import time\nfrom kubernetes import client\nfrom sovereignspec.operator import x\n")
     assert _imports(sample) == ["time", "kubernetes", "sovereignspec.operator"]
+
+
+SIM = CORE.parent / "sim"
+SIM_MODEL = ("engine.py", "policies.py", "metrics.py", "run.py")  # scenario.py is the YAML border
+SIM_OWN = ("sovereignspec.core", "sovereignspec.sim", "sovereignspec.engines")
+
+
+@pytest.mark.parametrize("name", SIM_MODEL)
+def test_the_simulators_model_imports_no_shell_no_clock_and_no_plotting(name: str) -> None:
+    bad = []
+    for imported in _imports(SIM / name):
+        top = imported.split(".")[0]
+        if top in FORBIDDEN:
+            bad.append(imported)
+        if top == "sovereignspec" and not any(imported == o or imported.startswith(o + ".") for o in SIM_OWN):
+            bad.append(imported)
+    assert not bad, f"sim/{name} imports {bad}; simulated time is the only clock there"
