@@ -456,11 +456,14 @@ class Placer:
             return out
         idx = np.nonzero(mask)[0]
         table, _ = self._table(w.model, req, idx)
-        for col, g in enumerate(idx.tolist()):
-            why = blocker(table, col)
-            if why.by_externality and len(out) < EXPLAIN_LIMIT:
-                where = f"{self.node_names[int(self.gpu_node[g])]}/gpu{int(self.gpu_index[g])}"
-                out[where] = f"γ={why.gamma} would push neighbour {self.binding[g]} past its TPOT SLO"
+        # Per GPU, the objective's own favourite γ (as `optimiser.blocker`, all columns at once).
+        free = np.argmax(quantize(table.aggregate), axis=0)
+        refused = (free > 0) & ~table.externality_ok[free, np.arange(idx.size)]
+        for col in np.nonzero(refused)[0][:EXPLAIN_LIMIT].tolist():
+            g = int(idx[col])
+            where = f"{self.node_names[int(self.gpu_node[g])]}/gpu{int(self.gpu_index[g])}"
+            gamma = int(table.gammas[free[col]])
+            out[where] = f"γ={gamma} would push neighbour {self.binding[g]} past its TPOT SLO"
         return out
 
     def _excluded(self, w: WorkloadRequest, mask: NDArray[np.bool_] | None) -> dict[str, str]:
