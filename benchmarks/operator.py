@@ -47,22 +47,7 @@ def job(name: str, namespace: str, queue: str, i: int) -> dict[str, Any]:
         "sovereignspec.io/acceptance-rate": f"{0.5 + (i % 5) * 0.1:.1f}",
         "sovereignspec.io/tpot-slo-ms": "60",
     }
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {"name": name, "namespace": namespace, "labels": {"kueue.x-k8s.io/queue-name": queue}},
-        "spec": {
-            "suspend": True,
-            "template": {
-                "metadata": {"annotations": notes},
-                "spec": {
-                    "restartPolicy": "Never",
-                    "containers": [{"name": "c", "image": "vllm", "resources": {
-                        "requests": {"cpu": "1", "nvidia.com/gpu": "1"}, "limits": {"nvidia.com/gpu": "1"}}}],
-                },
-            },
-        },
-    }  # fmt: skip
+    return k.job(name, namespace, queue, annotations=notes)
 
 
 class Recorder:

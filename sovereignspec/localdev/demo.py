@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any, cast
+from typing import Any
 
 from kubernetes import client
 
-from sovereignspec.localdev import controlplane
+from sovereignspec.localdev import controlplane, kueue
 from sovereignspec.localdev.gpunodes import EXAMPLES, apply_examples, documents, server_side_apply
 from sovereignspec.localdev.operator import OperatorProcess, SyntheticTelemetry, install
 from sovereignspec.localdev.prometheus import LocalPrometheus
@@ -61,49 +61,15 @@ def _job(name: str, tenant: str, notes: dict[str, str], gpus: int) -> dict[str, 
         "sovereignspec.io/tenant": tenant,
         **{f"sovereignspec.io/{k}": v for k, v in notes.items()},
     }
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {
-            "name": name,
-            "namespace": NAMESPACE,
-            "labels": {"kueue.x-k8s.io/queue-name": "serving"},
-        },
-        "spec": {
-            "suspend": True,
-            "template": {
-                "metadata": {"annotations": annotations},
-                "spec": {
-                    "restartPolicy": "Never",
-                    "containers": [
-                        {
-                            "name": "vllm",
-                            "image": "vllm/vllm-openai:latest",
-                            "resources": {
-                                "requests": {"cpu": "4", "nvidia.com/gpu": str(gpus)},
-                                "limits": {"nvidia.com/gpu": str(gpus)},
-                            },
-                        }
-                    ],
-                },
-            },
-        },
-    }
+    return kueue.job(name, NAMESPACE, "serving", annotations=annotations, gpus=gpus, cpu="4")
 
 
 def _decision(api: client.ApiClient, job: str) -> tuple[str, str] | None:
     """(state, message) of our check on the job's workload, once decided."""
-    listed: dict[str, Any] = cast(
-        dict[str, Any],
-        client.CustomObjectsApi(api).list_namespaced_custom_object(
-            "kueue.x-k8s.io", "v1beta2", NAMESPACE, "workloads"
-        ),
-    )
-    items: list[dict[str, Any]] = listed["items"]
-    for wl in items:
+    for wl in kueue.workloads(api, NAMESPACE):
         if not any(r.get("name") == job for r in wl["metadata"].get("ownerReferences", [])):
             continue
-        entry = next((c for c in wl.get("status", {}).get("admissionChecks", []) if c["name"] == CHECK), None)
+        entry = kueue.check_state(wl, CHECK)
         if entry is None:
             return None
         if entry["state"] != "Pending":

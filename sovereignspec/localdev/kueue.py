@@ -101,6 +101,7 @@ def job(
     annotations: dict[str, str] | None = None,
     gpus: int = 1,
     suspend: bool | None = True,
+    cpu: str = "1",
 ) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "template": {
@@ -112,7 +113,7 @@ def job(
                         "name": "server",
                         "image": "vllm/vllm-openai:latest",
                         "resources": {
-                            "requests": {"cpu": "1", "nvidia.com/gpu": str(gpus)},
+                            "requests": {"cpu": cpu, "nvidia.com/gpu": str(gpus)},
                             "limits": {"nvidia.com/gpu": str(gpus)},
                         },
                     }
