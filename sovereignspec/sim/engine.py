@@ -18,6 +18,7 @@ import heapq
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from itertools import repeat
 from operator import attrgetter
 from typing import TYPE_CHECKING
 
@@ -28,7 +29,7 @@ from sovereignspec.core.scalar import Coeffs
 from sovereignspec.core.scalar import tau as scalar_tau
 from sovereignspec.core.sovereignty import DEFAULT_JURISDICTION_LABEL, NodeTenancy, Requirement, check_node
 from sovereignspec.core.specs import ProfileSet
-from sovereignspec.sim.scenario import Scenario, Tenant
+from sovereignspec.sim.scenario import Arrival, Scenario, Tenant
 
 if TYPE_CHECKING:
     from sovereignspec.sim.policies import SimPolicy
@@ -74,6 +75,7 @@ class Replica:
     cost: float
     overhead: float
     queue: deque[Request] = field(default_factory=deque)
+    cap: int = 1  # the tenant's max-num-seqs
     active: int = 0
     busy: int = 0  # active + queued: what arrivals are routed by
     alpha_est: float = 0.6
@@ -95,11 +97,15 @@ class Gpu:
     steps: int = 0  # decode steps run so far
     t0: float = 0.0  # start of the next step
     step: float = 0.0
+    watts: tuple[float, float] = (0.0, 0.0)  # idle, peak
+    power: float = 0.0  # watts while the current step runs
+    drafting: float | None = None  # Σ (γ·cost + overhead) over drafting replicas; None: recompute
     version: int = 0
     ctx_sum: float = 0.0
     n_tokens: int = 0  # query tokens per decode step: Σ (γ + 1) over running sequences
     running: dict[int, int] = field(default_factory=dict)  # replica -> running sequences
     waiting: int = 0  # requests queued at this GPU's replicas
+    resized: set[int] = field(default_factory=set)  # replicas whose batch changed since γ was decided
     busy_energy: float = 0.0  # joules while decoding
     busy_time: float = 0.0
     samples: list[tuple[float, float]] = field(default_factory=list)  # (time, headroom)
@@ -131,10 +137,11 @@ class Simulator:
                 node = f"{group.name}-{n}"
                 for i in range(group.gpus_per_node):
                     coeffs = Coeffs.of(spec, self.model, 1)
-                    self.gpus.append(Gpu(len(self.gpus), node, i, group.gpu, group.jurisdiction, coeffs))
+                    g = Gpu(len(self.gpus), node, i, group.gpu, group.jurisdiction, coeffs)
+                    g.watts = (spec.idle_watts, spec.max_watts)
+                    self.gpus.append(g)
         self.replicas: list[Replica] = []
         self.by_tenant: dict[int, list[Replica]] = {}
-        self._watts = {name: (g.idle_watts, g.max_watts) for name, g in profiles.gpus.items()}
         self.requests: list[Request] = []
         self.unplaced: dict[int, str] = {}  # tenant -> why its replicas could not be placed
         self.events: list[tuple[float, int, int, int, int]] = []
@@ -158,43 +165,27 @@ class Simulator:
 
     def _generate(self) -> None:
         """Every tenant's arrivals, lengths and per-request acceptance, from the scenario seed."""
-        rid = 0
         for ti, t in enumerate(self.scenario.tenants):
             rng = np.random.default_rng([self.scenario.seed, ti])
-            times: list[float] = []
-            clock = t.start_s
-            a = t.arrival
-            while True:
-                rate = a.rate_per_s
-                if a.kind == "bursty":
-                    cycle = a.on_s + a.off_s
-                    # Same mean rate: bursts at factor×, the rest of the cycle at what remains.
-                    high = min(a.burst_factor * rate, rate * cycle / a.on_s)
-                    low = max(rate * cycle - high * a.on_s, 0.0) / a.off_s
-                    rate = high if (clock % cycle) < a.on_s else low
-                    if rate <= 0:
-                        clock = (clock // cycle + 1) * cycle
-                        continue
-                clock += rng.exponential(1.0 / rate)
-                if clock >= self.scenario.duration_s:
-                    break
-                times.append(clock)
+            times = _arrival_times(rng, t.arrival, t.start_s, self.scenario.duration_s)
             n = len(times)
-            prompts = _lengths(rng, t.prompt_tokens.mean, t.prompt_tokens.sd, n)
-            outputs = np.maximum(_lengths(rng, t.output_tokens.mean, t.output_tokens.sd, n), 2)
+            prompts = _lengths(rng, t.prompt_tokens.mean, t.prompt_tokens.sd, n).tolist()
+            outputs = np.maximum(_lengths(rng, t.output_tokens.mean, t.output_tokens.sd, n), 2).tolist()
             alphas = (
                 np.clip(rng.normal(t.alpha.mean, t.alpha.sd, n), 0.0, 0.999)
                 if t.alpha.sd
                 else np.full(n, t.alpha.mean)
+            ).tolist()
+            first = len(self.requests)
+            self.requests.extend(
+                map(Request, range(first, first + n), repeat(ti, n), times, prompts, outputs, alphas)
             )
-            for j in range(n):
-                req = Request(rid, ti, times[j], int(prompts[j]), int(outputs[j]), float(alphas[j]))
-                self.requests.append(req)
-                rid += 1
             self._push(t.start_s, PLACE, ti)
         # Arrivals are known up front: kept in time order beside the heap rather than in it, so
-        # the heap holds only the few live GPU, placement and sampling events. Ties: by request id.
-        self._arrivals = sorted(self.requests, key=lambda r: (r.arrival, r.id))
+        # the heap holds only the few live GPU, placement and sampling events. Ties: by request id
+        # (a stable sort of requests in id order).
+        order = np.argsort(np.array([r.arrival for r in self.requests]), kind="stable")
+        self._arrivals = [self.requests[i] for i in order.tolist()]
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -204,48 +195,56 @@ class Simulator:
         for g in self.gpus:  # telemetry ran before the first workload: an idle reading
             g.samples.append((-self.scenario.telemetry.lag_s - period, 1.0))
         self._push(0.0, SAMPLE, 0)
-        arrivals, events = self._arrivals, self.events
-        nxt, total = 0, len(arrivals)
-        while events or nxt < total:
-            if nxt < total and (not events or arrivals[nxt].arrival <= events[0][0]):
-                # An arrival goes before any other event at the same instant.
+        # The hot loop: names bound locally, an arrival's routing written out in place.
+        arrivals, events, gpus, by_tenant = self._arrivals, self.events, self.gpus, self.by_tenant
+        settle, check, pop = self._settle, self.check, heapq.heappop
+        nxt, total, processed = 0, len(arrivals), 0
+        next_arrival = arrivals[0].arrival if total else math.inf
+        while True:
+            if events:
+                head = events[0][0]
+            elif nxt < total:
+                head = math.inf
+            else:
+                break
+            if next_arrival <= head:  # an arrival goes before any other event at the same instant
                 req = arrivals[nxt]
                 nxt += 1
-                self.now = req.arrival
-                self.processed += 1
-                self._arrive(req)
-                if self.check:
+                next_arrival = arrivals[nxt].arrival if nxt < total else math.inf
+                self.now = t = req.arrival
+                processed += 1
+                candidates = by_tenant.get(req.tenant)
+                if candidates:  # else never placed: the request is not served (counted by metrics)
+                    replica = min(candidates, key=_BUSY)  # the least busy replica; ties to the first placed
+                    req.replica = replica.id
+                    replica.busy += 1
+                    replica.queue.append(req)
+                    g = gpus[replica.gpu]
+                    g.waiting += 1
+                    settle(g, t)
+                if check:
                     self.assert_sovereignty()
                 continue
-            t, _, kind, a, b = heapq.heappop(events)
+            t, _, kind, a, b = pop(events)
             if t > self.drain_until:
                 break
             self.now = t
-            self.processed += 1
+            processed += 1
             if kind == GPU_EVENT:
-                if b == self.gpus[a].version:
-                    self._settle(self.gpus[a], t)
+                g = gpus[a]
+                if b == g.version:
+                    settle(g, t)
             elif kind == PLACE:
                 self._place(a, t)
             elif kind == SAMPLE:
-                for g in self.gpus:
+                for g in gpus:
                     g.samples.append((t, self.true_headroom(g)))
                 if t + period <= self.scenario.duration_s:
                     self._push(t + period, SAMPLE, 0)
-            if self.check:
+            if check:
                 self.assert_sovereignty()
+        self.processed = processed
         return self
-
-    def _arrive(self, req: Request) -> None:
-        candidates = self.by_tenant.get(req.tenant)
-        if not candidates:
-            return  # never placed: the request is not served (counted by metrics)
-        replica = min(candidates, key=_BUSY)  # the least busy replica; ties to the first placed
-        req.replica = replica.id
-        replica.busy += 1
-        replica.queue.append(req)
-        self.gpus[replica.gpu].waiting += 1
-        self._settle(self.gpus[replica.gpu], self.now)
 
     def _place(self, tenant: int, t: float) -> None:
         t_spec = self.scenario.tenants[tenant]
@@ -258,10 +257,12 @@ class Simulator:
             overhead = drafter.spec_overhead if drafter else 0.0
             declared = t_spec.declared_alpha if t_spec.declared_alpha is not None else t_spec.alpha.mean
             r = Replica(len(self.replicas), tenant, gpu_id, gamma, gamma, cost, overhead, alpha_est=declared)
+            r.cap = t_spec.max_num_seqs
             r.predicted_tpot_s = predicted
             self.replicas.append(r)
             self.by_tenant.setdefault(tenant, []).append(r)
             self.gpus[gpu_id].replicas.append(r.id)
+            self.gpus[gpu_id].resized.add(r.id)  # its γ is decided at the GPU's next change
         missing = t_spec.replicas - sum(r.tenant == tenant for r in self.replicas)
         if missing and t + 30.0 < self.scenario.duration_s:
             self._push(t + 30.0, PLACE, tenant)  # retry, as Kueue requeues
@@ -269,38 +270,55 @@ class Simulator:
             self.unplaced[tenant] = self.policy.last_reason.get(tenant, "no admissible GPU")
 
     # -- one GPU ---------------------------------------------------------------------------
+    # Every change to a GPU's batch goes through `_settle`, so the step time and power it leaves
+    # in `g.step` / `g.power` hold until the next one. This is the simulator's hot path (about
+    # three calls per request): written for speed, with each formula kept in the same order of
+    # operations as `step_time` and `Coeffs`, so the figures do not depend on which path ran.
 
     def _settle(self, g: Gpu, t: float) -> None:
         """Advance `g` to `t` (finishing the step in progress), then admit, re-decide γ, reschedule."""
-        if g.seqs and g.step > 0:
-            k = max(0, math.ceil((t - g.t0) / g.step - 1e-9))
-            if k:
-                self._advance(g, k)
+        step = g.step
+        if step > 0 and g.seqs:
+            k = math.ceil((t - g.t0) / step - 1e-9)
+            if k > 0:  # whole steps completed: account energy, finish the sequences that ended
+                g.busy_energy += g.power * k * step
+                g.busy_time += k * step
+                target = g.steps + k
+                finishing = g.finishing
+                if finishing and finishing[0][0] <= target:
+                    seqs = g.seqs
+                    while finishing and finishing[0][0] <= target:
+                        at, rid, version = heapq.heappop(finishing)
+                        seq = seqs.get(rid)
+                        if seq is not None and seq.version == version:  # else superseded by a γ change
+                            self._finish(g, seq, g.t0 + (at - g.steps) * step)
+                g.steps = target
+                g.t0 += k * step
         g.t0 = max(g.t0, t)
-        self._admit(g)
-        self._regamma(g)
+        if g.waiting:
+            self._admit(g)
+        policy = self.policy
+        if policy.dynamic:
+            if not policy.own_batch_only:
+                self._regamma(g, policy.gammas(self, g))
+            elif g.resized:
+                replicas = self.replicas
+                self._regamma(g, {rid: policy.gamma(self, g, replicas[rid]) for rid in g.resized})
+                g.resized.clear()
         self._schedule(g)
-
-    def _advance(self, g: Gpu, k: int) -> None:
-        g.busy_energy += self._power(g) * k * g.step
-        g.busy_time += k * g.step
-        target = g.steps + k
-        while g.finishing and g.finishing[0][0] <= target:
-            at, rid, version = heapq.heappop(g.finishing)
-            seq = g.seqs.get(rid)
-            if seq is None or seq.version != version:
-                continue  # superseded by a γ change
-            self._finish(g, seq, g.t0 + (at - g.steps) * g.step)
-        g.steps = target
-        g.t0 += k * g.step
 
     def _finish(self, g: Gpu, s: Seq, when: float) -> None:
         req = s.req
         req.t_finish = when
-        self._account(s, s.steps_total)
+        if s.draws is not None:
+            self._account(s, s.steps_total)
         del g.seqs[req.id]
         g.n_tokens -= s.gamma + 1
-        g.running[req.replica] -= 1
+        left = g.running[req.replica] - 1
+        g.running[req.replica] = left
+        if not left:
+            g.drafting = None
+        g.resized.add(req.replica)
         replica = self.replicas[req.replica]
         replica.active -= 1
         replica.busy -= 1
@@ -316,40 +334,46 @@ class Simulator:
             s.req.speculated = True
 
     def _admit(self, g: Gpu) -> None:
-        if not g.waiting:
-            return
         admitted = []
+        prompt = 0
+        replicas = self.replicas
         for rid in g.replicas:
-            r = self.replicas[rid]
-            cap = self.scenario.tenants[r.tenant].max_num_seqs
-            while r.queue and r.active < cap:
-                req = r.queue.popleft()
+            r = replicas[rid]
+            queue = r.queue
+            if queue and r.active < r.cap:
+                g.resized.add(rid)
+            while queue and r.active < r.cap:
+                req = queue.popleft()
                 r.active += 1
                 g.waiting -= 1
+                prompt += req.prompt
                 admitted.append(req)
         if not admitted:
             return
         # A prefill step of the new prompts runs before the next decode step (no chunking).
         c = g.coeffs
-        prompt = sum(q.prompt for q in admitted)
         ctx = prompt / len(admitted)
         g.t0 += max(c.memory(len(admitted), ctx), prompt * c.spt(ctx)) + c.fixed
         for req in admitted:
             req.t_first = g.t0
             g.ctx_sum += req.prompt + req.output / 2
-            self._start(g, self._sample(req, self.replicas[req.replica].current, 0))
+            self._start(g, self._sample(req, replicas[req.replica].current, 0))
 
     def _start(self, g: Gpu, seq: Seq) -> None:
-        old = g.seqs.get(seq.req.id)
+        rid = seq.req.id
+        old = g.seqs.get(rid)
         if old is not None:
             g.n_tokens -= old.gamma + 1
             seq.version = old.version + 1
         else:
-            g.running[seq.req.replica] = g.running.get(seq.req.replica, 0) + 1
+            running = g.running.get(seq.req.replica, 0)
+            g.running[seq.req.replica] = running + 1
+            if not running:
+                g.drafting = None
         seq.start = g.steps
-        g.seqs[seq.req.id] = seq
+        g.seqs[rid] = seq
         g.n_tokens += seq.gamma + 1
-        heapq.heappush(g.finishing, (seq.start + seq.steps_total, seq.req.id, seq.version))
+        heapq.heappush(g.finishing, (seq.start + seq.steps_total, rid, seq.version))
 
     def _sample(self, req: Request, gamma: int, base: int) -> Seq:
         """Draws for the rest of `req` under `gamma`: tokens per step = 1 + accepted drafts."""
@@ -361,18 +385,15 @@ class Simulator:
         size = int(remaining / scalar_tau(a, gamma)) + 8
         # Tokens per step = 1 + drafts accepted before the first rejection, capped at γ: a geometric
         # number of trials truncated at γ + 1.
-        draws = np.minimum(rng.geometric(1.0 - a, size), gamma + 1) if a < 1 else np.full(size, gamma + 1)
-        cum = np.cumsum(draws)
+        draws = _truncated_geometric(rng, a, gamma, size)
+        cum = draws.cumsum()
         while cum[-1] < remaining:  # rare: the first draws fell short
-            more = np.minimum(rng.geometric(1.0 - a, size), gamma + 1) if a < 1 else np.full(size, gamma + 1)
+            more = _truncated_geometric(rng, a, gamma, size)
             draws = np.concatenate((draws, more))
-            cum = np.concatenate((cum, cum[-1] + np.cumsum(more)))
-        return Seq(req, gamma, draws, cum, base, int(np.searchsorted(cum, remaining)) + 1)
+            cum = np.concatenate((cum, cum[-1] + more.cumsum()))
+        return Seq(req, gamma, draws, cum, base, int(cum.searchsorted(remaining)) + 1)
 
-    def _regamma(self, g: Gpu) -> None:
-        if not self.policy.dynamic:
-            return
-        wanted = self.policy.gammas(self, g)
+    def _regamma(self, g: Gpu, wanted: dict[int, int]) -> None:
         changed = set()
         for rid, gamma in wanted.items():
             r = self.replicas[rid]
@@ -381,6 +402,7 @@ class Simulator:
                 changed.add(rid)
         if not changed:
             return
+        g.drafting = None
         for s in [s for s in g.seqs.values() if s.req.replica in changed]:
             done = g.steps - s.start
             self._account(s, done)
@@ -389,17 +411,46 @@ class Simulator:
 
     def _schedule(self, g: Gpu) -> None:
         g.version += 1
-        while g.finishing and (
-            (seq := g.seqs.get(g.finishing[0][1])) is None or seq.version != g.finishing[0][2]
-        ):
-            heapq.heappop(g.finishing)
-        if not g.seqs:
+        finishing, seqs = g.finishing, g.seqs
+        while finishing and ((seq := seqs.get(finishing[0][1])) is None or seq.version != finishing[0][2]):
+            heapq.heappop(finishing)
+        if not seqs:
             g.step = 0.0
             return
-        g.step = self.step_time(g)
-        self._push(g.t0 + (g.finishing[0][0] - g.steps) * g.step, GPU_EVENT, g.id, g.version)
+        # step_time(g) and the power draw, inlined (same expressions, same order).
+        c = g.coeffs
+        s = len(seqs)
+        ctx = g.ctx_sum / s
+        spt = (c.wf + c.af * ctx) / c.p
+        mem = (c.w + s * ctx * c.kv) / c.b + c.fixed
+        n = g.n_tokens
+        step = max(mem, n * spt + c.fixed)
+        drafting = g.drafting
+        if drafting is None:
+            drafting = g.drafting = self._drafting(g, None)
+        if drafting:
+            step += drafting * max(mem, s * spt + c.fixed)
+        g.step = step
+        idle, peak = g.watts
+        g.power = idle + (peak - idle) * min(1.0, n * spt / step)
+        self._seq += 1
+        heapq.heappush(
+            self.events, (g.t0 + (finishing[0][0] - g.steps) * step, self._seq, GPU_EVENT, g.id, g.version)
+        )
 
     # -- the cost model on the live batch -----------------------------------------------------
+
+    def _drafting(self, g: Gpu, gammas: dict[int, int] | None) -> float:
+        """Σ (γ·cost + overhead) over the replicas drafting on `g`: the drafters' share of a step."""
+        drafting = 0.0
+        for rid, count in g.running.items():
+            if not count:
+                continue
+            r = self.replicas[rid]
+            gamma = r.current if gammas is None else gammas.get(rid, r.current)
+            if gamma > 0:
+                drafting += gamma * r.cost + r.overhead
+        return drafting
 
     def step_time(self, g: Gpu, gammas: dict[int, int] | None = None) -> float:
         """T_step of `g`'s batch, with replicas at `gammas` (default: as they run now)."""
@@ -411,18 +462,12 @@ class Simulator:
         spt = c.spt(ctx)
         mem = c.memory(s, ctx) + c.fixed
         n = g.n_tokens
-        drafting = 0.0
-        for rid, count in g.running.items():
-            if not count:
-                continue
-            r = self.replicas[rid]
-            gamma = r.current if gammas is None else gammas.get(rid, r.current)
-            if gammas is not None:
-                n += count * (gamma - r.current)
-            if gamma > 0:
-                drafting += gamma * r.cost + r.overhead
+        if gammas is not None:
+            for rid, count in g.running.items():
+                r = self.replicas[rid]
+                n += count * (gammas.get(rid, r.current) - r.current)
         plain = max(mem, s * spt + c.fixed)
-        return max(mem, n * spt + c.fixed) + drafting * plain
+        return max(mem, n * spt + c.fixed) + self._drafting(g, gammas) * plain
 
     def true_headroom(self, g: Gpu) -> float:
         if not g.seqs:
@@ -437,12 +482,6 @@ class Simulator:
             if when <= limit + 1e-9:
                 return value
         return None
-
-    def _power(self, g: Gpu) -> float:
-        idle, peak = self._watts[g.gpu_type]
-        s = len(g.seqs)
-        util = min(1.0, g.n_tokens * g.coeffs.spt(g.ctx_sum / s) / g.step) if g.step else 0.0
-        return idle + (peak - idle) * util
 
     # -- invariants ------------------------------------------------------------------------
 
@@ -489,6 +528,49 @@ class Simulator:
 
 
 _BUSY = attrgetter("busy")
+
+
+def _arrival_times(rng: np.random.Generator, a: Arrival, start: float, end: float) -> list[float]:
+    """Arrival instants in [start, end): exponential gaps at the (for bursts, time-varying) rate.
+
+    The gaps are drawn in blocks, then the stream is left exactly where drawing one gap per step
+    leaves it (one draw per arrival, plus the one that crossed `end`), because the lengths and α
+    drawn next from the same stream depend on it."""
+    saved = rng.bit_generator.state
+    block = int(a.rate_per_s * max(end - start, 0.0) * 1.1) + 64
+    gaps: list[float] = []
+    used = 0
+    times: list[float] = []
+    clock = start
+    rate = a.rate_per_s
+    cycle = a.on_s + a.off_s
+    # Same mean rate for bursts: factor× during a burst, the rest of the cycle at what remains.
+    high = min(a.burst_factor * rate, rate * cycle / a.on_s)
+    low = max(rate * cycle - high * a.on_s, 0.0) / a.off_s
+    bursty = a.kind == "bursty"
+    while True:
+        if bursty:
+            rate = high if (clock % cycle) < a.on_s else low
+            if rate <= 0:
+                clock = (clock // cycle + 1) * cycle
+                continue
+        if used == len(gaps):
+            gaps.extend(rng.standard_exponential(block).tolist())
+        clock += (1.0 / rate) * gaps[used]  # what rng.exponential(1 / rate) returns for this draw
+        used += 1
+        if clock >= end:
+            break
+        times.append(clock)
+    rng.bit_generator.state = saved
+    rng.standard_exponential(used)
+    return times
+
+
+def _truncated_geometric(rng: np.random.Generator, a: float, gamma: int, size: int) -> np.ndarray:
+    if a >= 1:
+        return np.full(size, gamma + 1)
+    draws = rng.geometric(1.0 - a, size)
+    return np.minimum(draws, gamma + 1, out=draws)
 
 
 def _lengths(rng: np.random.Generator, mean: float, sd: float, n: int) -> np.ndarray:

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from sovereignspec.sim.engine import Request, Simulator
+from sovereignspec.sim.engine import Simulator
 
 
 @dataclass
@@ -63,15 +63,36 @@ def _pct(values: np.ndarray, q: float) -> float:
     return float(np.percentile(values, q)) if values.size else math.nan
 
 
-def tpot(r: Request) -> float:
-    return (r.t_finish - r.t_first) / (r.output - 1)
+@dataclass
+class Outcomes:
+    """Every request of a run as columns (request id order), for whole-run arithmetic."""
+
+    tenant: np.ndarray
+    output: np.ndarray
+    finish: np.ndarray
+    done: np.ndarray  # finished within the run
+    tpot_ms: np.ndarray  # nan where not done
+    ttft_ms: np.ndarray
+    violated: np.ndarray  # missed its TPOT or TTFT objective, or never finished
+    speculated: np.ndarray
 
 
-def violated(sim: Simulator, r: Request) -> bool:
-    t = sim.scenario.tenants[r.tenant]
-    if math.isnan(r.t_finish):
-        return True
-    return tpot(r) * 1e3 > t.tpot_slo_ms or (r.t_first - r.arrival) * 1e3 > t.ttft_slo_ms
+def outcomes(sim: Simulator) -> Outcomes:
+    reqs = sim.requests
+    n = len(reqs)
+    tenant = np.fromiter((r.tenant for r in reqs), np.int64, n)
+    output = np.fromiter((r.output for r in reqs), np.int64, n)
+    arrival = np.fromiter((r.arrival for r in reqs), np.float64, n)
+    first = np.fromiter((r.t_first for r in reqs), np.float64, n)
+    finish = np.fromiter((r.t_finish for r in reqs), np.float64, n)
+    done = ~np.isnan(finish)
+    tpot_ms = (finish - first) / (output - 1) * 1e3
+    ttft_ms = (first - arrival) * 1e3
+    tpot_slo = np.array([t.tpot_slo_ms for t in sim.scenario.tenants], np.float64)
+    ttft_slo = np.array([t.ttft_slo_ms for t in sim.scenario.tenants], np.float64)
+    violated = ~done | (tpot_ms > tpot_slo[tenant]) | (ttft_ms > ttft_slo[tenant])
+    speculated = np.fromiter((r.speculated for r in reqs), np.bool_, n)
+    return Outcomes(tenant, output, finish, done, tpot_ms, ttft_ms, violated, speculated)
 
 
 def summarise(sim: Simulator) -> RunResult:
@@ -81,37 +102,39 @@ def summarise(sim: Simulator) -> RunResult:
     total_tokens = 0
     good_tokens = 0
     violations = 0
+    o = outcomes(sim)
     for ti, t in enumerate(sim.scenario.tenants):
-        reqs = [r for r in sim.requests if r.tenant == ti]
-        done = [r for r in reqs if not math.isnan(r.t_finish)]
-        tp = np.array([tpot(r) for r in done]) * 1e3
-        ttft = np.array([r.t_first - r.arrival for r in done]) * 1e3
-        bad = sum(violated(sim, r) for r in reqs)
-        good = sum(r.output for r in done if not violated(sim, r))
-        tokens = sum(r.output for r in done)
+        mine = o.tenant == ti
+        done = mine & o.done
+        tp = o.tpot_ms[done]
+        ttft = o.ttft_ms[done]
+        n = int(np.count_nonzero(mine))
+        bad = int(np.count_nonzero(mine & o.violated))
+        good = int(o.output[done & ~o.violated].sum())
+        tokens = int(o.output[done].sum())
         tenants.append(
             TenantResult(
                 tenant=t.name,
-                requests=len(reqs),
-                served=len(done),
+                requests=n,
+                served=int(np.count_nonzero(done)),
                 tokens=tokens,
                 tpot_mean_ms=float(tp.mean()) if tp.size else math.nan,
                 tpot_p50_ms=_pct(tp, 50),
                 tpot_p99_ms=_pct(tp, 99),
                 ttft_p50_ms=_pct(ttft, 50),
                 ttft_p99_ms=_pct(ttft, 99),
-                slo_violation_rate=bad / len(reqs) if reqs else 0.0,
+                slo_violation_rate=bad / n if n else 0.0,
                 goodput_tokens_per_s=good / duration,
             )
         )
-        offered.append(sum(r.output for r in reqs))
+        offered.append(int(o.output[mine].sum()))
         served_good.append(good)
         total_tokens += tokens
         good_tokens += good
         violations += bad
     energy = sum(g.busy_energy for g in sim.gpus)
     # Idle GPUs draw their idle power for the rest of the run.
-    span = max((r.t_finish for r in sim.requests if not math.isnan(r.t_finish)), default=duration)
+    span = float(o.finish[o.done].max()) if o.done.any() else duration
     for g in sim.gpus:
         energy += sim.profiles.gpus[g.gpu_type].idle_watts * max(span - g.busy_time, 0.0)
     shares = [s / o for s, o in zip(served_good, offered, strict=True) if o > 0]
@@ -136,7 +159,7 @@ def compare(runs: dict[str, tuple[Simulator, RunResult]]) -> None:
     if "never" not in runs:
         return
     base_sim, base = runs["never"]
-    base_missed = {r.id for r in base_sim.requests if violated(base_sim, r)}
+    base_missed = outcomes(base_sim).violated
     base_tpot = {t.tenant: t.tpot_mean_ms for t in base.tenants}
     for sim, result in runs.values():
         weights, ratios = [], []
@@ -146,11 +169,10 @@ def compare(runs: dict[str, tuple[Simulator, RunResult]]) -> None:
                 weights.append(t.tokens)
                 ratios.append(t.speedup)
         result.speedup = float(np.average(ratios, weights=weights)) if weights and sum(weights) else math.nan
-        caused = [
-            r for r in sim.requests if violated(sim, r) and r.id not in base_missed and not r.speculated
-        ]
-        result.violations_from_others = len(caused)
-        for t, tenant in zip(result.tenants, sim.scenario.tenants, strict=True):
-            t.violations_from_others = sum(
-                1 for r in caused if sim.scenario.tenants[r.tenant].name == tenant.name
-            )
+        # Missed here, met under plain decode, and not itself speculating: others' speculation did it.
+        o = outcomes(sim)
+        caused = o.violated & ~base_missed & ~o.speculated
+        result.violations_from_others = int(np.count_nonzero(caused))
+        by_tenant = np.bincount(o.tenant[caused], minlength=len(result.tenants))
+        for t, count in zip(result.tenants, by_tenant.tolist(), strict=True):
+            t.violations_from_others = count

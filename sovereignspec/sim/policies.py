@@ -46,6 +46,9 @@ VLLM_TABLE = ((1, 4, 5), (5, 16, 3), (17, 64, 1), (65, 10**9, 0))
 class SimPolicy:
     name = "never"
     dynamic = False  # re-decides γ as batches change (else γ stays as placed)
+    # γ of a replica depends only on that replica and its own batch size: the engine then asks
+    # `gamma` for the replicas whose batch changed instead of `gammas` for the whole GPU.
+    own_batch_only = False
 
     def __init__(self) -> None:
         self.last_reason: dict[int, str] = {}
@@ -76,7 +79,10 @@ class SimPolicy:
         return out
 
     def gammas(self, sim: Simulator, g: Gpu) -> dict[int, int]:
-        return {rid: sim.replicas[rid].gamma for rid in g.replicas}
+        return {rid: self.gamma(sim, g, sim.replicas[rid]) for rid in g.replicas}
+
+    def gamma(self, sim: Simulator, g: Gpu, r: Replica) -> int:
+        return r.gamma
 
 
 class Never(SimPolicy):
@@ -96,14 +102,11 @@ class AlwaysK(SimPolicy):
 class VllmTable(SimPolicy):
     name = "vllm-table"
     dynamic = True
+    own_batch_only = True
 
-    def gammas(self, sim: Simulator, g: Gpu) -> dict[int, int]:
-        out = {}
-        for rid in g.replicas:
-            r = sim.replicas[rid]
-            has = sim.scenario.tenants[r.tenant].drafter
-            out[rid] = next(k for lo, hi, k in VLLM_TABLE if lo <= max(r.active, 1) <= hi) if has else 0
-        return out
+    def gamma(self, sim: Simulator, g: Gpu, r: Replica) -> int:
+        has = sim.scenario.tenants[r.tenant].drafter
+        return next(k for lo, hi, k in VLLM_TABLE if lo <= max(r.active, 1) <= hi) if has else 0
 
 
 class TrtThreshold(SimPolicy):
@@ -165,6 +168,7 @@ class SovereignSpec(SimPolicy):
 
     name = "sovereignspec"
     dynamic = True
+    own_batch_only = True
     externality = True
     know_truth = False
 
@@ -281,18 +285,15 @@ class SovereignSpec(SimPolicy):
             )
         return self._tables[key]
 
-    def gammas(self, sim: Simulator, g: Gpu) -> dict[int, int]:
-        out = {}
-        for rid in g.replicas:
-            r = sim.replicas[rid]
-            key = (rid, r.active)
-            if key not in self._by_batch:
-                table = self._table(sim, g, r)
-                batch = max(r.active, 1)
-                from_table = next((k for lo, hi, k in table if batch <= hi), table[-1][2])
-                self._by_batch[key] = min(r.gamma, from_table)
-            out[rid] = self._by_batch[key]
-        return out
+    def gamma(self, sim: Simulator, g: Gpu, r: Replica) -> int:
+        key = (r.id, r.active)
+        gamma = self._by_batch.get(key)
+        if gamma is None:
+            table = self._table(sim, g, r)
+            batch = max(r.active, 1)
+            from_table = next((k for lo, hi, k in table if batch <= hi), table[-1][2])
+            gamma = self._by_batch[key] = min(r.gamma, from_table)
+        return gamma
 
 
 class SovereignSpecNoExternality(SovereignSpec):
@@ -305,6 +306,7 @@ class Oracle(SovereignSpec):
 
     name = "oracle"
     know_truth = True
+    own_batch_only = False  # searches every replica's γ together, on the whole batch
 
     def __init__(self) -> None:
         super().__init__()

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from sovereignspec.errors import ConfigError, describe
 
@@ -77,6 +77,16 @@ class Scenario(_M):
     telemetry: Telemetry = Field(default_factory=Telemetry)
     cluster: list[NodeGroup] = Field(min_length=1)
     tenants: list[Tenant] = Field(min_length=1)
+
+    @field_validator("cluster", "tenants")
+    @classmethod
+    def _unique_names(cls, items: list[NodeGroup] | list[Tenant]) -> list[NodeGroup] | list[Tenant]:
+        # Results are reported by tenant and nodes are named after their group: names must differ.
+        names = [i.name for i in items]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ValueError(f"names must be unique; repeated: {', '.join(repeated)}")
+        return items
 
 
 def load(path: str | Path) -> Scenario:

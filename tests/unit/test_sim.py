@@ -170,3 +170,10 @@ def test_speculative_steps_emit_one_to_gamma_plus_one_tokens_and_accept_at_rate_
     # Per-token Bernoulli acceptance: the first drafted token is accepted at the tenant's α (0.8).
     rate = sum(r.first_accepted for r in finished) / sum(r.drafts for r in finished)
     assert rate == pytest.approx(0.8, abs=0.02)
+
+
+def test_a_scenario_repeating_a_tenant_name_is_refused_with_the_name() -> None:
+    data = load("idle").model_dump()
+    data["tenants"].append({**data["tenants"][0]})
+    with pytest.raises(ValueError, match="repeated: chat"):
+        Scenario.model_validate(data)
