@@ -14,12 +14,12 @@ per-token acceptance draws. Same scenario and seed, same result.
 
 from __future__ import annotations
 
+import gc
 import heapq
 import math
 from collections import deque
 from dataclasses import dataclass, field
 from itertools import repeat
-from operator import attrgetter
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -76,8 +76,10 @@ class Replica:
     overhead: float
     queue: deque[Request] = field(default_factory=deque)
     cap: int = 1  # the tenant's max-num-seqs
+    by_batch: list[int] = field(default_factory=list)  # γ per batch size 0..cap (own_batch_only policies)
     active: int = 0
     busy: int = 0  # active + queued: what arrivals are routed by
+    slot: int = 0  # its place among its tenant's replicas (placement order)
     alpha_est: float = 0.6
     switched_off: bool = False  # for acceptance-threshold policies
     predicted_tpot_s: float | None = None  # what the placing policy predicted (until TPOT is measured)
@@ -105,7 +107,7 @@ class Gpu:
     n_tokens: int = 0  # query tokens per decode step: Σ (γ + 1) over running sequences
     running: dict[int, int] = field(default_factory=dict)  # replica -> running sequences
     waiting: int = 0  # requests queued at this GPU's replicas
-    resized: set[int] = field(default_factory=set)  # replicas whose batch changed since γ was decided
+    regamma: set[int] = field(default_factory=set)  # replicas whose batch now calls for another γ
     busy_energy: float = 0.0  # joules while decoding
     busy_time: float = 0.0
     samples: list[tuple[float, float]] = field(default_factory=list)  # (time, headroom)
@@ -142,6 +144,10 @@ class Simulator:
                     self.gpus.append(g)
         self.replicas: list[Replica] = []
         self.by_tenant: dict[int, list[Replica]] = {}
+        # Per tenant, a heap of (busy, slot) with an entry for every replica's current `busy`
+        # (and stale ones, skipped when they surface): its top is the least busy replica, ties to
+        # the first placed, without scanning them all on every arrival.
+        self._routes: dict[int, list[tuple[int, int]]] = {}
         self.requests: list[Request] = []
         self.unplaced: dict[int, str] = {}  # tenant -> why its replicas could not be placed
         self.events: list[tuple[float, int, int, int, int]] = []
@@ -190,13 +196,27 @@ class Simulator:
     # -- the loop ----------------------------------------------------------------------------
 
     def run(self) -> Simulator:
-        self._generate()
+        # Neither setting up nor the loop makes reference cycles (a collection after a run finds
+        # nothing), so the cyclic collector would only rescan the millions of live requests.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            self._generate()
+            period = self.scenario.telemetry.period_s
+            for g in self.gpus:  # telemetry ran before the first workload: an idle reading
+                g.samples.append((-self.scenario.telemetry.lag_s - period, 1.0))
+            self._push(0.0, SAMPLE, 0)
+            self._loop()
+        finally:
+            if collecting:
+                gc.enable()
+        return self
+
+    def _loop(self) -> None:
         period = self.scenario.telemetry.period_s
-        for g in self.gpus:  # telemetry ran before the first workload: an idle reading
-            g.samples.append((-self.scenario.telemetry.lag_s - period, 1.0))
-        self._push(0.0, SAMPLE, 0)
         # The hot loop: names bound locally, an arrival's routing written out in place.
         arrivals, events, gpus, by_tenant = self._arrivals, self.events, self.gpus, self.by_tenant
+        routes, replace = self._routes, heapq.heapreplace
         settle, check, pop = self._settle, self.check, heapq.heappop
         nxt, total, processed = 0, len(arrivals), 0
         next_arrival = arrivals[0].arrival if total else math.inf
@@ -215,7 +235,14 @@ class Simulator:
                 processed += 1
                 candidates = by_tenant.get(req.tenant)
                 if candidates:  # else never placed: the request is not served (counted by metrics)
-                    replica = min(candidates, key=_BUSY)  # the least busy replica; ties to the first placed
+                    route = routes[req.tenant]
+                    while True:  # the least busy replica; ties to the first placed
+                        busy, slot = route[0]
+                        replica = candidates[slot]
+                        if replica.busy == busy:
+                            break
+                        pop(route)
+                    replace(route, (busy + 1, slot))
                     req.replica = replica.id
                     replica.busy += 1
                     replica.queue.append(req)
@@ -244,7 +271,6 @@ class Simulator:
             if check:
                 self.assert_sovereignty()
         self.processed = processed
-        return self
 
     def _place(self, tenant: int, t: float) -> None:
         t_spec = self.scenario.tenants[tenant]
@@ -260,9 +286,15 @@ class Simulator:
             r.cap = t_spec.max_num_seqs
             r.predicted_tpot_s = predicted
             self.replicas.append(r)
-            self.by_tenant.setdefault(tenant, []).append(r)
-            self.gpus[gpu_id].replicas.append(r.id)
-            self.gpus[gpu_id].resized.add(r.id)  # its γ is decided at the GPU's next change
+            same = self.by_tenant.setdefault(tenant, [])
+            r.slot = len(same)
+            same.append(r)
+            heapq.heappush(self._routes.setdefault(tenant, []), (r.busy, r.slot))
+            g = self.gpus[gpu_id]
+            g.replicas.append(r.id)
+            if self.policy.dynamic and self.policy.own_batch_only:
+                r.by_batch = [self.policy.gamma_at(self, g, r, n) for n in range(r.cap + 1)]
+                g.regamma.add(r.id)  # its γ is decided at the GPU's next change, as for any policy
         missing = t_spec.replicas - sum(r.tenant == tenant for r in self.replicas)
         if missing and t + 30.0 < self.scenario.duration_s:
             self._push(t + 30.0, PLACE, tenant)  # retry, as Kueue requeues
@@ -301,10 +333,10 @@ class Simulator:
         if policy.dynamic:
             if not policy.own_batch_only:
                 self._regamma(g, policy.gammas(self, g))
-            elif g.resized:
+            elif g.regamma:  # flagged where batches changed: read the replicas' tables
                 replicas = self.replicas
-                self._regamma(g, {rid: policy.gamma(self, g, replicas[rid]) for rid in g.resized})
-                g.resized.clear()
+                self._regamma(g, {rid: replicas[rid].by_batch[replicas[rid].active] for rid in g.regamma})
+                g.regamma.clear()
         self._schedule(g)
 
     def _finish(self, g: Gpu, s: Seq, when: float) -> None:
@@ -318,10 +350,16 @@ class Simulator:
         g.running[req.replica] = left
         if not left:
             g.drafting = None
-        g.resized.add(req.replica)
         replica = self.replicas[req.replica]
         replica.active -= 1
+        if replica.by_batch and replica.by_batch[replica.active] != replica.current:
+            g.regamma.add(req.replica)
         replica.busy -= 1
+        route = self._routes[replica.tenant]
+        heapq.heappush(route, (replica.busy, replica.slot))
+        if len(route) > 4 * len(self.by_tenant[replica.tenant]) + 64:  # shed the stale entries
+            route[:] = [(r.busy, r.slot) for r in self.by_tenant[replica.tenant]]
+            heapq.heapify(route)
         g.ctx_sum -= req.prompt + req.output / 2
         if req.drafts:
             # What vLLM's per-position counters give: the first drafted token's acceptance is α.
@@ -341,13 +379,14 @@ class Simulator:
             r = replicas[rid]
             queue = r.queue
             if queue and r.active < r.cap:
-                g.resized.add(rid)
-            while queue and r.active < r.cap:
-                req = queue.popleft()
-                r.active += 1
-                g.waiting -= 1
-                prompt += req.prompt
-                admitted.append(req)
+                while queue and r.active < r.cap:
+                    req = queue.popleft()
+                    r.active += 1
+                    g.waiting -= 1
+                    prompt += req.prompt
+                    admitted.append(req)
+                if r.by_batch and r.by_batch[r.active] != r.current:
+                    g.regamma.add(rid)
         if not admitted:
             return
         # A prefill step of the new prompts runs before the next decode step (no chunking).
@@ -527,9 +566,6 @@ class Simulator:
         return [g for g in self.gpus if g.node in ok_nodes and len(g.replicas) < cap]
 
 
-_BUSY = attrgetter("busy")
-
-
 def _arrival_times(rng: np.random.Generator, a: Arrival, start: float, end: float) -> list[float]:
     """Arrival instants in [start, end): exponential gaps at the (for bursts, time-varying) rate.
 
@@ -538,29 +574,42 @@ def _arrival_times(rng: np.random.Generator, a: Arrival, start: float, end: floa
     drawn next from the same stream depend on it."""
     saved = rng.bit_generator.state
     block = int(a.rate_per_s * max(end - start, 0.0) * 1.1) + 64
-    gaps: list[float] = []
     used = 0
-    times: list[float] = []
-    clock = start
-    rate = a.rate_per_s
-    cycle = a.on_s + a.off_s
-    # Same mean rate for bursts: factor× during a burst, the rest of the cycle at what remains.
-    high = min(a.burst_factor * rate, rate * cycle / a.on_s)
-    low = max(rate * cycle - high * a.on_s, 0.0) / a.off_s
-    bursty = a.kind == "bursty"
-    while True:
-        if bursty:
+    if a.kind == "poisson":  # a constant rate: the running sum, vectorised (cumsum adds in order)
+        parts, clock = [], start
+        while True:
+            clocks = np.cumsum(
+                np.concatenate(([clock], rng.standard_exponential(block) * (1.0 / a.rate_per_s)))
+            )
+            cut = int(np.searchsorted(clocks[1:], end))  # the first draw to reach `end`
+            if cut < block:
+                parts.append(clocks[1 : cut + 1])
+                used += cut + 1
+                break
+            parts.append(clocks[1:])
+            used += block
+            clock = float(clocks[-1])
+        times: list[float] = np.concatenate(parts).tolist()
+    else:
+        gaps: list[float] = []
+        times = []
+        clock = start
+        cycle = a.on_s + a.off_s
+        # Same mean rate for bursts: factor× during a burst, the rest of the cycle at what remains.
+        high = min(a.burst_factor * a.rate_per_s, a.rate_per_s * cycle / a.on_s)
+        low = max(a.rate_per_s * cycle - high * a.on_s, 0.0) / a.off_s
+        while True:
             rate = high if (clock % cycle) < a.on_s else low
             if rate <= 0:
                 clock = (clock // cycle + 1) * cycle
                 continue
-        if used == len(gaps):
-            gaps.extend(rng.standard_exponential(block).tolist())
-        clock += (1.0 / rate) * gaps[used]  # what rng.exponential(1 / rate) returns for this draw
-        used += 1
-        if clock >= end:
-            break
-        times.append(clock)
+            if used == len(gaps):
+                gaps.extend(rng.standard_exponential(block).tolist())
+            clock += (1.0 / rate) * gaps[used]  # what rng.exponential(1 / rate) returns for this draw
+            used += 1
+            if clock >= end:
+                break
+            times.append(clock)
     rng.bit_generator.state = saved
     rng.standard_exponential(used)
     return times

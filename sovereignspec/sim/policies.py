@@ -46,8 +46,8 @@ VLLM_TABLE = ((1, 4, 5), (5, 16, 3), (17, 64, 1), (65, 10**9, 0))
 class SimPolicy:
     name = "never"
     dynamic = False  # re-decides γ as batches change (else γ stays as placed)
-    # γ of a replica depends only on that replica and its own batch size: the engine then asks
-    # `gamma` for the replicas whose batch changed instead of `gammas` for the whole GPU.
+    # γ of a replica depends only on that replica and its own batch size: the engine then reads
+    # it from a table of `gamma_at` for every batch size instead of asking `gammas` on each change.
     own_batch_only = False
 
     def __init__(self) -> None:
@@ -79,9 +79,10 @@ class SimPolicy:
         return out
 
     def gammas(self, sim: Simulator, g: Gpu) -> dict[int, int]:
-        return {rid: self.gamma(sim, g, sim.replicas[rid]) for rid in g.replicas}
+        return {rid: self.gamma_at(sim, g, sim.replicas[rid], sim.replicas[rid].active) for rid in g.replicas}
 
-    def gamma(self, sim: Simulator, g: Gpu, r: Replica) -> int:
+    def gamma_at(self, sim: Simulator, g: Gpu, r: Replica, batch: int) -> int:
+        """γ for replica `r` running `batch` sequences (policies with `own_batch_only`)."""
         return r.gamma
 
 
@@ -104,9 +105,9 @@ class VllmTable(SimPolicy):
     dynamic = True
     own_batch_only = True
 
-    def gamma(self, sim: Simulator, g: Gpu, r: Replica) -> int:
+    def gamma_at(self, sim: Simulator, g: Gpu, r: Replica, batch: int) -> int:
         has = sim.scenario.tenants[r.tenant].drafter
-        return next(k for lo, hi, k in VLLM_TABLE if lo <= max(r.active, 1) <= hi) if has else 0
+        return next(k for lo, hi, k in VLLM_TABLE if lo <= max(batch, 1) <= hi) if has else 0
 
 
 class TrtThreshold(SimPolicy):
@@ -175,7 +176,6 @@ class SovereignSpec(SimPolicy):
     def __init__(self) -> None:
         super().__init__()
         self._tables: dict[tuple[str, int], list[list[int]]] = {}
-        self._by_batch: dict[tuple[int, int], int] = {}
 
     def _alpha(self, sim: Simulator, tenant: int) -> float:
         t = sim.scenario.tenants[tenant]
@@ -285,15 +285,10 @@ class SovereignSpec(SimPolicy):
             )
         return self._tables[key]
 
-    def gamma(self, sim: Simulator, g: Gpu, r: Replica) -> int:
-        key = (r.id, r.active)
-        gamma = self._by_batch.get(key)
-        if gamma is None:
-            table = self._table(sim, g, r)
-            batch = max(r.active, 1)
-            from_table = next((k for lo, hi, k in table if batch <= hi), table[-1][2])
-            gamma = self._by_batch[key] = min(r.gamma, from_table)
-        return gamma
+    def gamma_at(self, sim: Simulator, g: Gpu, r: Replica, batch: int) -> int:
+        table = self._table(sim, g, r)
+        batch = max(batch, 1)
+        return min(r.gamma, next((k for lo, hi, k in table if batch <= hi), table[-1][2]))
 
 
 class SovereignSpecNoExternality(SovereignSpec):
