@@ -96,6 +96,7 @@ class Gpu:
     replicas: list[int] = field(default_factory=list)
     seqs: dict[int, Seq] = field(default_factory=dict)  # by request id
     finishing: list[tuple[int, int, int]] = field(default_factory=list)  # heap of (step, request, version)
+    superseded: int = 0  # entries in `finishing` left behind by a γ change
     steps: int = 0  # decode steps run so far
     t0: float = 0.0  # start of the next step
     step: float = 0.0
@@ -322,11 +323,13 @@ class Simulator:
                     while finishing and finishing[0][0] <= target:
                         at, rid, version = heapq.heappop(finishing)
                         seq = seqs.get(rid)
-                        if seq is not None and seq.version == version:  # else superseded by a γ change
+                        if seq is not None and seq.version == version:
                             self._finish(g, seq, g.t0 + (at - g.steps) * step)
+                        else:  # superseded by a γ change
+                            g.superseded -= 1
                 g.steps = target
                 g.t0 += k * step
-        g.t0 = max(g.t0, t)
+        g.t0 = t if t > g.t0 else g.t0  # max(), without the call: this runs a few million times
         if g.waiting:
             self._admit(g)
         policy = self.policy
@@ -343,7 +346,9 @@ class Simulator:
         req = s.req
         req.t_finish = when
         if s.draws is not None:
-            self._account(s, s.steps_total)
+            req.drafts += s.steps_total
+            req.first_accepted += int(np.count_nonzero(s.draws[: s.steps_total] > 1))
+            req.speculated = True
         del g.seqs[req.id]
         g.n_tokens -= s.gamma + 1
         left = g.running[req.replica] - 1
@@ -393,10 +398,20 @@ class Simulator:
         c = g.coeffs
         ctx = prompt / len(admitted)
         g.t0 += max(c.memory(len(admitted), ctx), prompt * c.spt(ctx)) + c.fixed
+        running, seqs, finishing, steps = g.running, g.seqs, g.finishing, g.steps
         for req in admitted:
             req.t_first = g.t0
             g.ctx_sum += req.prompt + req.output / 2
-            self._start(g, self._sample(req, replicas[req.replica].current, 0))
+            seq = self._sample(req, replicas[req.replica].current, 0)
+            # _start, for a sequence that is new on this GPU
+            n = running.get(req.replica, 0)
+            running[req.replica] = n + 1
+            if not n:
+                g.drafting = None
+            seq.start = steps
+            seqs[req.id] = seq
+            g.n_tokens += seq.gamma + 1
+            heapq.heappush(finishing, (steps + seq.steps_total, req.id, 0))
 
     def _start(self, g: Gpu, seq: Seq) -> None:
         rid = seq.req.id
@@ -404,6 +419,7 @@ class Simulator:
         if old is not None:
             g.n_tokens -= old.gamma + 1
             seq.version = old.version + 1
+            g.superseded += 1
         else:
             running = g.running.get(seq.req.replica, 0)
             g.running[seq.req.replica] = running + 1
@@ -426,11 +442,13 @@ class Simulator:
         # number of trials truncated at γ + 1.
         draws = _truncated_geometric(rng, a, gamma, size)
         cum = draws.cumsum()
-        while cum[-1] < remaining:  # rare: the first draws fell short
+        steps = int(cum.searchsorted(remaining))  # the step that completes the request, from 0
+        while steps == len(cum):  # rare: the first draws fell short
             more = _truncated_geometric(rng, a, gamma, size)
             draws = np.concatenate((draws, more))
             cum = np.concatenate((cum, cum[-1] + more.cumsum()))
-        return Seq(req, gamma, draws, cum, base, int(cum.searchsorted(remaining)) + 1)
+            steps = int(cum.searchsorted(remaining))
+        return Seq(req, gamma, draws, cum, base, steps + 1)
 
     def _regamma(self, g: Gpu, wanted: dict[int, int]) -> None:
         changed = set()
@@ -451,8 +469,12 @@ class Simulator:
     def _schedule(self, g: Gpu) -> None:
         g.version += 1
         finishing, seqs = g.finishing, g.seqs
-        while finishing and ((seq := seqs.get(finishing[0][1])) is None or seq.version != finishing[0][2]):
-            heapq.heappop(finishing)
+        if g.superseded:  # drop superseded entries from the top, so it names the next finish
+            while finishing and (
+                (seq := seqs.get(finishing[0][1])) is None or seq.version != finishing[0][2]
+            ):
+                heapq.heappop(finishing)
+                g.superseded -= 1
         if not seqs:
             g.step = 0.0
             return
@@ -463,15 +485,18 @@ class Simulator:
         spt = (c.wf + c.af * ctx) / c.p
         mem = (c.w + s * ctx * c.kv) / c.b + c.fixed
         n = g.n_tokens
-        step = max(mem, n * spt + c.fixed)
+        busy = n * spt + c.fixed
+        step = busy if busy > mem else mem
         drafting = g.drafting
         if drafting is None:
             drafting = g.drafting = self._drafting(g, None)
         if drafting:
-            step += drafting * max(mem, s * spt + c.fixed)
+            plain = s * spt + c.fixed
+            step += drafting * (plain if plain > mem else mem)
         g.step = step
         idle, peak = g.watts
-        g.power = idle + (peak - idle) * min(1.0, n * spt / step)
+        util = n * spt / step
+        g.power = idle + (peak - idle) * (util if util < 1.0 else 1.0)
         self._seq += 1
         heapq.heappush(
             self.events, (g.t0 + (finishing[0][0] - g.steps) * step, self._seq, GPU_EVENT, g.id, g.version)
