@@ -127,6 +127,7 @@ class Simulator:
         self.profiles = profiles
         self.policy = policy
         self.check = check  # verify sovereignty after every event (tests)
+        self._gammas_on_every_change = policy.dynamic and not policy.own_batch_only
         self.model = profiles.models[models.pop()]
         self.gpus: list[Gpu] = []
         for group in scenario.cluster:
@@ -149,6 +150,7 @@ class Simulator:
         # (and stale ones, skipped when they surface): its top is the least busy replica, ties to
         # the first placed, without scanning them all on every arrival.
         self._routes: dict[int, list[tuple[int, int]]] = {}
+        self._route_limit: dict[int, int] = {}
         self.requests: list[Request] = []
         self.unplaced: dict[int, str] = {}  # tenant -> why its replicas could not be placed
         self.events: list[tuple[float, int, int, int, int]] = []
@@ -291,6 +293,7 @@ class Simulator:
             r.slot = len(same)
             same.append(r)
             heapq.heappush(self._routes.setdefault(tenant, []), (r.busy, r.slot))
+            self._route_limit[tenant] = 4 * len(same) + 64
             g = self.gpus[gpu_id]
             g.replicas.append(r.id)
             if self.policy.dynamic and self.policy.own_batch_only:
@@ -332,14 +335,12 @@ class Simulator:
         g.t0 = t if t > g.t0 else g.t0  # max(), without the call: this runs a few million times
         if g.waiting:
             self._admit(g)
-        policy = self.policy
-        if policy.dynamic:
-            if not policy.own_batch_only:
-                self._regamma(g, policy.gammas(self, g))
-            elif g.regamma:  # flagged where batches changed: read the replicas' tables
-                replicas = self.replicas
-                self._regamma(g, {rid: replicas[rid].by_batch[replicas[rid].active] for rid in g.regamma})
-                g.regamma.clear()
+        if g.regamma:  # flagged where batches changed (own_batch_only policies): read the tables
+            replicas = self.replicas
+            self._regamma(g, {rid: replicas[rid].by_batch[replicas[rid].active] for rid in g.regamma})
+            g.regamma.clear()
+        elif self._gammas_on_every_change:
+            self._regamma(g, self.policy.gammas(self, g))
         self._schedule(g)
 
     def _finish(self, g: Gpu, s: Seq, when: float) -> None:
@@ -362,7 +363,7 @@ class Simulator:
         replica.busy -= 1
         route = self._routes[replica.tenant]
         heapq.heappush(route, (replica.busy, replica.slot))
-        if len(route) > 4 * len(self.by_tenant[replica.tenant]) + 64:  # shed the stale entries
+        if len(route) > self._route_limit[replica.tenant]:  # shed the stale entries
             route[:] = [(r.busy, r.slot) for r in self.by_tenant[replica.tenant]]
             heapq.heapify(route)
         g.ctx_sum -= req.prompt + req.output / 2
@@ -396,8 +397,11 @@ class Simulator:
             return
         # A prefill step of the new prompts runs before the next decode step (no chunking).
         c = g.coeffs
-        ctx = prompt / len(admitted)
-        g.t0 += max(c.memory(len(admitted), ctx), prompt * c.spt(ctx)) + c.fixed
+        n_new = len(admitted)
+        ctx = prompt / n_new
+        mem = (c.w + n_new * ctx * c.kv) / c.b  # c.memory and c.spt, inlined
+        compute = prompt * ((c.wf + c.af * ctx) / c.p)
+        g.t0 += (compute if compute > mem else mem) + c.fixed
         running, seqs, finishing, steps = g.running, g.seqs, g.finishing, g.steps
         for req in admitted:
             req.t_first = g.t0
