@@ -145,12 +145,7 @@ class Simulator:
                     g.watts = (spec.idle_watts, spec.max_watts)
                     self.gpus.append(g)
         self.replicas: list[Replica] = []
-        self.by_tenant: dict[int, list[Replica]] = {}
-        # Per tenant, a heap of (busy, slot) with an entry for every replica's current `busy`
-        # (and stale ones, skipped when they surface): its top is the least busy replica, ties to
-        # the first placed, without scanning them all on every arrival.
-        self._routes: dict[int, list[tuple[int, int]]] = {}
-        self._route_limit: dict[int, int] = {}
+        self.routers: dict[int, LeastBusy] = {}  # per tenant: where its arrivals go
         self.requests: list[Request] = []
         self.unplaced: dict[int, str] = {}  # tenant -> why its replicas could not be placed
         self.events: list[tuple[float, int, int, int, int]] = []
@@ -176,7 +171,7 @@ class Simulator:
         """Every tenant's arrivals, lengths and per-request acceptance, from the scenario seed."""
         for ti, t in enumerate(self.scenario.tenants):
             rng = np.random.default_rng([self.scenario.seed, ti])
-            times = _arrival_times(rng, t.arrival, t.start_s, self.scenario.duration_s)
+            times = arrival_times(rng, t.arrival, t.start_s, self.scenario.duration_s)
             n = len(times)
             prompts = _lengths(rng, t.prompt_tokens.mean, t.prompt_tokens.sd, n).tolist()
             outputs = np.maximum(_lengths(rng, t.output_tokens.mean, t.output_tokens.sd, n), 2).tolist()
@@ -218,8 +213,7 @@ class Simulator:
     def _loop(self) -> None:
         period = self.scenario.telemetry.period_s
         # The hot loop: names bound locally, an arrival's routing written out in place.
-        arrivals, events, gpus, by_tenant = self._arrivals, self.events, self.gpus, self.by_tenant
-        routes, replace = self._routes, heapq.heapreplace
+        arrivals, events, gpus, routers = self._arrivals, self.events, self.gpus, self.routers
         settle, check, pop = self._settle, self.check, heapq.heappop
         nxt, total, processed = 0, len(arrivals), 0
         next_arrival = arrivals[0].arrival if total else math.inf
@@ -236,18 +230,10 @@ class Simulator:
                 next_arrival = arrivals[nxt].arrival if nxt < total else math.inf
                 self.now = t = req.arrival
                 processed += 1
-                candidates = by_tenant.get(req.tenant)
-                if candidates:  # else never placed: the request is not served (counted by metrics)
-                    route = routes[req.tenant]
-                    while True:  # the least busy replica; ties to the first placed
-                        busy, slot = route[0]
-                        replica = candidates[slot]
-                        if replica.busy == busy:
-                            break
-                        pop(route)
-                    replace(route, (busy + 1, slot))
+                router = routers.get(req.tenant)
+                if router:  # else never placed: the request is not served (counted by metrics)
+                    replica = router.take()
                     req.replica = replica.id
-                    replica.busy += 1
                     replica.queue.append(req)
                     g = gpus[replica.gpu]
                     g.waiting += 1
@@ -289,11 +275,7 @@ class Simulator:
             r.cap = t_spec.max_num_seqs
             r.predicted_tpot_s = predicted
             self.replicas.append(r)
-            same = self.by_tenant.setdefault(tenant, [])
-            r.slot = len(same)
-            same.append(r)
-            heapq.heappush(self._routes.setdefault(tenant, []), (r.busy, r.slot))
-            self._route_limit[tenant] = 4 * len(same) + 64
+            self.routers.setdefault(tenant, LeastBusy()).add(r)
             g = self.gpus[gpu_id]
             g.replicas.append(r.id)
             if self.policy.dynamic and self.policy.own_batch_only:
@@ -360,12 +342,7 @@ class Simulator:
         replica.active -= 1
         if replica.by_batch and replica.by_batch[replica.active] != replica.current:
             g.regamma.add(req.replica)
-        replica.busy -= 1
-        route = self._routes[replica.tenant]
-        heapq.heappush(route, (replica.busy, replica.slot))
-        if len(route) > self._route_limit[replica.tenant]:  # shed the stale entries
-            route[:] = [(r.busy, r.slot) for r in self.by_tenant[replica.tenant]]
-            heapq.heapify(route)
+        self.routers[replica.tenant].release(replica)
         g.ctx_sum -= req.prompt + req.output / 2
         if req.drafts:
             # What vLLM's per-position counters give: the first drafted token's acceptance is α.
@@ -595,7 +572,52 @@ class Simulator:
         return [g for g in self.gpus if g.node in ok_nodes and len(g.replicas) < cap]
 
 
-def _arrival_times(rng: np.random.Generator, a: Arrival, start: float, end: float) -> list[float]:
+class LeastBusy:
+    """A tenant's replicas, by how busy they are (running + queued): the least busy one, ties to
+    the first placed, without scanning them all on every arrival.
+
+    A heap of (busy, slot) holds an entry for each replica's current `busy`, and stale entries from
+    earlier values, which are dropped when they surface (and all at once when they pile up)."""
+
+    __slots__ = ("heap", "limit", "replicas")
+
+    def __init__(self) -> None:
+        self.replicas: list[Replica] = []
+        self.heap: list[tuple[int, int]] = []
+        self.limit = 64
+
+    def __bool__(self) -> bool:
+        return bool(self.replicas)
+
+    def add(self, r: Replica) -> None:
+        r.slot = len(self.replicas)
+        self.replicas.append(r)
+        heapq.heappush(self.heap, (r.busy, r.slot))
+        self.limit = 4 * len(self.replicas) + 64
+
+    def take(self) -> Replica:
+        """The least busy replica, now one request busier."""
+        heap, replicas = self.heap, self.replicas
+        while True:
+            busy, slot = heap[0]
+            r = replicas[slot]
+            if r.busy == busy:
+                break
+            heapq.heappop(heap)
+        r.busy = busy + 1
+        heapq.heapreplace(heap, (busy + 1, slot))
+        return r
+
+    def release(self, r: Replica) -> None:
+        """`r` finished a request."""
+        r.busy -= 1
+        heapq.heappush(self.heap, (r.busy, r.slot))
+        if len(self.heap) > self.limit:
+            self.heap = [(x.busy, x.slot) for x in self.replicas]
+            heapq.heapify(self.heap)
+
+
+def arrival_times(rng: np.random.Generator, a: Arrival, start: float, end: float) -> list[float]:
     """Arrival instants in [start, end): exponential gaps at the (for bursts, time-varying) rate.
 
     The gaps are drawn in blocks, then the stream is left exactly where drawing one gap per step

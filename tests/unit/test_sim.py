@@ -6,15 +6,18 @@ from __future__ import annotations
 import json
 from functools import cache
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sovereignspec.errors import ConfigError
 from sovereignspec.profiles import load_profiles
 from sovereignspec.sim import policies, report
-from sovereignspec.sim.engine import Replica, Simulator
+from sovereignspec.sim.engine import LeastBusy, Replica, Simulator, arrival_times
 from sovereignspec.sim.metrics import RunResult
 from sovereignspec.sim.run import run_all, run_policy
-from sovereignspec.sim.scenario import SHIPPED, Scenario, load
+from sovereignspec.sim.scenario import SHIPPED, Arrival, Scenario, load
 
 SCENARIOS = ("idle", "mixed", "saturated", "sovereign-split", "heterogeneous")
 BASELINES = ("never", "always-2", "always-4", "vllm-table", "smartspec", "trt-threshold")
@@ -177,3 +180,54 @@ def test_a_scenario_repeating_a_tenant_name_is_refused_with_the_name() -> None:
     data["tenants"].append({**data["tenants"][0]})
     with pytest.raises(ValueError, match="repeated: chat"):
         Scenario.model_validate(data)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 12), st.lists(st.tuples(st.booleans(), st.integers(0, 11)), max_size=400))
+def test_routing_picks_the_least_busy_replica_ties_to_the_first_placed(replicas: int, ops: list) -> None:
+    router = LeastBusy()
+    placed = [Replica(i, 0, 0, 0, 0, 0.0, 0.0) for i in range(replicas)]
+    for r in placed:
+        router.add(r)
+    for arrive, which in ops:
+        if arrive:
+            expected = min(placed, key=lambda r: r.busy)  # min() keeps the first of equals
+            assert router.take() is expected
+        elif placed[which % replicas].busy:
+            router.release(placed[which % replicas])
+    assert len(router.heap) <= router.limit
+
+
+def _one_gap_at_a_time(rng: np.random.Generator, a: Arrival, start: float, end: float) -> list[float]:
+    """The plain loop the block-drawn arrivals must reproduce, draw for draw."""
+    times, clock = [], start
+    while True:
+        rate = a.rate_per_s
+        if a.kind == "bursty":
+            cycle = a.on_s + a.off_s
+            high = min(a.burst_factor * rate, rate * cycle / a.on_s)
+            low = max(rate * cycle - high * a.on_s, 0.0) / a.off_s
+            rate = high if (clock % cycle) < a.on_s else low
+            if rate <= 0:
+                clock = (clock // cycle + 1) * cycle
+                continue
+        clock += rng.exponential(1.0 / rate)
+        if clock >= end:
+            return times
+        times.append(clock)
+
+
+@pytest.mark.parametrize(
+    "arrival",
+    [
+        Arrival(kind="poisson", rate_per_s=40),
+        Arrival(kind="poisson", rate_per_s=0.01),  # fewer arrivals than one block expects
+        Arrival(kind="bursty", rate_per_s=4, burst_factor=3, on_s=20, off_s=40),
+        Arrival(kind="bursty", rate_per_s=2, burst_factor=10, on_s=5, off_s=10),  # silent between bursts
+    ],
+)
+def test_arrivals_drawn_in_blocks_equal_drawing_one_gap_at_a_time(arrival: Arrival) -> None:
+    fast, slow = np.random.default_rng(7), np.random.default_rng(7)
+    assert arrival_times(fast, arrival, 3.0, 900.0) == _one_gap_at_a_time(slow, arrival, 3.0, 900.0)
+    # ... and leave the stream where it was left, so the lengths drawn next are the same too.
+    assert fast.random(4).tolist() == slow.random(4).tolist()
