@@ -212,7 +212,7 @@ class Simulator:
 
     def _loop(self) -> None:
         period = self.scenario.telemetry.period_s
-        # The hot loop: names bound locally, an arrival's routing written out in place.
+        # The hot loop: names bound locally, an arrival handled in place.
         arrivals, events, gpus, routers = self._arrivals, self.events, self.gpus, self.routers
         settle, check, pop = self._settle, self.check, heapq.heappop
         nxt, total, processed = 0, len(arrivals), 0
