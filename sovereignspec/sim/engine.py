@@ -20,6 +20,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 from itertools import repeat
+from operator import attrgetter
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -188,7 +189,7 @@ class Simulator:
         # Arrivals are known up front: kept in time order beside the heap rather than in it, so
         # the heap holds only the few live GPU, placement and sampling events. Ties: by request id
         # (a stable sort of requests in id order).
-        order = np.argsort(np.array([r.arrival for r in self.requests]), kind="stable")
+        order = np.argsort(np.fromiter(map(attrgetter("arrival"), self.requests), np.float64), kind="stable")
         self._arrivals = [self.requests[i] for i in order.tolist()]
 
     # -- the loop ----------------------------------------------------------------------------

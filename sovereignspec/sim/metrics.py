@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -80,18 +81,23 @@ class Outcomes:
 def outcomes(sim: Simulator) -> Outcomes:
     reqs = sim.requests
     n = len(reqs)
-    tenant = np.fromiter((r.tenant for r in reqs), np.int64, n)
-    output = np.fromiter((r.output for r in reqs), np.int64, n)
-    arrival = np.fromiter((r.arrival for r in reqs), np.float64, n)
-    first = np.fromiter((r.t_first for r in reqs), np.float64, n)
-    finish = np.fromiter((r.t_finish for r in reqs), np.float64, n)
+
+    def column(name: str, dtype: type) -> np.ndarray:
+        return np.fromiter(map(attrgetter(name), reqs), dtype, n)
+
+    tenant, output = column("tenant", np.int64), column("output", np.int64)
+    arrival, first, finish = (
+        column("arrival", np.float64),
+        column("t_first", np.float64),
+        column("t_finish", np.float64),
+    )
     done = ~np.isnan(finish)
     tpot_ms = (finish - first) / (output - 1) * 1e3
     ttft_ms = (first - arrival) * 1e3
     tpot_slo = np.array([t.tpot_slo_ms for t in sim.scenario.tenants], np.float64)
     ttft_slo = np.array([t.ttft_slo_ms for t in sim.scenario.tenants], np.float64)
     violated = ~done | (tpot_ms > tpot_slo[tenant]) | (ttft_ms > ttft_slo[tenant])
-    speculated = np.fromiter((r.speculated for r in reqs), np.bool_, n)
+    speculated = column("speculated", np.bool_)
     return Outcomes(tenant, output, finish, done, tpot_ms, ttft_ms, violated, speculated)
 
 
