@@ -423,12 +423,12 @@ class Simulator:
         # Tokens per step = 1 + drafts accepted before the first rejection, capped at γ: a geometric
         # number of trials truncated at γ + 1.
         draws = _truncated_geometric(rng, a, gamma, size)
-        cum = draws.cumsum()
+        cum = _running_sum(draws)
         steps = int(cum.searchsorted(remaining))  # the step that completes the request, from 0
         while steps == len(cum):  # rare: the first draws fell short
             more = _truncated_geometric(rng, a, gamma, size)
             draws = np.concatenate((draws, more))
-            cum = np.concatenate((cum, cum[-1] + more.cumsum()))
+            cum = np.concatenate((cum, cum[-1] + _running_sum(more)))
             steps = int(cum.searchsorted(remaining))
         return Seq(req, gamma, draws, cum, base, steps + 1)
 
@@ -673,6 +673,9 @@ def arrival_times(rng: np.random.Generator, a: Arrival, start: float, end: float
     rng.bit_generator.state = saved
     rng.standard_exponential(used)
     return times
+
+
+_running_sum = np.add.accumulate  # = ndarray.cumsum, without its wrapper's cost (a call per request)
 
 
 def _truncated_geometric(rng: np.random.Generator, a: float, gamma: int, size: int) -> np.ndarray:
