@@ -32,13 +32,90 @@ port_in_use() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
 pid_of() { cat "$STATE_DIR/pids/$1.pid" 2>/dev/null || true; }
 
-# True if the recorded PID is alive and still runs the binary we started (PIDs get reused).
+# A process's start time (field 22 of /proc/PID/stat); empty for a zombie or a process that is gone.
+# With the PID it names one process for good: a PID alone gets reused, and /proc/PID/exe is not the
+# binary yet while the child is still bash or setsid, nor once the binary file has been replaced.
+started_at() { # PID
+  local stat fields
+  stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 0
+  read -ra fields <<<"${stat##*) }" # fields from the state on (field 3): comm may hold spaces
+  [[ ${fields[0]} != Z ]] && echo "${fields[19]}"
+  return 0
+}
+
+# True if the recorded process is still running (checked by PID and start time, as PIDs get reused).
 alive() {
-  local pid exe
+  local pid want
   pid=$(pid_of "$1")
-  [[ -n $pid ]] || return 1
-  exe=$(readlink "/proc/$pid/exe" 2>/dev/null) || return 1
-  [[ $exe == "$(cat "$STATE_DIR/pids/$1.exe" 2>/dev/null)" ]]
+  want=$(cat "$STATE_DIR/pids/$1.start" 2>/dev/null) || return 1
+  [[ -n $pid && -n $want && $(started_at "$pid") == "$want" ]]
 }
 
 kctl() { "$KUBECTL_BIN" --kubeconfig "$KUBECONFIG_PATH" "$@"; }
+
+# --- starting processes (cluster-up.sh; tests/unit/test_cluster_scripts.py) ----------------------
+die_with_log() {
+  local component=$1 why=$2
+  log "$component: $why"
+  if [[ -f $STATE_DIR/logs/$component.log ]]; then
+    log "last lines of $STATE_DIR/logs/$component.log:"
+    tail -n 30 "$STATE_DIR/logs/$component.log" >&2
+  fi
+  exit 1
+}
+
+start() { # NAME BINARY ARGS...
+  local name=$1 binary=$2 pid
+  shift 2
+  setsid "$binary" "$@" >"$STATE_DIR/logs/$name.log" 2>&1 </dev/null &
+  pid=$!
+  echo "$pid" >"$STATE_DIR/pids/$name.pid"
+  started_at "$pid" >"$STATE_DIR/pids/$name.start" # empty if it has already exited: never alive
+}
+
+# How a process this script started and that is no longer alive ended: its exit status or the
+# signal that killed it, in ENDED. Not in a $(...): a subshell cannot wait for this shell's children.
+ENDED=""
+how_it_ended() { # NAME
+  local rc
+  wait "$(pid_of "$1")" 2>/dev/null && rc=0 || rc=$?
+  if ((rc > 128)); then ENDED="killed by signal $((rc - 128)), SIG$(kill -l $((rc - 128)))"; else ENDED="exit status $rc"; fi
+}
+
+WHY=""
+wait_ready() { # NAME SECONDS COMMAND... ; returns 1 with WHY set if it exits or times out first
+  local name=$1 limit=$2 deadline=$((SECONDS + $2))
+  shift 2
+  until "$@" >/dev/null 2>&1; do
+    if ! alive "$name"; then
+      how_it_ended "$name"
+      WHY="exited before becoming ready ($ENDED)"
+      return 1
+    fi
+    if ((SECONDS >= deadline)); then
+      WHY="not ready after ${limit}s"
+      return 1
+    fi
+    sleep 0.2
+  done
+}
+
+wait_for() { # NAME SECONDS COMMAND...
+  wait_ready "$@" || die_with_log "$1" "$WHY"
+}
+
+# Start a component and wait until it is ready. One that exits during start-up is started once
+# more (its first log is kept beside the new one and its end reported); one that is merely slow is not.
+bring_up() { # NAME LAUNCHER SECONDS READY-COMMAND...
+  local name=$1 launcher=$2 limit=$3
+  shift 3
+  "$launcher"
+  wait_ready "$name" "$limit" "$@" && return 0
+  [[ $WHY == exited* ]] || die_with_log "$name" "$WHY"
+  log "$name $WHY; last lines of its log:"
+  tail -n 30 "$STATE_DIR/logs/$name.log" >&2
+  mv "$STATE_DIR/logs/$name.log" "$STATE_DIR/logs/$name.first-attempt.log"
+  log "starting $name once more"
+  "$launcher"
+  wait_for "$name" "$limit" "$@"
+}

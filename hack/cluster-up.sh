@@ -21,16 +21,6 @@ on_exit() {
 }
 trap on_exit EXIT
 
-die_with_log() {
-  local component=$1 why=$2
-  log "$component: $why"
-  if [[ -f $STATE_DIR/logs/$component.log ]]; then
-    log "last lines of $STATE_DIR/logs/$component.log:"
-    tail -n 30 "$STATE_DIR/logs/$component.log" >&2
-  fi
-  exit 1
-}
-
 print_summary() {
   cat <<TXT
 SovereignSpec local control plane is up (state: $STATE_DIR)
@@ -144,46 +134,32 @@ fi
 cp "$pki/webhook.crt" "$KUEUE_METRICS_CERT_DIR/tls.crt"
 cp "$pki/webhook.key" "$KUEUE_METRICS_CERT_DIR/tls.key"
 
-# --- processes ----------------------------------------------------------------------------------
-start() { # NAME BINARY ARGS...
-  local name=$1 binary=$2
-  shift 2
-  setsid "$binary" "$@" >"$STATE_DIR/logs/$name.log" 2>&1 </dev/null &
-  echo $! >"$STATE_DIR/pids/$name.pid"
-  readlink -f "$binary" >"$STATE_DIR/pids/$name.exe"
+# --- processes (start, bring_up: hack/cluster-lib.sh) ------------------------------------------
+launch_etcd() {
+  log "starting etcd $ETCD_VERSION"
+  start etcd "$ETCD_BIN" --name local --data-dir "$STATE_DIR/etcd" \
+    --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
+    --listen-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \
+    --initial-cluster "local=http://127.0.0.1:$ETCD_PEER_PORT" --unsafe-no-fsync --listen-metrics-urls "" \
+    --log-level warn
 }
+bring_up etcd launch_etcd 60 curl -sf "http://127.0.0.1:$ETCD_PORT/health"
 
-wait_for() { # NAME SECONDS COMMAND...
-  local name=$1 limit=$2 deadline=$((SECONDS + $2))
-  shift 2
-  until "$@" >/dev/null 2>&1; do
-    alive "$name" || die_with_log "$name" "exited before becoming ready"
-    ((SECONDS < deadline)) || die_with_log "$name" "not ready after ${limit}s"
-    sleep 0.2
-  done
+launch_apiserver() {
+  log "starting kube-apiserver $KUBERNETES_VERSION"
+  start kube-apiserver "$APISERVER_BIN" \
+    --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
+    --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$APISERVER_PORT" \
+    --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \
+    --client-ca-file "$pki/ca.crt" \
+    --service-account-key-file "$pki/sa.pub" --service-account-signing-key-file "$pki/sa.key" \
+    --service-account-issuer https://kubernetes.default.svc \
+    --service-cluster-ip-range 10.96.0.0/16 \
+    --authorization-mode Node,RBAC \
+    --disable-admission-plugins ServiceAccount \
+    --profiling=false --v 1
 }
-
-log "starting etcd $ETCD_VERSION"
-start etcd "$ETCD_BIN" --name local --data-dir "$STATE_DIR/etcd" \
-  --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
-  --listen-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \
-  --initial-cluster "local=http://127.0.0.1:$ETCD_PEER_PORT" --unsafe-no-fsync --listen-metrics-urls "" \
-  --log-level warn
-wait_for etcd 60 curl -sf "http://127.0.0.1:$ETCD_PORT/health"
-
-log "starting kube-apiserver $KUBERNETES_VERSION"
-start kube-apiserver "$APISERVER_BIN" \
-  --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
-  --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$APISERVER_PORT" \
-  --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \
-  --client-ca-file "$pki/ca.crt" \
-  --service-account-key-file "$pki/sa.pub" --service-account-signing-key-file "$pki/sa.key" \
-  --service-account-issuer https://kubernetes.default.svc \
-  --service-cluster-ip-range 10.96.0.0/16 \
-  --authorization-mode Node,RBAC \
-  --disable-admission-plugins ServiceAccount \
-  --profiling=false --v 1
-wait_for kube-apiserver 120 curl -sf --cacert "$pki/ca.crt" --cert "$pki/admin.crt" --key "$pki/admin.key" \
+bring_up kube-apiserver launch_apiserver 120 curl -sf --cacert "$pki/ca.crt" --cert "$pki/admin.crt" --key "$pki/admin.key" \
   "https://127.0.0.1:$APISERVER_PORT/readyz"
 
 log "installing Kueue's CRDs and RBAC from $KUEUE_DIR"
@@ -225,10 +201,12 @@ clientConnection:
   burst: 400
 YAML
 
-log "starting kueue manager $KUEUE_VERSION"
-start kueue "$KUEUE_BIN" --config "$STATE_DIR/kueue/config.yaml" --kubeconfig "$STATE_DIR/kueue.kubeconfig" \
-  --feature-gates VisibilityOnDemand=false --zap-log-level info
-wait_for kueue 120 curl -sf "http://127.0.0.1:$KUEUE_HEALTH_PORT/readyz"
+launch_kueue() {
+  log "starting kueue manager $KUEUE_VERSION"
+  start kueue "$KUEUE_BIN" --config "$STATE_DIR/kueue/config.yaml" --kubeconfig "$STATE_DIR/kueue.kubeconfig" \
+    --feature-gates VisibilityOnDemand=false --zap-log-level info
+}
+bring_up kueue launch_kueue 120 curl -sf "http://127.0.0.1:$KUEUE_HEALTH_PORT/readyz"
 wait_for kueue 60 port_in_use "$KUEUE_WEBHOOK_PORT"
 
 # The apiserver calls Kueue's webhooks from now on: Jobs with a queue name are suspended on

@@ -1,0 +1,115 @@
+"""The process helpers of hack/cluster-lib.sh, driven with small stand-in processes (no cluster).
+
+cluster-up.sh starts etcd, kube-apiserver and Kueue through `bring_up`; what it does when one of
+them dies during start-up decides whether the user (and CI) sees why.
+"""
+
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def drive(tmp_path: Path, body: str) -> subprocess.CompletedProcess[str]:
+    """Run BODY in bash with cluster-lib.sh sourced and a throwaway state directory."""
+    state = tmp_path / "state"
+    (state / "pids").mkdir(parents=True)
+    (state / "logs").mkdir()
+    script = f"""
+set -euo pipefail
+export SOVEREIGNSPEC_CLUSTER_DIR={state}
+source {REPO}/hack/cluster-lib.sh
+{body}
+"""
+    proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60, check=False)
+    # Whatever the script left running (the stand-in `sleep`) goes with the test.
+    for pid_file in (state / "pids").glob("*.pid"):
+        subprocess.run(["pkill", "-KILL", "-s", pid_file.read_text().strip()], check=False)
+    return proc
+
+
+def test_a_component_killed_during_start_up_is_started_once_more_and_its_end_reported(tmp_path):
+    proc = drive(
+        tmp_path,
+        """
+attempts=0
+launch() {
+  attempts=$((attempts + 1))
+  if ((attempts == 1)); then
+    start demo /bin/sh -c 'echo first attempt says boom; kill -KILL $$'
+  else
+    start demo /bin/sleep 30
+    touch "$STATE_DIR/ready"
+  fi
+}
+bring_up demo launch 20 test -e "$STATE_DIR/ready"
+alive demo && echo "up after $attempts attempts"
+""",
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "up after 2 attempts" in proc.stdout
+    assert "demo exited before becoming ready (killed by signal 9, SIGKILL)" in proc.stderr
+    assert "first attempt says boom" in proc.stderr
+    assert "starting demo once more" in proc.stderr
+    assert (tmp_path / "state/logs/demo.first-attempt.log").read_text().strip() == "first attempt says boom"
+
+
+def test_a_component_that_exits_twice_fails_with_its_exit_status_and_log(tmp_path):
+    proc = drive(
+        tmp_path,
+        """
+launch() { start demo /bin/sh -c 'echo "bad flag --frobnicate" >&2; exit 3'; }
+bring_up demo launch 20 false
+echo "not reached"
+""",
+    )
+    assert proc.returncode == 1
+    assert "not reached" not in proc.stdout
+    assert proc.stderr.count("exited before becoming ready (exit status 3)") == 2
+    assert proc.stderr.count("bad flag --frobnicate") == 2
+
+
+def test_a_slow_component_is_not_restarted_but_reported_not_ready(tmp_path):
+    proc = drive(
+        tmp_path,
+        """
+launch() { start demo /bin/sleep 30; }
+bring_up demo launch 1 false
+""",
+    )
+    assert proc.returncode == 1
+    assert "demo: not ready after 1s" in proc.stderr
+    assert "once more" not in proc.stderr
+
+
+def test_a_running_component_stays_alive_when_its_binary_file_is_replaced(tmp_path):
+    # Rebuilding the binary cache while a control plane runs turns /proc/PID/exe into "… (deleted)";
+    # the process is still ours, and cluster-down must still stop it.
+    proc = drive(
+        tmp_path,
+        f"""
+cp /bin/sleep {tmp_path}/sleep-copy
+start demo {tmp_path}/sleep-copy 30
+rm {tmp_path}/sleep-copy && cp /bin/sleep {tmp_path}/sleep-copy
+alive demo && echo "still alive"
+""",
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "still alive" in proc.stdout
+
+
+def test_a_recorded_pid_now_used_by_another_process_is_not_alive(tmp_path):
+    proc = drive(
+        tmp_path,
+        """
+start demo /bin/sleep 30
+ours=$(pid_of demo)
+alive demo || { echo "not alive right after start"; exit 1; }
+echo $$ >"$STATE_DIR/pids/demo.pid"   # the PID of a process we did not start (this shell)
+alive demo && { echo "a foreign process counted as ours"; exit 1; }
+echo "$ours" >"$STATE_DIR/pids/demo.pid"
+echo ok
+""",
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "ok" in proc.stdout
