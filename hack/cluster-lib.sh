@@ -24,8 +24,6 @@ KUEUE_BIN=$BIN_DIR/kueue-$KUEUE_VERSION
 # Kueue reads its metrics serving certificate from this hard-coded path when it manages no certs.
 KUEUE_METRICS_CERT_DIR=/etc/kueue/metrics/certs
 
-COMPONENTS=(etcd kube-apiserver kueue)
-
 log() { printf '[cluster] %s\n' "$*" >&2; }
 
 port_in_use() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
