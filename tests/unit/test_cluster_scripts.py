@@ -4,6 +4,7 @@ cluster-up.sh starts etcd, kube-apiserver and Kueue through `bring_up`; what it 
 them dies during start-up decides whether the user (and CI) sees why.
 """
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -99,15 +100,22 @@ alive demo && echo "still alive"
 
 
 def test_a_recorded_pid_now_used_by_another_process_is_not_alive(tmp_path):
+    # A reused PID belongs to a process that started after ours ended, so its start time differs.
+    # Stand in for it with this pytest process, which started long before `demo` (start times count
+    # clock ticks, 10 ms apart: a process started in the same tick would be indistinguishable, which
+    # is why the test shell's own PID cannot stand in).
     proc = drive(
         tmp_path,
-        """
+        f"""
 start demo /bin/sleep 30
 ours=$(pid_of demo)
-alive demo || { echo "not alive right after start"; exit 1; }
-echo $$ >"$STATE_DIR/pids/demo.pid"   # the PID of a process we did not start (this shell)
-alive demo && { echo "a foreign process counted as ours"; exit 1; }
-echo "$ours" >"$STATE_DIR/pids/demo.pid"
+alive demo || {{ echo "not alive right after start"; exit 1; }}
+[[ $(started_at {os.getpid()}) != $(cat "$STATE_DIR/pids/demo.start") ]] || {{ echo "same tick"; exit 1; }}
+echo {os.getpid()} >"$STATE_DIR/pids/demo.pid"
+alive demo && verdict="a foreign process counted as ours" || verdict=""
+echo "$ours" >"$STATE_DIR/pids/demo.pid"   # restored before any exit: cleanup kills what it names
+[[ -z $verdict ]] || {{ echo "$verdict"; exit 1; }}
+alive demo || {{ echo "ours no longer alive"; exit 1; }}
 echo ok
 """,
     )
