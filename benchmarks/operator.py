@@ -41,7 +41,6 @@ def pct(values: list[float], q: float) -> float:
 
 def job(name: str, namespace: str, queue: str, i: int) -> dict[str, Any]:
     notes = {
-        "sovereignspec.io/tenant": f"tenant-{i % 20}",
         "sovereignspec.io/model": "llama-3.1-8b",
         "sovereignspec.io/drafter": "eagle3" if i % 3 else "ngram",
         "sovereignspec.io/acceptance-rate": f"{0.5 + (i % 5) * 0.1:.1f}",

@@ -72,6 +72,10 @@ class Policy:
     headroom_uncertainty: float = 0.05
     externality: bool = True
     jurisdiction_label: str = DEFAULT_JURISDICTION_LABEL
+    # Room for exclusive tenants: shared work takes none of the last N empty nodes of its node pool,
+    # and, with `pack`, goes to a node that already runs work when that costs it nothing.
+    keep_whole_nodes_free: int = 0
+    pack: bool = False
 
 
 @dataclass(frozen=True)
@@ -91,10 +95,11 @@ class WorkloadRequest:
     force_plain: str | None = None  # why speculation is off for this workload (e.g. a bad annotation)
     node_pool: frozenset[str] | None = None  # nodes its flavor and nodeSelector allow (None: any)
     gpus: int | None = None  # GPUs it requests on one node (None: the model's tensor-parallel degree)
+    allowed_jurisdictions: frozenset[str] | None = None  # what its namespace allows (None: anywhere)
 
     @property
     def requirement(self) -> Requirement:
-        return Requirement(self.tenant, self.jurisdiction, self.exclusive)
+        return Requirement(self.tenant, self.jurisdiction, self.exclusive, self.allowed_jurisdictions)
 
 
 @dataclass(frozen=True)
@@ -116,6 +121,7 @@ class NodeState:
     free_gpus: int
     tenants: frozenset[str] = frozenset()
     exclusive_tenants: frozenset[str] = frozenset()
+    capacity: int | None = None  # GPUs the node has in all (None: unknown)
 
     @property
     def tenancy(self) -> NodeTenancy:
@@ -186,6 +192,14 @@ class Placer:
         self.slo_ratio = np.array([g.slo_ratio for g in gpus], dtype=np.float64)
         self.binding: list[str | None] = [g.binding_neighbour for g in gpus]
         self.free = np.array([n.free_gpus for n in nodes], dtype=np.int64)
+        # Capacity unknown (None): no size is ever ruled out for good.
+        self.capacity = np.array(
+            [2**31 if n.capacity is None else max(n.capacity, n.free_gpus) for n in nodes], dtype=np.int64
+        )
+        self.occupied = np.array(
+            [bool(n.tenants) or (n.capacity is not None and n.free_gpus < n.capacity) for n in nodes],
+            dtype=np.bool_,
+        )
         self.tenancy = TenancyIndex([n.tenancy for n in nodes], self.policy.jurisdiction_label)
         self._node_tenancy = [n.tenancy for n in nodes]
         self.version = np.zeros(len(gpus), dtype=np.int64)
@@ -339,6 +353,35 @@ class Placer:
         allowed = (self.tenancy.mask(w.requirement) & self._pool(w))[self.gpu_node]
         return np.asarray(allowed & m.fits & (self.free[self.gpu_node] >= self._need(w, m)), dtype=np.bool_)
 
+    def _reserved(self, w: WorkloadRequest, mask: NDArray[np.bool_]) -> NDArray[np.bool_]:
+        """GPUs on empty nodes that shared work must leave alone: the pool's last N empty nodes."""
+        keep = self.policy.keep_whole_nodes_free
+        if keep <= 0 or w.exclusive:
+            return np.zeros(len(self.gpus), dtype=np.bool_)
+        empty = ~self.occupied & self._pool(w)
+        if int(empty.sum()) > keep:
+            return np.zeros(len(self.gpus), dtype=np.bool_)
+        return np.asarray(empty[self.gpu_node] & mask, dtype=np.bool_)
+
+    def _never_fits(self, w: WorkloadRequest) -> str:
+        """Why no node can ever take `w` (its pool, its sovereignty, its size), most specific first."""
+        pool = self._pool(w)
+        if not pool.any():
+            return "no node matches both its flavor's node labels and its own nodeSelector"
+        sovereign = self.tenancy.permanent_mask(w.requirement) & pool
+        if not sovereign.any():
+            if w.jurisdiction is not None:
+                return f"no node of its flavor in jurisdiction {w.jurisdiction}"
+            allowed = ", ".join(sorted(w.allowed_jurisdictions or ()))
+            return f"no node of its flavor in the jurisdictions its namespace allows ({allowed})"
+        m = self._model(w.model)
+        fits = sovereign[self.gpu_node] & m.fits
+        if not fits.any():
+            return f"{w.model} fits no GPU of the nodes it may use"
+        need = int(w.gpus) if w.gpus is not None else int(m.tp[fits].min())
+        largest = int(self.capacity[self.gpu_node[fits]].max())
+        return f"it needs {need} GPUs on one node; the largest node it may use has {largest}"
+
     def place(self, w: WorkloadRequest, commit: bool = True, explain: bool = True) -> Placement:
         """Decide `w`; with `commit`, update the view as if it ran there. `explain` adds every term
         and every excluded node to the record (the operator's Event); a bulk tick can skip it."""
@@ -348,14 +391,18 @@ class Placer:
         if key in self._exhausted:  # capacity only shrinks and tenancy only tightens as a view fills
             return self._unplaced(w, *self._exhausted[key], explain)
         mask = self.candidates(w)
+        reserved = self._reserved(w, mask)
+        if reserved.any() and not (mask & ~reserved).any():
+            keep = self.policy.keep_whole_nodes_free
+            why = f"the last {keep} empty node(s) of its pool are kept free for exclusive tenants"
+            return self._unplaced(w, "retry", why, explain)
+        mask &= ~reserved
         if not mask.any():
+            m = self._model(w.model)
             permanent = (self.tenancy.permanent_mask(w.requirement) & self._pool(w))[self.gpu_node]
-            permanent &= self._model(w.model).fits
+            permanent &= m.fits & (self.capacity[self.gpu_node] >= self._need(w, m))
             if not permanent.any():
-                why = "no node of its flavor satisfies its sovereignty constraints and fits its model"
-                if w.jurisdiction is not None:
-                    why = f"no node in jurisdiction {w.jurisdiction} that fits {w.model}"
-                self._exhausted[key] = ("rejected", why)
+                self._exhausted[key] = ("rejected", self._never_fits(w))
             else:
                 self._exhausted[key] = ("retry", "no admissible node with free GPUs now")
             return self._unplaced(w, *self._exhausted[key], explain)
@@ -366,8 +413,11 @@ class Placer:
         tpot = s["tpot"][cand]
         tpot_q = quantize(tpot / tpot.min())
         head_q = quantize(self.headroom[cand])
+        packed = np.zeros(cand.size)
+        if self.policy.pack and not w.exclusive:  # an occupied node first when it costs nothing
+            packed = np.where(self.occupied[self.gpu_node[cand]], -1.0, 0.0)
         if w.latency_class == "latency":
-            chosen = cand[_first_min(tpot_q, -head_q)]
+            chosen = cand[_first_min(tpot_q, packed, -head_q)]
         else:
             fits_own = tpot <= w.tpot_slo_s if w.tpot_slo_s is not None else np.ones(cand.size, np.bool_)
             keeps_neighbours = s["step_plain"][cand] <= self.slo_ratio[cand] * s["before"][cand]
@@ -384,7 +434,7 @@ class Placer:
                 1.0 / s["before"][idx] - 1.0 / s["step"][idx]
             )
             gain_q = quantize(gain / np.abs(gain).max()) if np.abs(gain).max() > 0 else np.zeros(idx.size)
-            chosen = int(idx[_first_min(-gain_q, tpot_q[local])])
+            chosen = int(idx[_first_min(-gain_q, packed[local], tpot_q[local])])
 
         record = self._record(w, req, off, int(chosen), s, int(cand.size), mask, explain)
         if commit:
@@ -439,6 +489,7 @@ class Placer:
                 self.binding[g] = w.name
         node = int(self.gpu_node[g])
         self.free[node] -= int(m.tp[g]) if w.gpus is None else w.gpus
+        self.occupied[node] = True
         self.tenancy.place(node, w.requirement)
         t = self._node_tenancy[node]
         self._node_tenancy[node] = NodeTenancy(
@@ -550,8 +601,13 @@ class Placer:
             reason = f"γ={why_not.gamma} would push neighbour {binding} past its TPOT SLO: plain decode"
         elif why_not.by_self_benefit:
             reason = f"no γ reaches S_real ≥ {1 + req.margin:.2f} at this headroom: plain decode"
-        else:
+        elif self.headroom[g] <= self.policy.headroom_uncertainty:
             reason = "no γ raises the GPU's token rate at this headroom (saturated): plain decode"
+        else:
+            reason = (
+                f"no γ raises the GPU's token rate at headroom {float(self.headroom[g]):.2f} "
+                "(the drafts cost more than they save at this load): plain decode"
+            )
         h = None if stale else float(self.headroom[g])
         return DecisionRecord(
             reason=reason,
@@ -583,12 +639,15 @@ def tick_order(w: WorkloadRequest) -> tuple[int, float, str]:
     return (0 if w.latency_class == "latency" else 1, -w.alpha, w.name)
 
 
-def _first_min(primary: NDArray[np.float64], secondary: NDArray[np.float64]) -> int:
-    """The first position minimising (primary, secondary); GPUs are in (node name, index) order."""
+def _first_min(primary: NDArray[np.float64], *then: NDArray[np.float64]) -> int:
+    """The first position minimising (primary, *then) in that order; GPUs are in (node name, index)
+    order."""
     best = primary == primary.min()
-    if best.sum() > 1:
-        sec = np.where(best, secondary, np.inf)
-        best &= sec == sec.min()
+    for key in then:
+        if best.sum() <= 1:
+            break
+        masked = np.where(best, key, np.inf)
+        best &= masked == masked.min()
     return int(np.argmax(best))
 
 

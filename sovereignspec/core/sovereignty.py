@@ -28,6 +28,8 @@ class Requirement:
     tenant: str
     jurisdiction: str | None = None
     exclusive: bool = False
+    # What the namespace's administrators allow (None: anywhere); a declared jurisdiction narrows it.
+    allowed: frozenset[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,15 @@ def check_node(
     req: Requirement, node: NodeTenancy, jurisdiction_label: str = DEFAULT_JURISDICTION_LABEL
 ) -> Exclusion | None:
     """Why `node` may not take `req`, or None if it may. Permanent reasons are checked first."""
+    if req.allowed is not None:
+        actual = node.labels.get(jurisdiction_label)
+        if actual not in req.allowed:
+            where = (
+                f"node is in {actual}" if actual is not None else f"node has no {jurisdiction_label} label"
+            )
+            return Exclusion(
+                "jurisdiction", f"namespace allows only {', '.join(sorted(req.allowed))}; {where}", True
+            )
     if req.jurisdiction is not None:
         actual = node.labels.get(jurisdiction_label)
         if actual is None:
@@ -146,10 +157,12 @@ class TenancyIndex:
 
     def permanent_mask(self, req: Requirement) -> NDArray[np.bool_]:
         """Nodes whose labels allow `req` at all, whoever runs there."""
-        if req.jurisdiction is None:
-            return np.ones(len(self.names), dtype=np.bool_)
-        wanted = self._ids.get("j:" + req.jurisdiction, -3)
-        return np.asarray(self.jurisdiction == wanted, dtype=np.bool_)
+        ok = np.ones(len(self.names), dtype=np.bool_)
+        if req.jurisdiction is not None:
+            ok &= self.jurisdiction == self._ids.get("j:" + req.jurisdiction, -3)
+        if req.allowed is not None:
+            ok &= np.isin(self.jurisdiction, [self._ids.get("j:" + j, -3) for j in sorted(req.allowed)])
+        return ok
 
     def place(self, node: int, req: Requirement) -> None:
         """Record that `req`'s tenant now runs on `node`."""

@@ -19,6 +19,7 @@ from sovereignspec.localdev import controlplane, kueue
 from sovereignspec.localdev.gpunodes import EXAMPLES, apply_examples, documents, server_side_apply
 from sovereignspec.localdev.operator import OperatorProcess, SyntheticTelemetry, install
 from sovereignspec.localdev.prometheus import LocalPrometheus
+from sovereignspec.operator.plan import shorten
 
 NAMESPACE = "llm-serving"
 CONTROLLER = "sovereignspec.io/speculation"
@@ -56,17 +57,28 @@ WORKLOADS: list[tuple[str, str, dict[str, str], int]] = [
 ]  # fmt: skip
 
 
-def _job(name: str, tenant: str, notes: dict[str, str], gpus: int) -> dict[str, Any]:
-    annotations = {
-        "sovereignspec.io/tenant": tenant,
-        **{f"sovereignspec.io/{k}": v for k, v in notes.items()},
-    }
-    return kueue.job(name, NAMESPACE, "serving", annotations=annotations, gpus=gpus, cpu="4")
+def _tenant_namespace(api: client.ApiClient, tenant: str) -> str:
+    """A namespace per tenant, labelled by the administrator with its tenant, queueing to the
+    example ClusterQueue: tenancy comes from namespaces, never from a workload's own claim."""
+    name = f"tenant-{tenant}"
+    server_side_apply(
+        api,
+        {"apiVersion": "v1", "kind": "Namespace",
+         "metadata": {"name": name, "labels": {"sovereignspec.io/tenant": tenant}}},
+        "sovereignspec-demo",
+    )  # fmt: skip
+    kueue.apply(api, kueue.local_queue("serving", name, "gpu-serving"), "sovereignspec-demo")
+    return name
 
 
-def _decision(api: client.ApiClient, job: str) -> tuple[str, str] | None:
+def _job(name: str, namespace: str, notes: dict[str, str], gpus: int) -> dict[str, Any]:
+    annotations = {f"sovereignspec.io/{k}": v for k, v in notes.items()}
+    return kueue.job(name, namespace, "serving", annotations=annotations, gpus=gpus, cpu="4")
+
+
+def _decision(api: client.ApiClient, job: str, namespace: str) -> tuple[str, str] | None:
     """(state, message) of our check on the job's workload, once decided."""
-    for wl in kueue.workloads(api, NAMESPACE):
+    for wl in kueue.workloads(api, namespace):
         if not any(r.get("name") == job for r in wl["metadata"].get("ownerReferences", [])):
             continue
         entry = kueue.check_state(wl, CHECK)
@@ -76,7 +88,7 @@ def _decision(api: client.ApiClient, job: str) -> tuple[str, str] | None:
             return str(entry["state"]), str(entry["message"])
         if "Previously: " in entry.get("message", ""):
             state = entry["message"].rsplit("Previously: ", 1)[1]
-            events = client.CoreV1Api(api).list_namespaced_event(NAMESPACE).items
+            events = client.CoreV1Api(api).list_namespaced_event(namespace).items
             why = next((e.message for e in events if e.involved_object.name == wl["metadata"]["name"]
                         and e.reason == state), state)  # fmt: skip
             return state, str(why)
@@ -110,31 +122,32 @@ def main() -> int:
     print(f"operator running (log: {operator.log_path}); Prometheus at {prometheus.url}", flush=True)
     try:
         batch = client.BatchV1Api(api)
-        names = []
+        names: list[tuple[str, str, str]] = []  # (job, namespace, tenant)
         for doc in documents(EXAMPLES / "40-workloads.yaml"):
             server_side_apply(api, doc, "sovereignspec-demo")
-            names.append(doc["metadata"]["name"])
+            names.append((doc["metadata"]["name"], doc["metadata"]["namespace"], "acme"))
         for name, tenant, notes, gpus in WORKLOADS:
-            server_side_apply(api, _job(name, tenant, notes, gpus), "sovereignspec-demo")
-            names.append(name)
+            namespace = _tenant_namespace(api, tenant)
+            server_side_apply(api, _job(name, namespace, notes, gpus), "sovereignspec-demo")
+            names.append((name, namespace, tenant))
         deadline = time.monotonic() + 120
         decisions: dict[str, tuple[str, str]] = {}
         while len(decisions) < len(names) and time.monotonic() < deadline:
-            for name in names:
-                if name not in decisions and (d := _decision(api, name)):
+            for name, namespace, _ in names:
+                if name not in decisions and (d := _decision(api, name, namespace)):
                     decisions[name] = d
             time.sleep(0.5)
         time.sleep(1)
         rows = []
-        for name in names:
-            job = batch.read_namespaced_job(name, NAMESPACE)
+        for name, namespace, tenant in names:
+            job = batch.read_namespaced_job(name, namespace)
             notes = job.spec.template.metadata.annotations or {}
             state, message = decisions.get(name, ("Pending", "no decision within 120 s"))
             node = (job.spec.template.spec.node_selector or {}).get("kubernetes.io/hostname", "-")
             rows.append(
                 (
                     name,
-                    notes.get("sovereignspec.io/tenant", "-"),
+                    tenant,
                     state,
                     node if state == "Ready" else "-",
                     notes.get("sovereignspec.io/mode", "-") if state == "Ready" else "-",
@@ -148,13 +161,17 @@ def main() -> int:
         print()
         print("  ".join(h.ljust(w) for h, w in zip(header[:7], widths, strict=True)) + "  reason")
         for r in rows:
-            print("  ".join(str(v).ljust(w) for v, w in zip(r[:7], widths, strict=True)) + "  " + r[7][:150])
+            print(
+                "  ".join(str(v).ljust(w) for v, w in zip(r[:7], widths, strict=True))
+                + "  "
+                + shorten(r[7], 150)
+            )
         print()
         print("Every decision's full record is an Event on its Workload:")
         kubectl = f"~/.cache/sovereignspec/bin/kubectl-* --kubeconfig {controlplane.kubeconfig()}"
-        print(f"  {kubectl} -n {NAMESPACE} get events --field-selector involvedObject.kind=Workload")
+        print(f"  {kubectl} -n NAMESPACE get events --field-selector involvedObject.kind=Workload")
         print("The control plane is still up; `make cluster-down` stops it.")
-        return 0 if all(n in decisions for n in names) else 1
+        return 0 if all(n in decisions for n, _, _ in names) else 1
     finally:
         operator.stop()
         prometheus.close()

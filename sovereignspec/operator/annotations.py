@@ -1,21 +1,32 @@
 """Workload annotations: what users declare on their pod templates, validated at the border.
 
-Performance fields that are malformed turn speculation off for the workload (it still runs, in
-plain decode) and raise a Warning Event; sovereignty fields that are malformed fail closed: the
-workload is Rejected with a message naming the field, because guessing a trust boundary is worse
-than not running.
+The grammar is strict on purpose. Numbers are ASCII decimals (no sign, exponent, `_`, `inf` or
+non-ASCII digits) inside stated bounds; keywords are exact and lower-case; names match their
+pattern whole (a trailing newline is not a name).
+
+- Performance fields that are malformed turn speculation off for the workload (it still runs, in
+  plain decode) and raise a Warning Event.
+- Sovereignty fields fail closed: the workload is Rejected with a message naming the field. That
+  includes a key that looks like a sovereignty key but is not one (`Jurisdiction`, `jurisdicton`),
+  and a sovereignty key put where it is not read (on the Job or as a label instead of the pod
+  template's annotations): guessing a trust boundary is worse than not running.
+- The tenant comes from the namespace (see `Tenancy`); an annotation may restate it, never claim
+  another. A jurisdiction annotation may only narrow what the namespace allows.
 """
 
 from __future__ import annotations
 
-import math
+import functools
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 PREFIX = "sovereignspec.io/"
-JURISDICTION_RE = re.compile(r"^[a-z]{2}(-[a-z0-9]{1,16})?$")
-TENANT_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?$")
+JURISDICTION_RE = re.compile(r"[a-z]{2}(-[a-z0-9]{1,16})?", re.ASCII)
+TENANT_RE = re.compile(r"[a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?", re.ASCII)
+DECIMAL_RE = re.compile(r"[0-9]{1,12}(\.[0-9]{1,12})?", re.ASCII)
+INTEGER_RE = re.compile(r"[0-9]{1,12}", re.ASCII)
 
 
 @dataclass(frozen=True)
@@ -27,22 +38,27 @@ class Field:
 
 INPUTS = {
     "tenant": Field(
-        "tenant", "a DNS-1123 name (lowercase letters, digits, '-', '.'); default: the namespace", True
+        "tenant", "the namespace's tenant (restating it is allowed, claiming another is not)", True
     ),
     "jurisdiction": Field(
-        "jurisdiction", "an ISO 3166-1 alpha-2 code, optionally with a subdivision: eu, kr, us-east", True
+        "jurisdiction",
+        "an ISO 3166-1 alpha-2 code, optionally with a subdivision (eu, kr, us-east), "
+        "within what the namespace allows",
+        True,
     ),
-    "exclusive-node": Field("exclusive-node", "true or false", True),
+    "exclusive-node": Field("exclusive-node", "true or false (lower case)", True),
     "model": Field("model", "a target model profile name"),
     "drafter": Field("drafter", "a drafter profile name, or none"),
-    "acceptance-rate": Field("acceptance-rate", "a number in [0, 1]"),
-    "tpot-slo-ms": Field("tpot-slo-ms", "a positive number of milliseconds"),
+    "acceptance-rate": Field("acceptance-rate", "a decimal number in [0, 1]"),
+    "tpot-slo-ms": Field("tpot-slo-ms", "a positive decimal number of milliseconds, at most 60000"),
     "latency-class": Field("latency-class", "latency or throughput"),
-    "max-num-seqs": Field("max-num-seqs", "a positive integer (concurrent sequences)"),
-    "context-length": Field("context-length", "a positive integer (typical tokens of context)"),
+    "max-num-seqs": Field("max-num-seqs", "an integer in 1..65536 (concurrent sequences)"),
+    "context-length": Field("context-length", "an integer in 1..4194304 (typical tokens of context)"),
 }
+SOVEREIGNTY_KEYS = tuple(k for k, f in INPUTS.items() if f.sovereignty)
 
-# What the controller writes into podSetUpdates (never read back as user input).
+# What the controller writes into podSetUpdates. Reserved: a template that sets one of them is
+# steering the engine around the decision (see controller.pod_set_annotations).
 OUT_MODE = PREFIX + "mode"
 OUT_BUDGET = PREFIX + "draft-budget"
 OUT_BUDGET_BY_BATCH = PREFIX + "draft-budget-by-batch"
@@ -54,7 +70,34 @@ OUT_SPEEDUP = PREFIX + "predicted-speedup"
 OUT_TPOT = PREFIX + "predicted-tpot-ms"
 OUT_DECIDED_AT = PREFIX + "decided-at"
 OUT_POLICY = PREFIX + "policy"
+OUTPUTS = frozenset(
+    {
+        OUT_MODE,
+        OUT_BUDGET,
+        OUT_BUDGET_BY_BATCH,
+        OUT_VLLM,
+        OUT_SGLANG,
+        OUT_GPU_TYPE,
+        OUT_GPU_INDEX,
+        OUT_SPEEDUP,
+        OUT_TPOT,
+        OUT_DECIDED_AT,
+        OUT_POLICY,
+    }
+)
 HOSTNAME = "kubernetes.io/hostname"
+# Words that make an unknown key look like an attempt at a sovereignty key.
+_SOVEREIGN_WORDS = ("tenant", "jurisdic", "exclusiv", "sovereign", "region", "country", "residen")
+
+
+@dataclass(frozen=True)
+class Tenancy:
+    """What administrators say about a namespace: its tenant and where its work may run."""
+
+    tenant: str
+    jurisdictions: frozenset[str] | None = None  # None: anywhere
+    source: str = "the namespace name"
+    problem: str | None = None  # the admin sources contradict each other: fail closed
 
 
 @dataclass(frozen=True)
@@ -63,9 +106,10 @@ class Problem:
     value: str
     accepted: str
     sovereignty: bool
+    where: str = "the pod template's annotations"
 
     def __str__(self) -> str:
-        return f"annotation {PREFIX}{self.field}: got {self.value!r}; accepted: {self.accepted}"
+        return f"annotation {PREFIX}{self.field}: got {_show(self.value)}; accepted: {self.accepted}"
 
 
 @dataclass(frozen=True)
@@ -78,9 +122,11 @@ class Declared:
     latency_class: str | None = None
     seqs: int | None = None
     context: int | None = None
-    jurisdiction: str | None = None
+    jurisdiction: str | None = None  # required (declared, or the namespace's only one)
+    allowed_jurisdictions: frozenset[str] | None = None  # the namespace's list (None: anywhere)
     exclusive: bool = False
     problems: tuple[Problem, ...] = field(default_factory=tuple)
+    warnings: tuple[str, ...] = field(default_factory=tuple)  # reported, nothing turned off
 
     @property
     def sovereignty_problems(self) -> list[Problem]:
@@ -92,29 +138,69 @@ class Declared:
 
 
 def parse(
-    annotations: dict[str, str] | None, namespace: str, known_models: set[str], known_drafters: set[str]
+    annotations: Mapping[str, Any] | None,
+    tenancy: Tenancy | str,
+    known_models: set[str],
+    known_drafters: set[str],
+    *,
+    labels: Mapping[str, Any] | None = None,
+    owner_annotations: Mapping[str, Any] | None = None,
+    owner: str = "Job",
 ) -> Declared:
-    """Read our annotations from a pod template; every problem is collected, none raised."""
-    raw = {k[len(PREFIX) :]: v for k, v in (annotations or {}).items() if k.startswith(PREFIX)}
+    """Read our annotations from a pod template; every problem is collected, none raised.
+
+    `tenancy` is what the namespace's administrators say (a bare string: the tenant, anywhere);
+    `labels` are the template's labels and `owner_annotations` the Job's (or Workload's) own
+    annotations, where our keys are not read and so must not be."""
+    if isinstance(tenancy, str):
+        tenancy = Tenancy(tenancy)
+    raw: dict[str, str] = {}
     problems: list[Problem] = []
+    warnings: list[str] = []
+    for k, v in (annotations or {}).items():
+        if isinstance(k, str) and k.startswith(PREFIX):
+            raw[k[len(PREFIX) :]] = v if isinstance(v, str) else repr(v)
     values: dict[str, Any] = {}
 
     def bad(key: str, value: str, accepted: str | None = None) -> None:
         spec = INPUTS[key]
         problems.append(Problem(key, value, accepted or spec.accepted, spec.sovereignty))
 
-    tenant = raw.get("tenant", namespace)
-    if not TENANT_RE.match(tenant):
-        bad("tenant", tenant)
-    if "jurisdiction" in raw:
-        if JURISDICTION_RE.match(raw["jurisdiction"]):
-            values["jurisdiction"] = raw["jurisdiction"]
+    _misplaced(labels, "the pod template's labels", problems, warnings)
+    _misplaced(owner_annotations, f"the {owner}'s own annotations", problems, warnings)
+    for key in sorted(raw):
+        if key in INPUTS or PREFIX + key in OUTPUTS:
+            continue
+        guess = _closest(key)
+        if _looks_sovereign(key):
+            hint = f"did you mean {PREFIX}{guess}?" if guess else "not a key SovereignSpec reads"
+            problems.append(
+                Problem(key, raw[key], f"a known key ({hint}); sovereignty keys fail closed", True)
+            )
         else:
-            bad("jurisdiction", raw["jurisdiction"])
+            hint = f"; did you mean {PREFIX}{guess}?" if guess else ""
+            warnings.append(f"unknown annotation {PREFIX}{key} ignored{hint}")
+
+    if tenancy.problem:
+        problems.append(Problem("tenant", tenancy.tenant, tenancy.problem, True, "the namespace"))
+    tenant = tenancy.tenant
+    if "tenant" in raw and raw["tenant"] != tenant:
+        bad("tenant", raw["tenant"], f"{_show(tenant)} (namespace tenant, from {tenancy.source})")
+    allowed = tenancy.jurisdictions
+    values["allowed_jurisdictions"] = allowed
+    if "jurisdiction" in raw:
+        wanted = raw["jurisdiction"]
+        if not JURISDICTION_RE.fullmatch(wanted):
+            bad("jurisdiction", wanted)
+        elif allowed is not None and wanted not in allowed:
+            bad("jurisdiction", wanted, f"one the namespace allows: {', '.join(sorted(allowed))}")
+        else:
+            values["jurisdiction"] = wanted
+    elif allowed is not None and len(allowed) == 1:
+        values["jurisdiction"] = next(iter(allowed))
     if "exclusive-node" in raw:
-        text = raw["exclusive-node"].strip().lower()
-        if text in ("true", "false"):
-            values["exclusive"] = text == "true"
+        if raw["exclusive-node"] in ("true", "false"):
+            values["exclusive"] = raw["exclusive-node"] == "true"
         else:
             bad("exclusive-node", raw["exclusive-node"])
     if "model" in raw:
@@ -129,10 +215,10 @@ def parse(
             values["drafter"] = raw["drafter"]
         else:
             bad("drafter", raw["drafter"], "none or one of " + ", ".join(sorted(known_drafters)))
-    number = _number(raw, "acceptance-rate", problems, lambda x: 0.0 <= x <= 1.0)
-    if number is not None:
-        values["alpha"] = number
-    slo = _number(raw, "tpot-slo-ms", problems, lambda x: x > 0.0)
+    alpha = _number(raw, "acceptance-rate", problems, DECIMAL_RE, 0.0, 1.0)
+    if alpha is not None:
+        values["alpha"] = alpha
+    slo = _number(raw, "tpot-slo-ms", problems, DECIMAL_RE, 0.0, 60000.0, open_low=True)
     if slo is not None:
         values["tpot_slo_s"] = slo / 1e3
     if "latency-class" in raw:
@@ -140,22 +226,91 @@ def parse(
             values["latency_class"] = raw["latency-class"]
         else:
             bad("latency-class", raw["latency-class"])
-    for key, name in (("max-num-seqs", "seqs"), ("context-length", "context")):
-        value = _number(raw, key, problems, lambda x: x >= 1 and float(x).is_integer())
+    for key, name, high in (("max-num-seqs", "seqs", 65536), ("context-length", "context", 4194304)):
+        value = _number(raw, key, problems, INTEGER_RE, 1.0, float(high))
         if value is not None:
             values[name] = int(value)
-    return Declared(tenant=tenant, problems=tuple(problems), **values)
+    return Declared(tenant=tenant, problems=tuple(problems), warnings=tuple(warnings), **values)
 
 
-def _number(raw: dict[str, str], key: str, problems: list[Problem], ok: Any) -> float | None:
+def _number(
+    raw: dict[str, str],
+    key: str,
+    problems: list[Problem],
+    pattern: re.Pattern[str],
+    low: float,
+    high: float,
+    open_low: bool = False,
+) -> float | None:
     if key not in raw:
         return None
-    try:
-        value = float(raw[key])
-    except ValueError:
-        value = float("nan")
-    if math.isnan(value) or not ok(value):
+    text = raw[key]
+    value = float(text) if pattern.fullmatch(text) else None
+    if value is None or value > high or value < low or (open_low and value == low):
         spec = INPUTS[key]
-        problems.append(Problem(key, raw[key], spec.accepted, spec.sovereignty))
+        problems.append(Problem(key, text, spec.accepted, spec.sovereignty))
         return None
     return value
+
+
+def _misplaced(
+    found: Mapping[str, Any] | None, where: str, problems: list[Problem], warnings: list[str]
+) -> None:
+    """Our keys where they are not read: fail closed for sovereignty keys, warn for the rest."""
+    for k in sorted(str(x) for x in (found or {})):
+        if not k.startswith(PREFIX) or PREFIX + k[len(PREFIX) :] in OUTPUTS:
+            continue
+        key = k[len(PREFIX) :]
+        value = str((found or {}).get(k, ""))
+        if key in SOVEREIGNTY_KEYS or _looks_sovereign(key):
+            problems.append(
+                Problem(
+                    key,
+                    value,
+                    f"found on {where}, where it is not read: put it on the pod template's annotations "
+                    "(spec.template.metadata.annotations); sovereignty keys fail closed",
+                    True,
+                    where,
+                )
+            )
+        elif key in INPUTS:
+            warnings.append(
+                f"{k} on {where} is not read; put it on the pod template's annotations "
+                "(spec.template.metadata.annotations)"
+            )
+
+
+def _normal(key: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", key.lower())
+
+
+@functools.lru_cache(maxsize=4096)
+def _looks_sovereign(key: str) -> bool:
+    n = _normal(key)
+    return any(w in n for w in _SOVEREIGN_WORDS) or any(
+        _distance(n, _normal(s)) <= 2 for s in SOVEREIGNTY_KEYS
+    )
+
+
+@functools.lru_cache(maxsize=4096)
+def _closest(key: str) -> str | None:
+    n = _normal(key)
+    best = min(INPUTS, key=lambda k: _distance(n, _normal(k)))
+    return best if _distance(n, _normal(best)) <= max(2, len(n) // 4) else None
+
+
+def _distance(a: str, b: str) -> int:
+    """Levenshtein distance (keys are short)."""
+    previous = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        current = [i]
+        for j, cb in enumerate(b, 1):
+            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (ca != cb)))
+        previous = current
+    return previous[-1]
+
+
+def _show(value: str) -> str:
+    """A value as the user should see it: quoted, control characters visible, not too long."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "…'"

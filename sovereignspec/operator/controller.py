@@ -1,10 +1,12 @@
 """One decision tick: read everything from the API, decide with the core, write our entries.
 
-    tick = check AdmissionChecks (Active) → list Workloads, Nodes, ResourceFlavors → for each
-           policy: telemetry snapshot → view (ledger + pending) → Placer.tick → writes + Events
+    tick = check AdmissionChecks (Active) → list Workloads, Nodes, ResourceFlavors, Namespaces,
+           bound GPU Pods (and Jobs' metadata when something waits) → for each policy: telemetry
+           snapshot → view (cluster-wide ledger + pending) → plan → writes + Events
 
 Ticks run one at a time (the kopf handlers only wake the loop), so decisions are sequential and
-every tick starts from what is already written to the API.
+every tick starts from what is already written to the API. A policy group, a telemetry source or
+an object that fails, fails alone: the tick goes on with the rest and says what failed.
 """
 
 from __future__ import annotations
@@ -20,14 +22,11 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from sovereignspec.core.decision import DecisionRecord
-from sovereignspec.core.placement import Placement, Placer, Policy
 from sovereignspec.core.specs import ProfileSet
-from sovereignspec.engines import budget_by_batch, engine_config
-from sovereignspec.operator import annotations as ann
 from sovereignspec.operator import metrics
+from sovereignspec.operator.plan import EventNote, Write, drift_writes, plan
 from sovereignspec.operator.policy import GROUP, KIND, PLURAL, VERSION, PolicySpec, parse_policy
-from sovereignspec.operator.view import PendingWorkload, View, build
+from sovereignspec.operator.view import View, World, build, condition, job_name, our_entry
 from sovereignspec.operator.writer import ConflictError, Writer, now_rfc3339
 from sovereignspec.telemetry.dcgm import DcgmScraper
 from sovereignspec.telemetry.prometheus import PrometheusReader
@@ -52,6 +51,7 @@ class TickReport:
     more: bool = False  # another policy group still has pending work: tick again now
     reevaluate_after: float = 10.0
     outcomes: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    failures: list[str] = field(default_factory=list)  # what failed alone this tick
 
 
 class TelemetryCache:
@@ -68,21 +68,31 @@ class TelemetryCache:
         cached = self._cache.get(key)
         if cached is not None and not cached.error and time.time() - cached.fetched_at < self.max_age:
             return cached  # failures are not cached: the next tick tries again
-        if t.source == "prometheus" and t.prometheus_url:
-            snap = PrometheusReader(t.prometheus_url, window=t.acceptance.window).snapshot()
-        elif t.source == "dcgm-exporter" and t.dcgm_endpoints:
-            snap = DcgmScraper(t.dcgm_endpoints).snapshot()
-        elif t.source == "none":
-            snap = Snapshot(fetched_at=time.time())
-        else:
-            snap = Snapshot(
-                fetched_at=time.time(), error=f"telemetry source {t.source} has no endpoint configured"
-            )
+        try:
+            if t.source == "prometheus" and t.prometheus_url:
+                snap = PrometheusReader(t.prometheus_url, window=t.acceptance.window).snapshot()
+            elif t.source == "dcgm-exporter" and t.dcgm_endpoints:
+                snap = DcgmScraper(t.dcgm_endpoints).snapshot()
+            elif t.source == "none":
+                snap = Snapshot(fetched_at=time.time())
+            else:
+                snap = Snapshot(
+                    fetched_at=time.time(), error=f"telemetry source {t.source} has no endpoint configured"
+                )
+        except Exception as exc:  # a source that answers nonsense is a source that is down
+            log.warning("telemetry source %s failed: %s: %s", t.source, type(exc).__name__, exc)
+            snap = Snapshot(fetched_at=time.time(), error=f"telemetry source {t.source} failed: {exc}")
         self._cache[key] = snap
         metrics.TELEMETRY_UP.labels(source=t.source).set(0 if snap.error and not snap.gpus else 1)
         if snap.error:
             metrics.TELEMETRY_ERRORS.labels(source=t.source).inc()
+        for reason, count in snap.rejected.items():
+            metrics.TELEMETRY_REJECTED.labels(source=t.source, reason=reason).inc(count)
         return snap
+
+
+DECISION_REASONS = frozenset({"SpeculativeDecode", "PlainDecode"})
+PARTIAL_METADATA = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
 
 
 class Controller:
@@ -94,39 +104,62 @@ class Controller:
         self.custom = client.CustomObjectsApi(api)
         self.telemetry = TelemetryCache(self.settings.telemetry_cache_seconds)
         self._pool = ThreadPoolExecutor(self.settings.write_workers, thread_name_prefix="sovereignspec-write")
+        self._drift_reported: dict[str, str] = {}
+        self._events_checked = False  # decisions' Events re-posted once after start-up
 
     # -- reading ---------------------------------------------------------------------------------
 
-    def _list(self, path: str) -> list[dict[str, Any]]:
+    def _list(
+        self, path: str, query: list[tuple[str, str]] | None = None, accept: str | None = None
+    ) -> list[dict[str, Any]]:
         """A raw LIST (JSON, no model classes: much faster and gentler on memory at scale)."""
-        resp = self.api.call_api(*self.api.param_serialize(method="GET", resource_path=path))
+        resp = self.api.call_api(
+            *self.api.param_serialize(
+                method="GET",
+                resource_path=path,
+                query_params=query or [],
+                header_params={"Accept": accept or "application/json"},
+            )
+        )
         data = resp.read()
         if resp.status >= 400:
             raise ApiException(status=resp.status, reason=data.decode(errors="replace")[:300])
         doc = json.loads(data)
         kind = doc.get("kind", "").removesuffix("List")
         version = doc.get("apiVersion")
-        for item in doc.get("items", []):
+        for item in doc.get("items") or []:
             item.setdefault("kind", kind)
             item.setdefault("apiVersion", version)
-        return list(doc.get("items", []))
+        return list(doc.get("items") or [])
 
     # -- admission checks ----------------------------------------------------------------------
 
-    def reconcile_checks(self) -> dict[str, tuple[str, PolicySpec]]:
-        """Keep Active right on every AdmissionCheck we own; return the active ones and their policy."""
+    def reconcile_checks(self) -> tuple[dict[str, tuple[str, PolicySpec]], dict[str, PolicySpec]]:
+        """Keep Active right on every AdmissionCheck we own. Returns the active ones with their
+        policy, and every one of ours whose policy can be read (for the cluster-wide ledger)."""
         checks = self._list(f"/apis/{KUEUE_GROUP}/{KUEUE_VERSION}/admissionchecks")
         policies = {p["metadata"]["name"]: p for p in self._list(f"/apis/{GROUP}/{VERSION}/{PLURAL}")}
         active: dict[str, tuple[str, PolicySpec]] = {}
+        known: dict[str, PolicySpec] = {}
         for ac in checks:
-            if ac.get("spec", {}).get("controllerName") != self.settings.controller_name:
+            if (ac.get("spec") or {}).get("controllerName") != self.settings.controller_name:
                 continue
             name = ac["metadata"]["name"]
-            ok, reason, message, resolved = self._resolve(ac, policies)
+            try:
+                ok, reason, message, resolved = self._resolve(ac, policies)
+            except Exception as exc:  # one odd check object fails alone
+                ok, reason, message, resolved = (
+                    False,
+                    "InvalidParameters",
+                    f"{type(exc).__name__}: {exc}",
+                    None,
+                )
+            known[name] = resolved[1] if resolved is not None else PolicySpec()
             if resolved is not None:
                 active[name] = resolved
             current = next(
-                (c for c in ac.get("status", {}).get("conditions", []) if c.get("type") == "Active"), None
+                (c for c in (ac.get("status") or {}).get("conditions") or [] if c.get("type") == "Active"),
+                None,
             )
             want = "True" if ok else "False"
             if current is None or (current.get("status"), current.get("reason"), current.get("message")) != (
@@ -142,12 +175,12 @@ class Controller:
                 if not ok:
                     self.writer.event(ac, "AdmissionCheck", reason, message, warning=True)
                 log.info("AdmissionCheck %s Active=%s (%s)", name, want, message)
-        return active
+        return active, known
 
     def _resolve(
         self, ac: dict[str, Any], policies: dict[str, dict[str, Any]]
     ) -> tuple[bool, str, str, tuple[str, PolicySpec] | None]:
-        params = ac.get("spec", {}).get("parameters")
+        params = (ac.get("spec") or {}).get("parameters")
         if not params:
             return False, "BadParametersRef", f"spec.parameters must name a {KIND} ({GROUP})", None
         if params.get("apiGroup") != GROUP or params.get("kind") != KIND:
@@ -168,219 +201,167 @@ class Controller:
 
     # -- the tick ------------------------------------------------------------------------------
 
+    def read_world(self, known: dict[str, PolicySpec]) -> World:
+        workloads = self._list(f"/apis/{KUEUE_GROUP}/{KUEUE_VERSION}/workloads")
+        nodes = self._list("/api/v1/nodes")
+        flavors = {}
+        for f in self._list(f"/apis/{KUEUE_GROUP}/{KUEUE_VERSION}/resourceflavors"):
+            labels = (f.get("spec") or {}).get("nodeLabels") or {}
+            flavors[f["metadata"]["name"]] = {str(k): str(v) for k, v in labels.items()}
+        namespaces = {
+            n["metadata"]["name"]: dict(n["metadata"].get("labels") or {})
+            for n in self._list("/api/v1/namespaces")
+        }
+        pods = self._list(
+            "/api/v1/pods",
+            [("fieldSelector", "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed")],
+        )
+        waiting = {
+            (wl["metadata"].get("namespace", ""), job_name(wl))
+            for wl in workloads
+            if isinstance(wl.get("metadata"), dict)
+            and (our_entry(wl, set(known)) or {}).get("state") == "Pending"
+            and condition(wl, "QuotaReserved")
+        }
+        owners: dict[tuple[str, str], dict[str, str]] = {}
+        if waiting:  # only the Jobs' metadata, to tell a user whose keys sit on the Job itself
+            for job in self._list("/apis/batch/v1/jobs", accept=PARTIAL_METADATA):
+                meta = job.get("metadata") or {}
+                key = (meta.get("namespace", ""), meta.get("name", ""))
+                if key in waiting and meta.get("annotations"):
+                    owners[key] = dict(meta["annotations"])
+        return World(workloads, nodes, flavors, namespaces, pods, owners, known)
+
     def tick(self) -> TickReport:
         started = time.monotonic()
         report = TickReport()
-        active = self.reconcile_checks()
-        if not active:
+        active, known = self.reconcile_checks()
+        if not known:
             return report
-        workloads = self._list(f"/apis/{KUEUE_GROUP}/{KUEUE_VERSION}/workloads")
-        nodes = self._list("/api/v1/nodes")
-        flavors = {
-            f["metadata"]["name"]: dict(f.get("spec", {}).get("nodeLabels") or {})
-            for f in self._list(f"/apis/{KUEUE_GROUP}/{KUEUE_VERSION}/resourceflavors")
-        }
+        world = self.read_world(known)
         groups: dict[str, tuple[PolicySpec, set[str]]] = {}
         for check, (policy_name, spec) in sorted(active.items()):
             groups.setdefault(policy_name, (spec, set()))[1].add(check)
-        report.reevaluate_after = min(spec.reevaluation_seconds for spec, _ in groups.values())
+        if groups:
+            report.reevaluate_after = min(spec.reevaluation_seconds for spec, _ in groups.values())
         now = time.time()
+        pending_total = 0
         for policy_name, (spec, checks) in sorted(groups.items()):
-            snapshot = self.telemetry.get(spec)
-            view = build(workloads, nodes, flavors, checks, spec, self.profiles, snapshot, now)
-            self._observe(view)
-            if not view.pending:
-                continue
-            if report.decided:  # the previous policy group wrote decisions this tick: re-read first
-                report.more = True
-                break
-            self._decide(policy_name, spec, view, report)
+            try:
+                snapshot = self.telemetry.get(spec)
+                view = build(world, None, None, checks, spec, self.profiles, snapshot, now)
+                self._observe(view, spec, checks)
+                pending_total += len(view.pending)
+                self._carry_out(drift_writes(_only(view, checks), spec, self._drift_reported), report)
+                if not self._events_checked:
+                    self._repost_events(view)
+                if not view.pending:
+                    continue
+                if report.decided:  # the previous policy group wrote decisions this tick: re-read first
+                    report.more = True
+                    break
+                self._carry_out(plan(policy_name, spec, view, self.profiles, now_rfc3339()), report)
+            except Exception as exc:  # one policy group fails alone; the others are still decided
+                report.failures.append(f"policy {policy_name}: {type(exc).__name__}: {exc}")
+                metrics.TICK_FAILURES.labels(part="policy").inc()
+                log.exception("deciding for policy %s failed; the other policies go on", policy_name)
+        self._events_checked = True
+        metrics.PENDING.set(pending_total)
         metrics.TICK_SECONDS.observe(time.monotonic() - started)
         return report
 
-    def _observe(self, view: View) -> None:
-        metrics.PENDING.set(len(view.pending))
+    def _observe(self, view: View, spec: PolicySpec, checks: set[str]) -> None:
         metrics.LEDGER.set(len(view.committed))
         for (node, gpu), h in view.gpu_headroom.items():
             metrics.HEADROOM.labels(node=node, gpu=str(gpu)).set(-1.0 if h is None else h)
+        for text in view.errors:
+            log.warning("skipped an object that cannot be read: %s", text)
+        if view.errors:
+            metrics.TICK_FAILURES.labels(part="object").inc(len(view.errors))
+        drifted = _only(view, checks).drift
+        metrics.DRIFT.set(len(view.drift))
+        for d in drifted:
+            log.warning("sovereignty drift: %s: %s", d.committed.key, d.why)
 
-    def _decide(self, policy_name: str, spec: PolicySpec, view: View, report: TickReport) -> None:
-        placer = Placer(
-            self.profiles,
-            view.cluster,
-            Policy(
-                gamma_max=spec.gamma_max,
-                margin=spec.self_benefit_margin,
-                headroom_uncertainty=spec.telemetry.headroom_uncertainty,
-                externality=spec.externality,
-                jurisdiction_label=spec.sovereignty.jurisdiction_label,
-            ),
-        )
-        by_name = {p.key: p for p in view.pending}
-        jobs: list[tuple[PendingWorkload, Placement | None, str]] = []
-        for p in view.pending:
-            if p.request is None:
-                problems = "; ".join(str(x) for x in p.declared.sovereignty_problems)
-                jobs.append((p, None, f"rejected: {problems} (sovereignty fields fail closed)"))
-        for placement in placer.tick(
-            [p.request for p in view.pending if p.request is not None], explain=True
-        ):
-            jobs.append((by_name[placement.workload], placement, ""))
-        futures = [self._pool.submit(self._write, policy_name, spec, view, p, pl, why) for p, pl, why in jobs]
+    def _repost_events(self, view: View) -> None:
+        """A decision's Event can be lost to a crash between the status write and the Event; after a
+        start-up, post it again from the check entry where the workload has none of ours."""
+        if not view.committed:
+            return
+        try:
+            events = self._list("/api/v1/events", [("fieldSelector", "source=sovereignspec")])
+        except ApiException as exc:
+            log.warning("could not list our Events to re-post lost ones: %s", exc.reason)
+            return
+        seen = {
+            (e.get("involvedObject") or {}).get("uid") for e in events if e.get("reason") in DECISION_REASONS
+        }
+        for c in view.committed:
+            uid = c.workload.get("metadata", {}).get("uid")
+            if uid in seen:
+                continue
+            gamma = c.gamma
+            message = str(c.entry.get("message", ""))
+            self.writer.event(
+                dict(c.workload),
+                "Workload",
+                "SpeculativeDecode" if gamma > 0 else "PlainDecode",
+                f"(re-posted after a restart) {message}",
+            )
+
+    def _carry_out(self, writes: list[Write], report: TickReport) -> None:
+        futures = [self._pool.submit(self._write, w) for w in writes]
         for f in futures:
             outcome = f.result()
             report.outcomes[outcome] += 1
             if outcome == "conflict":
                 report.conflicts += 1
-            else:
+            elif outcome != "error":
                 report.decided += 1
 
     # -- writing one decision ------------------------------------------------------------------
 
-    def _write(
-        self,
-        policy_name: str,
-        spec: PolicySpec,
-        view: View,
-        p: PendingWorkload,
-        placement: Placement | None,
-        why: str,
-    ) -> str:
-        wl = p.workload
+    def _write(self, w: Write) -> str:
+        wl = w.workload
         try:
-            if placement is None:
-                self.writer.check_state(wl, p.check, "Rejected", why, p.entry)
-                self.writer.event(wl, "Workload", "Rejected", why, warning=True)
-                metrics.DECISIONS.labels(outcome="rejected", mode="none").inc()
-                return "rejected"
-            record = placement.record
-            if record.outcome == "placed":
-                return self._write_placed(policy_name, spec, view, p, record)
-            if record.outcome == "retry":
-                retries = int(p.entry.get("retryCount", 0) or 0)
-                after = min(spec.retry.max_seconds, spec.retry.base_seconds * 2**retries)
-                message = f"retry in {after}s: {record.reason}"
-                self.writer.check_state(wl, p.check, "Retry", message, p.entry, requeue_after=after)
-                self.writer.event(wl, "Workload", "Retry", message + _excluded_text(record))
-                metrics.DECISIONS.labels(outcome="retry", mode="none").inc()
-                return "retry"
-            message = f"rejected: {record.reason}"
-            self.writer.check_state(wl, p.check, "Rejected", message, p.entry)
-            self.writer.event(wl, "Workload", "Rejected", message + _excluded_text(record), warning=True)
-            metrics.DECISIONS.labels(outcome="rejected", mode="none").inc()
-            return "rejected"
+            self.writer.check_state(
+                wl,
+                w.check,
+                w.state,
+                w.message,
+                w.entry,
+                pod_set_updates=w.pod_set_updates,
+                requeue_after=w.requeue_after,
+            )
         except ConflictError:
             metrics.CONFLICTS.inc()
-            log.info("workload %s changed while deciding; deciding again next tick", p.key)
+            log.info("workload %s changed while deciding; deciding again next tick", w.key)
             return "conflict"
         except ApiException as exc:
-            log.warning("writing the decision for %s failed: %s %s", p.key, exc.status, exc.reason)
+            log.warning("writing the decision for %s failed: %s %s", w.key, exc.status, exc.reason)
             return "error"
+        for note in w.events:
+            self._event(wl, note)
+        if w.outcome == "drift":
+            self._drift_reported[w.key] = w.drift
+            return "drift"
+        metrics.DECISIONS.labels(outcome=w.outcome, mode=w.mode).inc()
+        if w.outcome == "placed":
+            metrics.GAMMA.observe(w.gamma)
+            if w.speedup is not None:
+                metrics.SPEEDUP.observe(w.speedup)
+        for name in w.bad_fields:
+            metrics.BAD_ANNOTATIONS.labels(field=name).inc()
+        if w.bad_fields:
+            log.warning("workload %s: bad annotations (%s): plain decode", w.key, ", ".join(w.bad_fields))
+        return w.outcome
 
-    def _write_placed(
-        self, policy_name: str, spec: PolicySpec, view: View, p: PendingWorkload, record: DecisionRecord
-    ) -> str:
-        wl, req = p.workload, p.request
-        assert req is not None and record.node is not None and record.gpu_type is not None
-        notes = {
-            ann.OUT_MODE: record.mode,
-            ann.OUT_BUDGET: str(record.gamma),
-            ann.OUT_GPU_TYPE: record.gpu_type,
-            ann.OUT_GPU_INDEX: str(record.gpu_index),
-            ann.OUT_SPEEDUP: f"{record.speedup:.3f}" if record.speedup is not None else "",
-            ann.OUT_TPOT: f"{record.tpot_ms:.3f}" if record.tpot_ms is not None else "",
-            ann.OUT_DECIDED_AT: now_rfc3339(),
-            ann.OUT_POLICY: policy_name,
-        }
-        drafter = self.profiles.drafters.get(req.drafter) if req.drafter else None
-        if drafter is not None and drafter.supports(req.model):
-            vllm, sglang = engine_config(drafter, req.model, record.gamma)
-            if record.gamma > 0:
-                notes[ann.OUT_VLLM] = vllm
-                notes[ann.OUT_SGLANG] = sglang
-            table = budget_by_batch(
-                self.profiles.gpus[record.gpu_type],
-                self.profiles.models[req.model],
-                drafter,
-                req.alpha,
-                float(req.context),
-                spec.gamma_max,
-                spec.self_benefit_margin,
-            )
-            notes[ann.OUT_BUDGET_BY_BATCH] = json.dumps(table, separators=(",", ":"))
-        clashes = sorted(k for k, v in notes.items() if p.template_annotations.get(k, v) != v)
-        for k in clashes:  # Kueue fails a workload whose podSetUpdates contradict its template
-            notes.pop(k)
-        updates = [
-            {"name": name, "annotations": notes, "nodeSelector": {ann.HOSTNAME: record.node}}
-            for name in p.pod_set_names
-        ]
-        reason = record.reason
-        if record.mode == "plain" and view.stale_reason and record.headroom is None:
-            reason = f"{reason} ({view.stale_reason})"
-        message = (
-            f"{record.mode} γ={record.gamma} on {record.node}/gpu{record.gpu_index} ({record.gpu_type}); "
-            f"α {req.alpha:.2f} ({p.alpha_source}); {reason}"
-        )
-        self.writer.check_state(wl, p.check, "Ready", message, p.entry, pod_set_updates=updates)
-        self.writer.event(
-            wl,
-            "Workload",
-            "SpeculativeDecode" if record.gamma > 0 else "PlainDecode",
-            _record_text(record, p),
-        )
-        if record.held_back:
-            held = "; ".join(f"{gpu}: {why}" for gpu, why in sorted(record.held_back.items()))
-            self.writer.event(wl, "Workload", "NeighbourSLO", f"speculation held back on {held}")
-        excluded = _excluded_text(record)
-        if excluded:
-            self.writer.event(wl, "Workload", "ExcludedNodes", excluded.lstrip("; "))
-        if p.declared.performance_problems:
-            fields = ", ".join(x.field for x in p.declared.performance_problems)
-            text = "; ".join(str(x) for x in p.declared.performance_problems)
-            self.writer.event(
-                wl, "Workload", "BadAnnotation", f"{text}. Speculation is off: plain decode.", True
-            )
-            for x in p.declared.performance_problems:
-                metrics.BAD_ANNOTATIONS.labels(field=x.field).inc()
-            log.warning("workload %s: bad annotations (%s): plain decode", p.key, fields)
-        if clashes:
-            self.writer.event(
-                wl,
-                "Workload",
-                "AnnotationClash",
-                f"template already sets {clashes}; left out of podSetUpdates",
-                True,
-            )
-        metrics.DECISIONS.labels(outcome="placed", mode=record.mode).inc()
-        metrics.GAMMA.observe(record.gamma)
-        if record.speedup is not None:
-            metrics.SPEEDUP.observe(record.speedup)
-        return "placed"
+    def _event(self, wl: dict[str, Any], note: EventNote) -> None:
+        self.writer.event(wl, "Workload", note.reason, note.message, note.warning)
 
 
-def _record_text(record: DecisionRecord, p: PendingWorkload) -> str:
-    """The decision record as one Event message (Events cap messages near 1 kB)."""
-    r = record
-    parts = [
-        f"{r.mode} γ*={r.gamma} (unconstrained {r.unconstrained_gamma}) "
-        f"on {r.node}/gpu{r.gpu_index} {r.gpu_type}",
-        f"S_real={_f(r.speedup)} aggregate={_f(r.aggregate_speedup)} τ={_f(r.tau)} "
-        f"α={_f(r.alpha)} ({p.alpha_source})",
-        f"headroom={_f(r.headroom)} judged at {_f(r.headroom_pessimistic)} ≈ {_f(r.background_seqs, 1)} seqs",
-        f"step {_f(r.step_plain_ms, 2)}→{_f(r.step_ms, 2)} ms, TPOT {_f(r.tpot_ms, 2)} ms",
-        f"neighbours: step×{_f(r.neighbour_step_ratio)} vs slack {_f(r.neighbour_slo_ratio)}"
-        + (f" (binding: {r.binding_neighbour})" if r.binding_neighbour else ""),
-        f"candidates={r.candidates}; {r.reason}",
-    ]
-    return "; ".join(parts)
+def _only(view: View, checks: set[str]) -> View:
+    """The view with only the drift of this policy group's checks."""
+    from dataclasses import replace
 
-
-def _excluded_text(record: DecisionRecord) -> str:
-    if not record.excluded:
-        return ""
-    return "; excluded: " + "; ".join(f"{node}: {why}" for node, why in sorted(record.excluded.items()))
-
-
-def _f(value: float | None, digits: int = 2) -> str:
-    return "n/a" if value is None else f"{value:.{digits}f}"
+    return replace(view, drift=[d for d in view.drift if d.committed.check in checks])

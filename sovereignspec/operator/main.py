@@ -14,6 +14,7 @@ from typing import Any
 
 import kopf
 
+from sovereignspec.operator import metrics
 from sovereignspec.operator.controller import Controller
 from sovereignspec.operator.policy import GROUP, PLURAL, VERSION
 
@@ -25,7 +26,12 @@ class _Runtime:
 
     controller: Controller | None = None
     wake: asyncio.Event | None = None
-    state: dict[str, Any] = {"ticks": 0, "last_error": ""}  # noqa: RUF012 - one per process
+    state: dict[str, Any] = {"ticks": 0, "last_error": "", "failing_ticks": 0}  # noqa: RUF012 - one per process
+
+
+# Ticks in a row that failed, whole or in part, before liveness reports unhealthy (a restart may
+# clear what a running process cannot: a wedged connection, a stale credential).
+UNHEALTHY_AFTER = 5
 
 
 def configure(controller: Controller) -> None:
@@ -92,7 +98,10 @@ def node_event(event: kopf.RawEvent, **_: Any) -> None:
 
 @kopf.on.probe(id="decisions")
 def probe(**_: Any) -> dict[str, Any]:
-    return dict(_Runtime.state)
+    state = dict(_Runtime.state)
+    if state["failing_ticks"] >= UNHEALTHY_AFTER:
+        raise kopf.PermanentError(f"{state['failing_ticks']} ticks in a row failed: {state['last_error']}")
+    return state
 
 
 def _run_tick() -> Any:
@@ -118,12 +127,19 @@ async def decision_loop() -> None:
         try:
             report = await asyncio.to_thread(_run_tick)
             state["ticks"] += 1
-            state["last_error"] = ""
+            if report.failures:
+                state["failing_ticks"] += 1
+                state["last_error"] = "; ".join(report.failures)
+            else:
+                state["failing_ticks"] = 0
+                state["last_error"] = ""
             period = report.reevaluate_after
             if report.more or report.conflicts:
                 wake.set()
         except Exception as exc:  # a tick must never kill the loop
+            state["failing_ticks"] += 1
             state["last_error"] = f"{type(exc).__name__}: {exc}"
+            metrics.TICK_FAILURES.labels(part="tick").inc()
             log.exception("decision tick failed; retrying")
             await asyncio.sleep(1.0)
             wake.set()

@@ -27,3 +27,17 @@ TELEMETRY_UP = Gauge(
 )
 TELEMETRY_ERRORS = Counter("sovereignspec_telemetry_errors_total", "Telemetry reads that failed", ["source"])
 TICK_SECONDS = Histogram("sovereignspec_tick_seconds", "Duration of a decision tick")
+TICK_FAILURES = Counter(
+    "sovereignspec_failures_total",
+    "Parts of a tick that failed alone (part: tick, policy, object)",
+    ["part"],
+)
+TELEMETRY_REJECTED = Counter(
+    "sovereignspec_telemetry_rejected_total",
+    "Telemetry series or counters rejected at the border and treated as missing",
+    ["source", "reason"],
+)
+DRIFT = Gauge(
+    "sovereignspec_sovereignty_drift_workloads",
+    "Running workloads whose node no longer satisfies their sovereignty requirement",
+)

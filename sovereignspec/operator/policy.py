@@ -7,9 +7,9 @@ policy makes the AdmissionCheck inactive with a message naming the field, instea
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from sovereignspec.core.sovereignty import DEFAULT_JURISDICTION_LABEL
 from sovereignspec.errors import describe
@@ -77,6 +77,37 @@ class Sovereignty(_Model):
     jurisdiction_label: str = Field(
         DEFAULT_JURISDICTION_LABEL, alias="jurisdictionLabel", min_length=1, description="a node label key"
     )
+    evict_on_drift: bool = Field(
+        False,
+        alias="evictOnDrift",
+        description="true or false: set Retry on a running workload whose node no longer satisfies it",
+    )
+
+
+TENANT_PATTERN = r"^[a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?$"
+JURISDICTION_PATTERN = r"^[a-z]{2}(-[a-z0-9]{1,16})?$"
+
+
+class NamespaceTenancy(_Model):
+    tenant: str | None = Field(None, pattern=TENANT_PATTERN, description="a DNS-1123 name")
+    jurisdictions: list[Annotated[str, StringConstraints(pattern=JURISDICTION_PATTERN)]] | None = Field(
+        None, min_length=1, description="jurisdiction codes such as eu, kr, us-east"
+    )
+
+
+class TenancyConfig(_Model):
+    """Who a namespace belongs to, as administrators say it (workload annotations cannot)."""
+
+    namespaces: dict[str, NamespaceTenancy] = Field(
+        default_factory=dict, description="namespace -> {tenant, jurisdictions}"
+    )
+
+
+class PlacementConfig(_Model):
+    keep_whole_nodes_free: int = Field(
+        0, alias="keepWholeNodesFree", ge=0, le=10000, description="an integer >= 0 (nodes per flavor)"
+    )
+    pack_shared_work: bool = Field(True, alias="packSharedWork", description="true or false")
 
 
 class Retry(_Model):
@@ -92,6 +123,8 @@ class PolicySpec(_Model):
     externality: bool = Field(True, description="true or false")
     defaults: Defaults = Field(default_factory=Defaults)
     sovereignty: Sovereignty = Field(default_factory=Sovereignty)
+    tenancy: TenancyConfig = Field(default_factory=TenancyConfig)
+    placement: PlacementConfig = Field(default_factory=PlacementConfig)
     retry: Retry = Field(default_factory=Retry)
     reevaluation_seconds: float = Field(
         10.0, alias="reevaluationSeconds", gt=0, le=600, description="in (0, 600]"

@@ -1,10 +1,19 @@
 """The cluster as the core sees it, rebuilt from API objects at every tick: nodes, the placement
 ledger and the workloads waiting for a decision.
 
-The ledger is the set of Workloads whose SovereignSpec check is Ready with our podSetUpdates (the
-node in the nodeSelector, the GPU and γ in annotations) and that have not finished. It lives in the
-API, not in memory, so a restarted controller sees exactly what the previous one decided, and two
-decisions can never contradict each other: every tick starts from what is already written.
+The ledger is built only from facts users cannot forge:
+
+- our own admission-check entries (status, written by us) on every Workload that is not finished,
+  for every AdmissionCheck this controller serves, whichever policy it uses: the node in the
+  podSetUpdates' nodeSelector, the GPU and γ in their annotations;
+- Pods bound to a node (`spec.nodeName`) that request GPUs and belong to no ledger entry on that
+  node: their GPUs are taken, and their namespace's tenant runs there.
+
+Never from pod-template annotations: a template is the user's to write. A tenant is what the
+namespace's administrators say (`tenancy_of`), never what a workload claims.
+
+Every object is read on its own: one that cannot be read fails alone (its workload is Rejected
+with the reason, or its node is left out), never the tick.
 
 This module does no I/O: it takes plain dicts (as the API returns them) and returns plain data.
 """
@@ -12,13 +21,17 @@ This module does no I/O: it takes plain dicts (as the API returns them) and retu
 from __future__ import annotations
 
 import math
+import re
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from fractions import Fraction
 from typing import Any
 
 from sovereignspec.core.placement import ClusterView, GpuState, NodeState, WorkloadRequest, with_ledger_load
 from sovereignspec.core.roofline import headroom_from_tensor_activity
+from sovereignspec.core.sovereignty import NodeTenancy, Requirement, check_node
 from sovereignspec.core.specs import ProfileSet
 from sovereignspec.operator import annotations as ann
 from sovereignspec.operator.policy import PolicySpec
@@ -27,49 +40,117 @@ from sovereignspec.telemetry.snapshot import Snapshot, blend_acceptance
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 TENSOR_METRIC = "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"
+# Namespace labels administrators set (namespaces are cluster-scoped: tenants cannot edit them).
+TENANT_LABEL = "sovereignspec.io/tenant"
+NAMESPACE_JURISDICTION_LABEL = "sovereignspec.io/jurisdiction"
+_QUANTITY_RE = re.compile(
+    r"([+-]?)([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE])|[eE]([+-]?[0-9]+))?", re.ASCII
+)
+_SUFFIX = {
+    "": Fraction(1),
+    "n": Fraction(1, 10**9),
+    "u": Fraction(1, 10**6),
+    "m": Fraction(1, 10**3),
+    "k": Fraction(10**3),
+    "M": Fraction(10**6),
+    "G": Fraction(10**9),
+    "T": Fraction(10**12),
+    "P": Fraction(10**15),
+    "E": Fraction(10**18),
+    **{s: Fraction(1024**i) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"), 1)},
+}
+MAX_GAMMA = 32
 
 
-def condition(obj: dict[str, Any], kind: str) -> bool:
+class UnreadableFieldError(ValueError):
+    """A field of an API object that cannot be read; the message names the field and the value."""
+
+
+def parse_quantity(text: object) -> Fraction:
+    """A Kubernetes resource quantity (`2`, `1k`, `500m`, `1Gi`, `1e3`), exactly."""
+    if isinstance(text, bool) or not isinstance(text, (str, int)):
+        raise UnreadableFieldError(f"got {text!r}; accepted: a Kubernetes quantity such as 1, 2, 1k")
+    s = str(text)
+    m = _QUANTITY_RE.fullmatch(s)
+    if m is None or len(s) > 64:
+        raise UnreadableFieldError(f"got {s!r}; accepted: a Kubernetes quantity such as 1, 2, 1k")
+    sign, number, suffix, exponent = m.groups()
+    value = Fraction(number)
+    if exponent is not None:
+        if abs(int(exponent)) > 30:
+            raise UnreadableFieldError(f"got {s!r}; exponent out of range")
+        value *= Fraction(10) ** int(exponent)
+    else:
+        value *= _SUFFIX[suffix or ""]
+    return -value if sign == "-" else value
+
+
+def gpu_quantity(value: object, where: str) -> int:
+    """A GPU count: a whole, non-negative quantity (extended resources cannot be split)."""
+    try:
+        q = parse_quantity(value)
+    except UnreadableFieldError as exc:
+        raise UnreadableFieldError(f"{where}: {exc}") from None
+    if q < 0 or q.denominator != 1:
+        raise UnreadableFieldError(f"{where}: got {value!r}; accepted: a whole number of GPUs")
+    return int(q)
+
+
+def condition(obj: Mapping[str, Any], kind: str) -> bool:
+    status = obj.get("status") or {}
     return any(
-        c.get("type") == kind and c.get("status") == "True"
-        for c in obj.get("status", {}).get("conditions", [])
+        isinstance(c, dict) and c.get("type") == kind and c.get("status") == "True"
+        for c in status.get("conditions") or []
     )
 
 
-def key_of(obj: dict[str, Any]) -> str:
+def key_of(obj: Mapping[str, Any]) -> str:
     meta = obj["metadata"]
     return f"{meta.get('namespace', '')}/{meta['name']}"
 
 
-def our_entry(wl: dict[str, Any], checks: set[str]) -> dict[str, Any] | None:
-    for entry in wl.get("status", {}).get("admissionChecks", []):
-        if entry.get("name") in checks:
+def our_entry(wl: Mapping[str, Any], checks: set[str] | frozenset[str]) -> dict[str, Any] | None:
+    for entry in (wl.get("status") or {}).get("admissionChecks") or []:
+        if isinstance(entry, dict) and entry.get("name") in checks:
             return dict(entry)
     return None
 
 
-def job_name(wl: dict[str, Any]) -> str:
-    for ref in wl["metadata"].get("ownerReferences", []):
+def job_name(wl: Mapping[str, Any]) -> str:
+    for ref in wl["metadata"].get("ownerReferences") or []:
         if ref.get("kind") == "Job":
             return str(ref.get("name", ""))
     return str(wl["metadata"]["name"])
 
 
-def requested_gpus(wl: dict[str, Any]) -> int:
+def _container_gpus(spec: Mapping[str, Any], where: str) -> int:
     total = 0
-    for ps in wl.get("spec", {}).get("podSets", []):
-        per_pod = 0
-        for c in ps.get("template", {}).get("spec", {}).get("containers", []):
-            res = c.get("resources", {})
-            value = res.get("requests", {}).get(GPU_RESOURCE) or res.get("limits", {}).get(GPU_RESOURCE) or 0
-            per_pod += int(value)
-        total += per_pod * int(ps.get("count", 1))
+    for i, c in enumerate(spec.get("containers") or []):
+        res = c.get("resources") or {}
+        for kind in ("requests", "limits"):
+            value = (res.get(kind) or {}).get(GPU_RESOURCE)
+            if value is not None:
+                total += gpu_quantity(value, f"{where}.containers[{i}].resources.{kind}[{GPU_RESOURCE}]")
+                break
     return total
 
 
-def template(wl: dict[str, Any]) -> dict[str, Any]:
-    pod_sets = wl.get("spec", {}).get("podSets", [])
-    return dict(pod_sets[0].get("template", {})) if pod_sets else {}
+def requested_gpus(wl: Mapping[str, Any]) -> int:
+    """GPUs the whole workload needs (every pod lands on the one node we choose)."""
+    total = 0
+    for n, ps in enumerate(wl.get("spec", {}).get("podSets") or []):
+        where = f"spec.podSets[{n}].template.spec"
+        per_pod = _container_gpus((ps.get("template") or {}).get("spec") or {}, where)
+        count = ps.get("count", 1)
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise UnreadableFieldError(f"spec.podSets[{n}].count: got {count!r}; accepted: an integer >= 0")
+        total += per_pod * count
+    return total
+
+
+def template(wl: Mapping[str, Any]) -> dict[str, Any]:
+    pod_sets = wl.get("spec", {}).get("podSets") or []
+    return dict(pod_sets[0].get("template") or {}) if pod_sets else {}
 
 
 def parse_time(text: str | None) -> float:
@@ -79,6 +160,43 @@ def parse_time(text: str | None) -> float:
         return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
     except ValueError:
         return 0.0
+
+
+def tenancy_of(namespace: str, labels: Mapping[str, str] | None, policy: PolicySpec) -> ann.Tenancy:
+    """Who a namespace belongs to and where its work may run, from what administrators control:
+    the policy's `tenancy.namespaces` and the Namespace's labels. Two sources that disagree fail
+    closed (the tenancy carries a problem)."""
+    labels = labels or {}
+    mapped = policy.tenancy.namespaces.get(namespace)
+    tenant, source = namespace, "the namespace name"
+    problem = None
+    label_tenant = labels.get(TENANT_LABEL)
+    if label_tenant is not None:
+        if not ann.TENANT_RE.fullmatch(str(label_tenant)):
+            problem = f"namespace label {TENANT_LABEL}={label_tenant!r} is not a DNS-1123 name"
+        tenant, source = str(label_tenant), f"namespace label {TENANT_LABEL}"
+    if mapped is not None and mapped.tenant is not None:
+        if label_tenant is not None and mapped.tenant != label_tenant:
+            problem = (
+                f"SpeculationPolicy tenancy says {mapped.tenant!r}, namespace label {TENANT_LABEL} says "
+                f"{label_tenant!r}: an administrator must make them agree"
+            )
+        tenant, source = mapped.tenant, "the SpeculationPolicy's tenancy.namespaces"
+    allowed: frozenset[str] | None = None
+    label_j = labels.get(NAMESPACE_JURISDICTION_LABEL)
+    if label_j is not None:
+        if not ann.JURISDICTION_RE.fullmatch(str(label_j)):
+            problem = f"namespace label {NAMESPACE_JURISDICTION_LABEL}={label_j!r} is not a jurisdiction code"
+        allowed = frozenset({str(label_j)})
+    if mapped is not None and mapped.jurisdictions is not None:
+        listed = frozenset(mapped.jurisdictions)
+        allowed = listed if allowed is None else allowed & listed
+        if not allowed:
+            problem = (
+                f"namespace label {NAMESPACE_JURISDICTION_LABEL}={label_j!r} is outside the "
+                f"SpeculationPolicy's jurisdictions {sorted(listed)}"
+            )
+    return ann.Tenancy(tenant, allowed, source, problem)
 
 
 @dataclass(frozen=True)
@@ -93,6 +211,9 @@ class Committed:
     request: WorkloadRequest
     decided_at: float
     predicted_tpot_s: float | None
+    check: str = ""
+    workload: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    entry: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
 
 @dataclass
@@ -102,11 +223,20 @@ class PendingWorkload:
     check: str
     entry: dict[str, Any]
     declared: ann.Declared
-    request: WorkloadRequest | None  # None: rejected before placement (bad sovereignty input)
+    request: WorkloadRequest | None  # None: rejected before placement (`rejection` says why)
     alpha_source: str
     pod_set_names: list[str]
     template_annotations: dict[str, str]
     flavor: str | None
+    rejection: str | None = None
+
+
+@dataclass(frozen=True)
+class Drift:
+    """A running workload whose node no longer satisfies its sovereignty requirement."""
+
+    committed: Committed
+    why: str
 
 
 @dataclass
@@ -116,6 +246,22 @@ class View:
     pending: list[PendingWorkload]
     stale_reason: str | None  # why telemetry could not be used, if it could not
     gpu_headroom: dict[tuple[str, int], float | None] = field(default_factory=dict)
+    drift: list[Drift] = field(default_factory=list)
+    hostnames: dict[str, str] = field(default_factory=dict)  # node name -> kubernetes.io/hostname
+    errors: list[str] = field(default_factory=list)  # objects that could not be read
+
+
+@dataclass(frozen=True)
+class World:
+    """What one tick read from the API, as plain dicts."""
+
+    workloads: list[dict[str, Any]]
+    nodes: list[dict[str, Any]]
+    flavors: dict[str, dict[str, str]]
+    namespaces: dict[str, dict[str, str]] = field(default_factory=dict)  # name -> labels
+    pods: list[dict[str, Any]] = field(default_factory=list)  # pods bound to a node
+    owners: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)  # (ns, job) -> annotations
+    policies: dict[str, PolicySpec] = field(default_factory=dict)  # every check we serve -> its policy
 
 
 def declared_request(
@@ -124,15 +270,21 @@ def declared_request(
     profiles: ProfileSet,
     snapshot: Snapshot,
     node_pool: frozenset[str] | None,
+    tenancy: ann.Tenancy | None = None,
+    owner_annotations: Mapping[str, str] | None = None,
 ) -> tuple[ann.Declared, WorkloadRequest | None, str]:
-    """The workload as the core needs it: declared annotations, policy defaults, learned α."""
+    """The workload as the core needs it: declared annotations, policy defaults, learned α.
+    Raises UnreadableFieldError for a field of the Workload that cannot be read."""
     meta = wl["metadata"]
     tpl = template(wl)
+    tpl_meta = tpl.get("metadata") or {}
     declared = ann.parse(
-        tpl.get("metadata", {}).get("annotations"),
-        meta["namespace"],
+        tpl_meta.get("annotations"),
+        tenancy or ann.Tenancy(meta["namespace"]),
         set(profiles.models),
         set(profiles.drafters),
+        labels=tpl_meta.get("labels"),
+        owner_annotations={**(meta.get("annotations") or {}), **(owner_annotations or {})},
     )
     if declared.sovereignty_problems:
         return declared, None, ""
@@ -163,6 +315,7 @@ def declared_request(
         force_plain="; ".join(str(p) for p in problems) or None,
         node_pool=node_pool,
         gpus=requested_gpus(wl) or None,
+        allowed_jurisdictions=declared.allowed_jurisdictions,
     )
     return declared, request, source
 
@@ -171,7 +324,7 @@ def _ms(value: float | None) -> float | None:
     return None if value is None else value / 1e3
 
 
-def _matches(labels: dict[str, str], selector: dict[str, str]) -> bool:
+def _matches(labels: Mapping[str, str], selector: Mapping[str, str]) -> bool:
     return all(labels.get(k) == v for k, v in selector.items())
 
 
@@ -179,65 +332,166 @@ def node_pool(
     wl: dict[str, Any], nodes: list[dict[str, Any]], flavors: dict[str, dict[str, str]]
 ) -> tuple[frozenset[str], str | None]:
     """Nodes the workload's assigned flavor and its own nodeSelector allow."""
-    assignments = wl.get("status", {}).get("admission", {}).get("podSetAssignments", [])
+    assignments = (wl.get("status") or {}).get("admission", {}).get("podSetAssignments") or []
     flavor = None
     for a in assignments:
-        fl = a.get("flavors", {})
+        fl = a.get("flavors") or {}
         flavor = fl.get(GPU_RESOURCE) or next(iter(fl.values()), None)
         if flavor:
             break
     selector = dict(flavors.get(flavor, {})) if flavor else {}
-    selector.update(template(wl).get("spec", {}).get("nodeSelector", {}) or {})
+    selector.update((template(wl).get("spec") or {}).get("nodeSelector") or {})
     names = frozenset(
-        n["metadata"]["name"] for n in nodes if _matches(n["metadata"].get("labels", {}), selector)
+        n["metadata"]["name"] for n in nodes if _matches(n["metadata"].get("labels") or {}, selector)
     )
     return names, flavor
 
 
 def build(
-    workloads: list[dict[str, Any]],
-    nodes: list[dict[str, Any]],
-    flavors: dict[str, dict[str, str]],
-    checks: set[str],
+    world: World | list[dict[str, Any]],
+    nodes: list[dict[str, Any]] | None = None,
+    flavors: dict[str, dict[str, str]] | None = None,
+    checks: set[str] | None = None,
+    policy: PolicySpec | None = None,
+    profiles: ProfileSet | None = None,
+    snapshot: Snapshot | None = None,
+    now: float = 0.0,
+) -> View:
+    """The view for one policy group (`checks`): its pending workloads, and the cluster-wide
+    ledger (every check this controller serves). `world` may be a bare list of Workloads (then
+    `nodes` and `flavors` complete it)."""
+    if not isinstance(world, World):
+        world = World(world, nodes or [], flavors or {})
+    assert checks is not None and policy is not None and profiles is not None and snapshot is not None
+    ours = frozenset(world.policies) | frozenset(checks)
+    errors: list[str] = []
+    hostnames = {}
+    by_host: dict[str, str] = {}
+    for n in world.nodes:
+        name = n["metadata"]["name"]
+        host = str((n["metadata"].get("labels") or {}).get(ann.HOSTNAME) or name)
+        hostnames[name] = host
+        by_host.setdefault(host, name)
+    tenancies: dict[tuple[str, int], ann.Tenancy] = {}
+
+    def tenancy(namespace: str, spec: PolicySpec) -> ann.Tenancy:
+        key = (namespace, id(spec))
+        if key not in tenancies:
+            tenancies[key] = tenancy_of(namespace, world.namespaces.get(namespace), spec)
+        return tenancies[key]
+
+    committed: list[Committed] = []
+    pending: list[PendingWorkload] = []
+    missing_nodes: dict[str, Committed] = {}
+    for wl in world.workloads:
+        try:
+            entry = our_entry(wl, ours)
+            if entry is None or condition(wl, "Finished"):
+                continue
+            state = entry.get("state")
+            if state == "Ready":
+                spec = world.policies.get(str(entry.get("name")), policy)
+                pool, _ = node_pool(wl, world.nodes, world.flavors)
+                done = _committed(wl, entry, spec, profiles, snapshot, pool, by_host, tenancy, world, errors)
+                if done is not None:
+                    committed.append(done)
+                    if done.node not in hostnames:
+                        missing_nodes[done.key] = done
+            elif (
+                state == "Pending"
+                and entry.get("name") in checks
+                and condition(wl, "QuotaReserved")
+                and (wl.get("spec") or {}).get("active", True)
+            ):
+                pending.append(_pending(wl, entry, policy, profiles, snapshot, world, tenancy))
+        except Exception as exc:  # one unreadable object fails alone
+            errors.append(f"Workload {_safe_key(wl)}: {type(exc).__name__}: {exc}")
+            if isinstance(wl, dict) and isinstance(wl.get("metadata"), dict) and "name" in wl["metadata"]:
+                entry = our_entry(wl, frozenset(checks)) or {}
+                if entry.get("state") == "Pending" and condition(wl, "QuotaReserved"):
+                    pending.append(_unreadable(wl, entry, f"{type(exc).__name__}: {exc}"))
+    pods_by_node = _foreign_pods(world, committed, tenancy, policy, errors)
+    cluster, headroom, stale_reason = _cluster(
+        world.nodes, committed, pods_by_node, policy, profiles, snapshot, now, errors
+    )
+    cluster = with_ledger_load(
+        cluster,
+        [(c.request, c.node, c.gpu_index, c.gamma) for c in committed if c.node in hostnames],
+        profiles,
+    )
+    drift = _drift(committed, cluster, policy, missing_nodes)
+    return View(cluster, committed, pending, stale_reason, headroom, drift, hostnames, errors)
+
+
+def _safe_key(wl: object) -> str:
+    try:
+        return key_of(wl)  # type: ignore[arg-type]
+    except Exception:
+        return "(unnamed)"
+
+
+def _unreadable(wl: dict[str, Any], entry: dict[str, Any], why: str) -> PendingWorkload:
+    meta = wl["metadata"]
+    return PendingWorkload(
+        key=_safe_key(wl),
+        workload=wl,
+        check=str(entry.get("name", "")),
+        entry=entry,
+        declared=ann.Declared(tenant=str(meta.get("namespace", ""))),
+        request=None,
+        alpha_source="",
+        pod_set_names=[],
+        template_annotations={},
+        flavor=None,
+        rejection=f"the Workload cannot be read: {why}",
+    )
+
+
+def _pending(
+    wl: dict[str, Any],
+    entry: dict[str, Any],
     policy: PolicySpec,
     profiles: ProfileSet,
     snapshot: Snapshot,
-    now: float,
-) -> View:
-    committed: list[Committed] = []
-    pending: list[PendingWorkload] = []
-    for wl in workloads:
-        entry = our_entry(wl, checks)
-        if entry is None or condition(wl, "Finished"):
-            continue
-        pool, flavor = node_pool(wl, nodes, flavors)
-        state = entry.get("state")
-        if state == "Ready":
-            done = _committed(wl, entry, policy, profiles, snapshot, pool)
-            if done is not None:
-                committed.append(done)
-        elif state == "Pending" and condition(wl, "QuotaReserved") and wl.get("spec", {}).get("active", True):
-            declared, request, source = declared_request(wl, policy, profiles, snapshot, pool)
-            tpl = template(wl)
-            pending.append(
-                PendingWorkload(
-                    key=key_of(wl),
-                    workload=wl,
-                    check=entry["name"],
-                    entry=entry,
-                    declared=declared,
-                    request=request,
-                    alpha_source=source,
-                    pod_set_names=[ps["name"] for ps in wl["spec"].get("podSets", [])],
-                    template_annotations=dict(tpl.get("metadata", {}).get("annotations") or {}),
-                    flavor=flavor,
-                )
-            )
-    cluster, headroom, stale_reason = _cluster(nodes, committed, policy, profiles, snapshot, now)
-    cluster = with_ledger_load(
-        cluster, [(c.request, c.node, c.gpu_index, c.gamma) for c in committed], profiles
+    world: World,
+    tenancy: Any,
+) -> PendingWorkload:
+    meta = wl["metadata"]
+    pool, flavor = node_pool(wl, world.nodes, world.flavors)
+    owner = world.owners.get((meta["namespace"], job_name(wl)))
+    tpl = template(wl)
+    rejection = None
+    try:
+        declared, request, source = declared_request(
+            wl, policy, profiles, snapshot, pool, tenancy(meta["namespace"], policy), owner
+        )
+        if request is None:
+            problems = "; ".join(str(x) for x in declared.sovereignty_problems)
+            rejection = f"{problems} (sovereignty fields fail closed)"
+    except UnreadableFieldError as exc:
+        declared, request, source = ann.Declared(tenant=meta["namespace"]), None, ""
+        rejection = str(exc)
+    names = [str(ps.get("name", "")) for ps in (wl.get("spec") or {}).get("podSets") or []]
+    notes = (tpl.get("metadata") or {}).get("annotations") or {}
+    return PendingWorkload(
+        key=key_of(wl),
+        workload=wl,
+        check=str(entry["name"]),
+        entry=entry,
+        declared=declared,
+        request=request,
+        alpha_source=source,
+        pod_set_names=names,
+        template_annotations={str(k): str(v) for k, v in notes.items()},
+        flavor=flavor,
+        rejection=rejection,
     )
-    return View(cluster, committed, pending, stale_reason, headroom)
+
+
+def _int(text: object, low: int, high: int, default: int) -> int:
+    if isinstance(text, str) and ann.INTEGER_RE.fullmatch(text):
+        return min(max(int(text), low), high)
+    return default
 
 
 def _committed(
@@ -247,37 +501,97 @@ def _committed(
     profiles: ProfileSet,
     snapshot: Snapshot,
     pool: frozenset[str],
+    by_host: Mapping[str, str],
+    tenancy: Any,
+    world: World,
+    errors: list[str],
 ) -> Committed | None:
-    for update in entry.get("podSetUpdates", []):
-        node = (update.get("nodeSelector") or {}).get(ann.HOSTNAME)
+    """A ledger entry from our check entry; the workload's own fields only for its load."""
+    for update in entry.get("podSetUpdates") or []:
+        host = (update.get("nodeSelector") or {}).get(ann.HOSTNAME)
+        if not host:
+            continue
+        node = by_host.get(str(host), str(host))
         notes = update.get("annotations") or {}
-        if node and ann.OUT_MODE in notes:
-            _, request, _ = declared_request(wl, policy, profiles, snapshot, pool)
-            if request is None:
-                return None
-            tpot = notes.get(ann.OUT_TPOT)
-            return Committed(
-                key=key_of(wl),
-                namespace=wl["metadata"]["namespace"],
-                job=job_name(wl),
-                node=node,
-                gpu_index=int(notes.get(ann.OUT_GPU_INDEX, "0")),
-                gamma=int(notes.get(ann.OUT_BUDGET, "0")),
-                gpus=requested_gpus(wl),
-                request=request,
-                decided_at=parse_time(notes.get(ann.OUT_DECIDED_AT)),
-                predicted_tpot_s=float(tpot) / 1e3 if tpot else None,
+        meta = wl["metadata"]
+        t = tenancy(meta["namespace"], policy)
+        try:
+            _, request, _ = declared_request(
+                wl, policy, profiles, snapshot, pool, t, world.owners.get((meta["namespace"], job_name(wl)))
             )
+            gpus = requested_gpus(wl)
+        except UnreadableFieldError as exc:
+            errors.append(f"Workload {key_of(wl)}: {exc}")
+            request, gpus = None, -1
+        if request is None:  # decided once, unreadable now: count it, and hold its node (fail closed)
+            d = policy.defaults
+            request = WorkloadRequest(
+                key_of(wl), t.tenant, d.model, None, d.acceptance_rate, exclusive=True, node_pool=pool
+            )
+        tpot = notes.get(ann.OUT_TPOT)
+        try:
+            predicted = float(tpot) / 1e3 if tpot and ann.DECIMAL_RE.fullmatch(tpot) else None
+        except ValueError:
+            predicted = None
+        return Committed(
+            key=key_of(wl),
+            namespace=meta["namespace"],
+            job=job_name(wl),
+            node=node,
+            gpu_index=_int(notes.get(ann.OUT_GPU_INDEX), 0, 1024, 0),
+            gamma=_int(notes.get(ann.OUT_BUDGET), 0, MAX_GAMMA, 0),
+            gpus=gpus,  # -1: unknown, counts as the whole node
+            request=request,
+            decided_at=parse_time(notes.get(ann.OUT_DECIDED_AT)),
+            predicted_tpot_s=predicted,
+            check=str(entry.get("name", "")),
+            workload=wl,
+            entry=entry,
+        )
     return None
+
+
+def _pod_gpus(pod: Mapping[str, Any]) -> int:
+    return _container_gpus(pod.get("spec") or {}, "spec")
+
+
+def _foreign_pods(
+    world: World, committed: list[Committed], tenancy: Any, policy: PolicySpec, errors: list[str]
+) -> dict[str, list[tuple[str, int]]]:
+    """Per node: (tenant, GPUs) of bound GPU pods that no ledger entry on that node accounts for."""
+    placed = {(c.namespace, c.job, c.node) for c in committed}
+    out: dict[str, list[tuple[str, int]]] = defaultdict(list)
+    for pod in world.pods:
+        try:
+            meta, spec = pod["metadata"], pod.get("spec") or {}
+            node = spec.get("nodeName")
+            phase = (pod.get("status") or {}).get("phase")
+            if not node or phase in ("Succeeded", "Failed"):
+                continue
+            gpus = _pod_gpus(pod)
+            if gpus <= 0:
+                continue
+            owner = next(
+                (str(r.get("name")) for r in meta.get("ownerReferences") or [] if r.get("kind") == "Job"),
+                None,
+            )
+            if owner is not None and (meta.get("namespace"), owner, node) in placed:
+                continue
+            out[str(node)].append((tenancy(str(meta.get("namespace", "")), policy).tenant, gpus))
+        except Exception as exc:
+            errors.append(f"Pod {_safe_key(pod)}: {type(exc).__name__}: {exc}")
+    return out
 
 
 def _cluster(
     nodes: list[dict[str, Any]],
     committed: list[Committed],
+    pods_by_node: Mapping[str, list[tuple[str, int]]],
     policy: PolicySpec,
     profiles: ProfileSet,
     snapshot: Snapshot,
     now: float,
+    errors: list[str],
 ) -> tuple[ClusterView, dict[tuple[str, int], float | None], str | None]:
     staleness = policy.telemetry.staleness_seconds
     stale_reason = None
@@ -289,20 +603,28 @@ def _cluster(
         stale_reason = f"telemetry last read {now - snapshot.fetched_at:.0f}s ago (limit {staleness:.0f}s)"
 
     by_gpu: dict[tuple[str, int], list[Committed]] = defaultdict(list)
+    by_node: dict[str, list[Committed]] = defaultdict(list)
     for c in committed:
         by_gpu[(c.node, c.gpu_index)].append(c)
+        by_node[c.node].append(c)
 
     node_states: list[NodeState] = []
     gpu_states: list[GpuState] = []
     headroom_out: dict[tuple[str, int], float | None] = {}
     for node in nodes:
         meta = node["metadata"]
-        labels = meta.get("labels", {}) or {}
+        labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
         gpu_type = policy.profiles.gpu_products.get(labels.get(GPU_PRODUCT_LABEL, ""))
-        status = node.get("status", {})
-        count = int((status.get("allocatable") or status.get("capacity") or {}).get(GPU_RESOURCE, 0) or 0)
+        status = node.get("status") or {}
+        try:
+            raw = (status.get("allocatable") or status.get("capacity") or {}).get(GPU_RESOURCE, 0) or 0
+            count = gpu_quantity(raw, f"Node {meta['name']} status.allocatable[{GPU_RESOURCE}]")
+        except UnreadableFieldError as exc:
+            errors.append(str(exc))
+            continue
         if gpu_type not in profiles.gpus or count <= 0:
             continue
+        count = min(count, 1024)
         name = meta["name"]
         host = labels.get(ann.HOSTNAME, name)
         efficiency = profiles.gpus[gpu_type].compute_efficiency
@@ -321,9 +643,34 @@ def _cluster(
                 if tpot and c.request.tpot_slo_s / tpot < ratio:
                     ratio, binding = c.request.tpot_slo_s / tpot, c.key
             gpu_states.append(GpuState(name, gi, gpu_type, headroom, ratio, binding))
-        mine = [c for c in committed if c.node == name]
-        free = 0 if node.get("spec", {}).get("unschedulable") else max(count - sum(c.gpus for c in mine), 0)
-        tenants = frozenset(c.request.tenant for c in mine)
+        mine = by_node.get(name, [])
+        foreign = pods_by_node.get(name, [])
+        used = sum(count if c.gpus < 0 else c.gpus for c in mine) + sum(g for _, g in foreign)
+        free = 0 if (node.get("spec") or {}).get("unschedulable") else max(count - used, 0)
+        tenants = frozenset(c.request.tenant for c in mine) | frozenset(t for t, _ in foreign)
         exclusive = frozenset(c.request.tenant for c in mine if c.request.exclusive)
-        node_states.append(NodeState(name, labels, free, tenants, exclusive))
+        node_states.append(NodeState(name, labels, free, tenants, exclusive, capacity=count))
     return ClusterView(node_states, gpu_states), headroom_out, stale_reason
+
+
+def _drift(
+    committed: list[Committed], cluster: ClusterView, policy: PolicySpec, missing: Mapping[str, Committed]
+) -> list[Drift]:
+    """Ledger entries whose node no longer satisfies their requirement (or is gone)."""
+    nodes = {n.name: n for n in cluster.nodes}
+    out = [Drift(c, f"its node {c.node} no longer exists") for c in missing.values()]
+    for c in committed:
+        n = nodes.get(c.node)
+        if n is None:
+            continue
+        req = c.request.requirement
+        # Its own presence is not a reason: judge the node as the others left it.
+        others = NodeTenancy(n.name, n.labels, n.tenants - {req.tenant}, n.exclusive_tenants - {req.tenant})
+        why = check_node(
+            Requirement(req.tenant, req.jurisdiction, req.exclusive, req.allowed),
+            others,
+            policy.sovereignty.jurisdiction_label,
+        )
+        if why is not None and (why.permanent or req.exclusive):
+            out.append(Drift(c, f"its node {c.node} no longer satisfies it: {why.constraint}: {why.detail}"))
+    return out

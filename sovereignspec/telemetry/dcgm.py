@@ -12,26 +12,25 @@ from sovereignspec.telemetry.snapshot import (
     ACTIVITY_METRICS,
     GpuReading,
     Snapshot,
+    activity_readings,
     host_of,
-    normalise_activity,
+    merge_activity,
 )
 
 
-def parse_exposition(text: str, scraped_at: float) -> dict[tuple[str, int], GpuReading]:
-    samples: dict[str, list[tuple[dict[str, str], float]]] = {}
+def parse_exposition(
+    text: str, scraped_at: float, rejected: dict[str, int] | None = None
+) -> dict[tuple[str, int], GpuReading]:
+    samples: dict[str, list[tuple[str | None, str | None, float, float]]] = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             if s.name in ACTIVITY_METRICS:
-                samples.setdefault(s.name, []).append((dict(s.labels), float(s.value)))
-    readings: dict[tuple[str, int], GpuReading] = {}
-    for name in reversed(ACTIVITY_METRICS):
-        series = samples.get(name, [])
-        ratios = normalise_activity(name, [v for _, v in series])
-        for (labels, _), ratio in zip(series, ratios, strict=True):
-            host, gpu = host_of(labels), labels.get("gpu")
-            if host is not None and gpu is not None and gpu.isdigit():
-                readings[(host, int(gpu))] = GpuReading(host, int(gpu), ratio, name, scraped_at)
-    return readings
+                labels = dict(s.labels)
+                samples.setdefault(s.name, []).append(
+                    (host_of(labels), labels.get("gpu"), float(s.value), scraped_at)
+                )
+    counts = rejected if rejected is not None else {}
+    return merge_activity({n: activity_readings(n, series, counts) for n, series in samples.items()})
 
 
 class DcgmScraper:
@@ -42,6 +41,7 @@ class DcgmScraper:
     def snapshot(self) -> Snapshot:
         now = time.time()
         readings: dict[tuple[str, int], GpuReading] = {}
+        rejected: dict[str, int] = {}
         errors = []
         for url in self.endpoints:
             try:
@@ -50,5 +50,8 @@ class DcgmScraper:
             except (urllib.error.URLError, OSError) as exc:
                 errors.append(f"dcgm-exporter at {url} unreachable: {exc}")
                 continue
-            readings.update(parse_exposition(text, time.time()))
-        return Snapshot(gpus=readings, fetched_at=now, error="; ".join(errors) or None)
+            try:
+                readings.update(parse_exposition(text, time.time(), rejected))
+            except ValueError as exc:  # not the exposition format at all
+                errors.append(f"dcgm-exporter at {url} answered something that is not metrics: {exc}")
+        return Snapshot(gpus=readings, fetched_at=now, error="; ".join(errors) or None, rejected=rejected)

@@ -8,15 +8,15 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Any
 
 from sovereignspec.core.speedup import alpha_from_draft_acceptance
 from sovereignspec.telemetry.snapshot import (
     ACTIVITY_METRICS,
     GpuReading,
     Snapshot,
+    activity_readings,
     host_of,
-    normalise_activity,
+    merge_activity,
 )
 
 
@@ -29,8 +29,9 @@ class PrometheusReader:
         self.url = url.rstrip("/")
         self.timeout = timeout
         self.window = window
+        self.rejected: dict[str, int] = {}  # reason -> rows treated as missing, for the metric
 
-    def query(self, promql: str, at: float | None = None) -> list[dict[str, Any]]:
+    def query(self, promql: str, at: float | None = None) -> list[tuple[dict[str, str], float, float]]:
         params = {"query": promql} if at is None else {"query": promql, "time": f"{at:.3f}"}
         target = f"{self.url}/api/v1/query?" + urllib.parse.urlencode(params)
         try:
@@ -38,25 +39,32 @@ class PrometheusReader:
                 doc = json.load(resp)
         except (urllib.error.URLError, OSError, ValueError) as exc:
             raise PrometheusError(f"Prometheus at {self.url} unreachable: {exc}") from exc
-        if doc.get("status") != "success":
-            raise PrometheusError(
-                f"Prometheus at {self.url} answered {doc.get('errorType')}: {doc.get('error')}"
-            )
-        return list(doc["data"]["result"])
+        if not isinstance(doc, dict) or doc.get("status") != "success":
+            got = doc if not isinstance(doc, dict) else f"{doc.get('errorType')}: {doc.get('error')}"
+            raise PrometheusError(f"Prometheus at {self.url} answered {str(got)[:200]}")
+        result = (doc.get("data") or {}).get("result") if isinstance(doc.get("data"), dict) else None
+        if not isinstance(result, list):
+            raise PrometheusError(f"Prometheus at {self.url} answered without data.result: not its API")
+        rows = []
+        for r in result:  # a row that is not a sample is dropped and counted, never raised
+            sample = _sample(r)
+            if sample is None:
+                self.rejected["malformed"] = self.rejected.get("malformed", 0) + 1
+            else:
+                rows.append(sample)
+        return rows
 
     def gpu_activity(self) -> dict[tuple[str, int], GpuReading]:
-        readings: dict[tuple[str, int], GpuReading] = {}
-        for name in reversed(ACTIVITY_METRICS):  # better metrics overwrite worse ones
+        per_metric = {}
+        for name in ACTIVITY_METRICS:
             values = self.query(name)
-            stamps = {_key(r["metric"]): float(r["value"][1]) for r in self.query(f"timestamp({name})")}
-            ratios = normalise_activity(name, [float(r["value"][1]) for r in values])
-            for r, ratio in zip(values, ratios, strict=True):
-                host, gpu = host_of(r["metric"]), r["metric"].get("gpu")
-                if host is None or gpu is None or not gpu.isdigit():
-                    continue
-                observed = stamps.get(_key(r["metric"]), float(r["value"][0]))
-                readings[(host, int(gpu))] = GpuReading(host, int(gpu), ratio, name, observed)
-        return readings
+            stamps = {_key(labels): value for labels, value, _ in self.query(f"timestamp({name})")}
+            series = [
+                (host_of(labels), labels.get("gpu"), value, stamps.get(_key(labels), at))
+                for labels, value, at in values
+            ]
+            per_metric[name] = activity_readings(name, series, self.rejected)
+        return merge_activity(per_metric)
 
     def acceptance(self) -> dict[tuple[str, str], tuple[float, float]]:
         """(tenant, model) -> (per-token acceptance α, draft tokens in the window).
@@ -71,9 +79,16 @@ class PrometheusReader:
         # counters read at different instants would not divide into a true ratio.
         at = time.time()
 
+        bad: set[tuple[str, str]] = set()
+
         def totals(metric: str, extra: str = "") -> dict[tuple[str, str], float]:
-            rows = self.query(f"sum by ({by}) (increase({metric}{extra}[{w}]))", at)
-            return {_tenant_model(r["metric"]): float(r["value"][1]) for r in rows}
+            out: dict[tuple[str, str], float] = {}
+            for labels, value, _ in self.query(f"sum by ({by}) (increase({metric}{extra}[{w}]))", at):
+                key = _tenant_model(labels)
+                if not math.isfinite(value) or value < 0 or key in out:
+                    bad.add(key)
+                out[key] = value
+            return out
 
         drafts = totals("vllm:spec_decode_num_drafts_total")
         draft_tokens = totals("vllm:spec_decode_num_draft_tokens_total")
@@ -82,14 +97,29 @@ class PrometheusReader:
         out: dict[tuple[str, str], tuple[float, float]] = {}
         for key, tokens in draft_tokens.items():
             n = drafts.get(key, 0.0)
-            if tokens <= 0 or n <= 0:
+            if key in bad or tokens <= 0 or n <= 0:
+                continue
+            # Counters that contradict each other are not evidence: more accepted than drafted,
+            # more first-position acceptances than drafts, fewer draft tokens than drafts.
+            slack = 1.0 + 1e-6  # increase() extrapolates each counter on its own
+            if (
+                accepted.get(key, 0.0) > tokens * slack
+                or first.get(key, 0.0) > n * slack
+                or tokens < n / slack
+            ):
+                self.rejected["inconsistent-counters"] = self.rejected.get("inconsistent-counters", 0) + 1
                 continue
             if key in first:
                 out[key] = (min(first[key] / n, 1.0), tokens)
             elif key in accepted:
                 out[key] = (alpha_from_draft_acceptance(accepted[key] / tokens, round(tokens / n)), tokens)
-        for r in self.query(f"avg by ({by}) (avg_over_time(sglang:spec_accept_rate[{w}]))", at):
-            out.setdefault(_tenant_model(r["metric"]), (float(r["value"][1]), -1.0))
+        if bad:
+            self.rejected["invalid-counters"] = self.rejected.get("invalid-counters", 0) + len(bad)
+        for labels, rate, _ in self.query(f"avg by ({by}) (avg_over_time(sglang:spec_accept_rate[{w}]))", at):
+            if not 0.0 <= rate <= 1.0:  # also false for NaN
+                self.rejected["out-of-range"] = self.rejected.get("out-of-range", 0) + 1
+                continue
+            out.setdefault(_tenant_model(labels), (rate, -1.0))
         return out
 
     def tpot(self) -> dict[tuple[str, str], float]:
@@ -99,10 +129,9 @@ class PrometheusReader:
             "(rate(vllm:time_per_output_token_seconds_bucket[2m])))"
         )
         out = {}
-        for r in self.query(q):
-            value = float(r["value"][1])
-            if not math.isnan(value) and r["metric"].get("job_name"):
-                out[(r["metric"].get("namespace", ""), r["metric"]["job_name"])] = value
+        for labels, value, _ in self.query(q):
+            if math.isfinite(value) and value > 0 and labels.get("job_name"):
+                out[(labels.get("namespace", ""), labels["job_name"])] = value
         return out
 
     def snapshot(self) -> Snapshot:
@@ -110,7 +139,7 @@ class PrometheusReader:
         try:
             gpus = self.gpu_activity()
         except PrometheusError as exc:
-            return Snapshot(fetched_at=now, error=str(exc))
+            return Snapshot(fetched_at=now, error=str(exc), rejected=dict(self.rejected))
         errors = []
         acceptance: dict[tuple[str, str], tuple[float, float]] = {}
         tpot: dict[tuple[str, str], float] = {}
@@ -119,7 +148,21 @@ class PrometheusReader:
             tpot = self.tpot()
         except PrometheusError as exc:
             errors.append(str(exc))
-        return Snapshot(gpus, acceptance, tpot, now, "; ".join(errors) or None)
+        return Snapshot(gpus, acceptance, tpot, now, "; ".join(errors) or None, dict(self.rejected))
+
+
+def _sample(row: object) -> tuple[dict[str, str], float, float] | None:
+    """(labels, value, timestamp) of one instant-vector row, or None if it is not one."""
+    if not isinstance(row, dict):
+        return None
+    labels, value = row.get("metric"), row.get("value")
+    if not isinstance(labels, dict) or not isinstance(value, list) or len(value) != 2:
+        return None
+    try:
+        at, number = float(value[0]), float(value[1])
+    except (TypeError, ValueError):
+        return None
+    return {str(k): str(v) for k, v in labels.items()}, number, at
 
 
 def _key(labels: dict[str, str]) -> tuple[tuple[str, str], ...]:

@@ -36,14 +36,63 @@ class Snapshot:
     tpot: dict[tuple[str, str], float] = field(default_factory=dict)  # (namespace, job) -> seconds
     fetched_at: float = 0.0
     error: str | None = None  # why nothing (or not everything) could be read
+    rejected: dict[str, int] = field(default_factory=dict)  # reason -> series/counters treated as missing
 
 
 def normalise_activity(name: str, values: list[float]) -> list[float]:
-    """Ratios in [0, 1]. DCGM_FI_DEV_GPU_UTIL is a percentage before dcgm-exporter 4.9 and a ratio
-    after; a series set with any value above 1 is read as percent."""
-    if name == "DCGM_FI_DEV_GPU_UTIL" and any(v > 1.0 for v in values):
-        values = [v / 100.0 for v in values]
-    return [min(max(v, 0.0), 1.0) for v in values]
+    """Ratios, not yet validated. DCGM_FI_DEV_GPU_UTIL is a percentage before dcgm-exporter 4.9
+    and a ratio after; a series set with any finite value above 1 is read as percent."""
+    if name == "DCGM_FI_DEV_GPU_UTIL" and any(math.isfinite(v) and v > 1.0 for v in values):
+        return [v / 100.0 for v in values]
+    return list(values)
+
+
+def activity_readings(
+    name: str, series: list[tuple[str | None, str | None, float, float]], rejected: dict[str, int]
+) -> tuple[dict[tuple[str, int], GpuReading], set[tuple[str, int]]]:
+    """Validated readings of one activity metric from (host, gpu label, value, observed at).
+
+    Telemetry that cannot be true is not read as idle: a non-finite, negative or above-one ratio,
+    or two series for one GPU, leaves that GPU without a reading (plain decode, with the reason
+    counted in `rejected`). Returns the readings and the GPUs poisoned this way."""
+    ratios = normalise_activity(name, [v for _, _, v, _ in series])
+    readings: dict[tuple[str, int], GpuReading] = {}
+    poisoned: set[tuple[str, int]] = set()
+    for (host, gpu, _, observed), ratio in zip(series, ratios, strict=True):
+        if host is None or gpu is None or not gpu.isascii() or not gpu.isdigit() or len(gpu) > 4:
+            continue
+        key = (host, int(gpu))
+        why = None
+        if not math.isfinite(ratio):
+            why = "non-finite"
+        elif ratio < 0.0:
+            why = "negative"
+        elif ratio > 1.0:
+            why = "above-one"
+        elif key in readings or key in poisoned:
+            why = "duplicate"
+        if why is not None:
+            rejected[why] = rejected.get(why, 0) + 1
+            poisoned.add(key)
+            readings.pop(key, None)
+            continue
+        readings[key] = GpuReading(host, int(gpu), ratio, name, observed)
+    return readings, poisoned
+
+
+def merge_activity(
+    per_metric: dict[str, tuple[dict[tuple[str, int], GpuReading], set[tuple[str, int]]]],
+) -> dict[tuple[str, int], GpuReading]:
+    """The most telling metric per GPU; a GPU that any metric contradicts has no reading."""
+    out: dict[tuple[str, int], GpuReading] = {}
+    bad: set[tuple[str, int]] = set()
+    for name in reversed(ACTIVITY_METRICS):  # better metrics overwrite worse ones
+        readings, poisoned = per_metric.get(name, ({}, set()))
+        out.update(readings)
+        bad |= poisoned
+    for key in bad:
+        out.pop(key, None)
+    return out
 
 
 def host_of(labels: dict[str, str]) -> str | None:

@@ -44,11 +44,12 @@ class Pool:
         default_factory=dict
     )  # name -> (gpu type, jurisdiction, gpus)
     queue: str = "serving"
+    hosts: dict[str, str] = field(default_factory=dict)  # node name -> kubernetes.io/hostname
 
     def headroom(self, node: str, values: list[float]) -> None:
         gpu_type = self.nodes[node][0]
         for i, h in enumerate(values):
-            self.env.telemetry.set_headroom(node, i, h, EFFICIENCY[gpu_type])
+            self.env.telemetry.set_headroom(self.hosts.get(node, node), i, h, EFFICIENCY[gpu_type])
 
 
 def make_pool(
@@ -56,16 +57,20 @@ def make_pool(
     namespace: str,
     nodes: list[tuple[str, str, int, list[float]]],
     extra_checks: list[str] | None = None,
+    fqdn: bool = False,
 ) -> Pool:
     """nodes: (gpu type, jurisdiction, gpu count, headroom per GPU). One flavor per GPU type, in
-    the order given; a ClusterQueue with our check (and `extra_checks`) and a LocalQueue."""
+    the order given; a ClusterQueue with our check (and `extra_checks`) and a LocalQueue. With
+    `fqdn`, Node names are FQDNs and their kubernetes.io/hostname labels the short names."""
     token = secrets.token_hex(3)
     pool = Pool(env, namespace, token)
     flavors: dict[str, str] = {}
     for i, (gpu_type, jurisdiction, count, headrooms) in enumerate(nodes):
-        name = f"t{token}-{gpu_type.lower()}-{jurisdiction}-{i}"
+        host = f"t{token}-{gpu_type.lower()}-{jurisdiction}-{i}"
+        name = f"{host}.gpu.example.internal" if fqdn else host
+        pool.hosts[name] = host
         labels = {
-            "kubernetes.io/hostname": name,
+            "kubernetes.io/hostname": host,
             "nvidia.com/gpu.product": PRODUCTS[gpu_type],
             JURISDICTION: jurisdiction,
             "topology.kubernetes.io/region": jurisdiction,
@@ -95,7 +100,7 @@ def make_pool(
     for name, (_, _, count) in pool.nodes.items():
         wait_until(
             lambda name=name, count=count: len(env.prometheus.query(
-                f'DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{{Hostname="{name}"}}')) >= count,
+                f'DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{{Hostname="{pool.hosts[name]}"}}')) >= count,
             timeout=30,
             what=f"telemetry of {name} in Prometheus",
         )  # fmt: skip
@@ -188,3 +193,32 @@ def wait_for_series(prometheus: LocalPrometheus, promql: str, timeout: float = 3
 
 def now() -> float:
     return time.monotonic()
+
+
+def job_body(
+    pool: Pool, name: str, gpus: int | str = 1, namespace: str | None = None, **notes: Any
+) -> dict[str, Any]:
+    """A serving Job as `submit` makes it, to be changed by the test before `submit_body`."""
+    body = k.job(name, namespace or pool.namespace, pool.queue, annotations=annotations(**notes))
+    for kind in ("requests", "limits"):
+        body["spec"]["template"]["spec"]["containers"][0]["resources"][kind]["nvidia.com/gpu"] = str(gpus)
+    return body
+
+
+def submit_body(pool: Pool, body: dict[str, Any]) -> None:
+    server_side_apply(pool.env.api, body, "sovereignspec-e2e")
+
+
+def add_namespace(pool: Pool, suffix: str, labels: dict[str, str] | None = None) -> str:
+    """Another namespace queueing into the pool's ClusterQueue (a second tenant's, say)."""
+    name = f"{pool.namespace[:40]}-{suffix}"
+    client.CoreV1Api(pool.env.api).create_namespace(
+        {"metadata": {"name": name, "labels": {"sovereignspec.io/test": "true", **(labels or {})}}}
+    )
+    k.apply(pool.env.api, k.local_queue(pool.queue, name, f"t{pool.token}"))
+    return name
+
+
+def in_namespace(pool: Pool, namespace: str) -> Pool:
+    """The same pool seen from another namespace (for submit, decided, outcome, events)."""
+    return Pool(pool.env, namespace, pool.token, pool.nodes, pool.queue, pool.hosts)

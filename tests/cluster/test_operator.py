@@ -13,10 +13,12 @@ from sovereignspec.localdev import kueue as k
 from sovereignspec.localdev.gpunodes import server_side_apply
 from tests.cluster.conftest import wait_until
 from tests.cluster.operator_env import (
+    add_namespace,
     admitted_job,
     decided,
     event,
     events,
+    in_namespace,
     make_pool,
     our_entry,
     outcome,
@@ -34,7 +36,7 @@ def _notes(job: client.V1Job) -> dict[str, str]:
 
 def test_an_idle_gpu_and_a_high_acceptance_latency_workload_is_admitted_speculative(env, namespace):
     pool = make_pool(env, namespace, [("H100-SXM", "eu", 4, [0.95] * 4)])
-    submit(pool, "chat", tenant="acme", **CHAT)
+    submit(pool, "chat", **CHAT)
     job = admitted_job(pool, "chat")
     notes = _notes(job)
     node = next(iter(pool.nodes))
@@ -85,28 +87,33 @@ def test_no_node_of_the_flavor_in_the_jurisdiction_is_rejected_with_that_reason(
 
 def test_an_exclusive_tenant_never_shares_a_node_in_either_direction(env, namespace):
     pool = make_pool(env, namespace, [("H100-SXM", "eu", 4, [0.9] * 4), ("H100-SXM", "eu", 4, [0.5] * 4)])
-    submit(pool, "bank", tenant="bank", exclusive_node="true", **CHAT)
-    bank_node = admitted_job(pool, "bank").spec.template.spec.node_selector["kubernetes.io/hostname"]
-    submit(pool, "shop", tenant="shop", **CHAT)
-    shop_node = admitted_job(pool, "shop").spec.template.spec.node_selector["kubernetes.io/hostname"]
+    # Tenants are what administrators say: one namespace each, labelled with its tenant.
+    bank, shop, vault = (
+        in_namespace(pool, add_namespace(pool, t, {"sovereignspec.io/tenant": t}))
+        for t in ("bank", "shop", "vault")
+    )
+    submit(bank, "bank", exclusive_node="true", **CHAT)
+    bank_node = admitted_job(bank, "bank").spec.template.spec.node_selector["kubernetes.io/hostname"]
+    submit(shop, "shop", **CHAT)
+    shop_node = admitted_job(shop, "shop").spec.template.spec.node_selector["kubernetes.io/hostname"]
     assert shop_node != bank_node  # nobody joins an exclusive tenant
-    submit(pool, "vault", tenant="vault", exclusive_node="true", **CHAT)
-    state, message = outcome(pool, "vault")
+    submit(vault, "vault", exclusive_node="true", **CHAT)
+    state, message = outcome(vault, "vault")
     assert state == "Retry" and "retry in" in message  # every node runs another tenant: not now, not never
-    assert workload_of(pool, "vault")["spec"].get("active", True) is True
+    assert workload_of(vault, "vault")["spec"].get("active", True) is True
 
 
 def test_a_neighbour_near_its_slo_keeps_the_newcomer_plain_and_is_named(env, namespace):
     # GPU 0 is the only one with headroom; GPU 1 is compute-saturated (short contexts reach the ridge).
     pool = make_pool(env, namespace, [("H100-SXM", "eu", 2, [0.9, 0.0])])
     short = {"context_length": 256, "model": "llama-3.1-8b", "latency_class": "latency"}
-    submit(pool, "tight", tenant="old", drafter="ngram", acceptance_rate=0.5, tpot_slo_ms=40, **short)
+    submit(pool, "tight", drafter="ngram", acceptance_rate=0.5, tpot_slo_ms=40, **short)
     first = admitted_job(pool, "tight")
     assert first.spec.template.metadata.annotations["sovereignspec.io/gpu-index"] == "0"
     env.telemetry.set_tpot(namespace, "tight", 0.039)  # 97.5 % of its SLO
     wait_for_series(env.prometheus, f'vllm:time_per_output_token_seconds_bucket{{namespace="{namespace}"}}')
     time.sleep(3)  # a rate needs two scrapes
-    submit(pool, "newcomer", tenant="new", drafter="eagle3", acceptance_rate=0.9, max_num_seqs=64, **short)
+    submit(pool, "newcomer", drafter="eagle3", acceptance_rate=0.9, max_num_seqs=64, **short)
     wl = decided(pool, "newcomer")
     entry = our_entry(pool, wl)
     neighbour = workload_of(pool, "tight")["metadata"]["name"]
@@ -187,7 +194,7 @@ def test_a_bad_performance_annotation_means_plain_ready_and_a_warning_naming_the
     submit(pool, "vague", **{**CHAT, "acceptance_rate": "high"})
     submit(pool, "hasty", **CHAT, tpot_slo_ms=-5)
     for name, field, accepted in (
-        ("vague", "acceptance-rate", "a number in [0, 1]"),
+        ("vague", "acceptance-rate", "a decimal number in [0, 1]"),
         ("hasty", "tpot-slo-ms", "a positive number of milliseconds"),
     ):
         wl = decided(pool, name)
@@ -261,7 +268,7 @@ def test_a_sigkilled_operator_loses_nothing_in_a_burst_of_fifty(env, namespace, 
     first = OperatorProcess(controller).start()
     try:
         for i in range(50):
-            submit(pool, f"job-{i:02d}", tenant=f"tenant-{i % 5}", tpot_slo_ms=80, **CHAT)
+            submit(pool, f"job-{i:02d}", tpot_slo_ms=80, **CHAT)
 
         def ready_count() -> int:
             return sum(
@@ -299,11 +306,11 @@ def test_a_sigkilled_operator_loses_nothing_in_a_burst_of_fifty(env, namespace, 
 
 def test_acceptance_observed_in_vllm_metrics_is_blended_with_the_declared_prior(env, namespace):
     pool = make_pool(env, namespace, [("H100-SXM", "eu", 4, [0.95] * 4)])
-    tenant = f"learner-{namespace[-6:]}"
+    tenant = namespace  # the namespace's tenant, as its engine's metrics are labelled
     env.telemetry.set_acceptance(tenant, namespace, "llama-3.1-8b", 0.3)
     wait_for_series(env.prometheus, f'vllm:spec_decode_num_drafts_total{{tenant="{tenant}"}}')
     time.sleep(3)  # increase() needs two scrapes
-    submit(pool, "learner", tenant=tenant, **CHAT)  # declares 0.8
+    submit(pool, "learner", **CHAT)  # declares 0.8
     message = our_entry(pool, decided(pool, "learner"))["message"]
     assert "declared 0.80 blended with 0.30 observed" in message
     blended = float(message.split("α ")[1].split(" ")[0])

@@ -1,0 +1,329 @@
+"""From a view to the writes of one tick: every decision as plain data, no I/O.
+
+`plan` is the whole decision path after the API has been read: the core's placements, the check
+entry we will apply, the podSetUpdates, the Events and the metrics each decision raises. The
+controller only carries them out; the property tests run exactly this on generated clusters.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+
+from sovereignspec.core.decision import DecisionRecord
+from sovereignspec.core.placement import Placement, Placer, Policy
+from sovereignspec.core.specs import ProfileSet
+from sovereignspec.engines import budget_by_batch, engine_config
+from sovereignspec.operator import annotations as ann
+from sovereignspec.operator.policy import PolicySpec
+from sovereignspec.operator.view import PendingWorkload, View
+
+MESSAGE_LIMIT = 1024  # admission-check messages; the Event carries the rest
+EVENT_LIMIT = 1000
+
+
+@dataclass(frozen=True)
+class EventNote:
+    reason: str
+    message: str
+    warning: bool = False
+
+
+@dataclass
+class Write:
+    """One admission-check entry to apply, and what to say about it."""
+
+    key: str
+    workload: dict[str, object]
+    check: str
+    entry: dict[str, object]  # the entry as we read it (for lastTransitionTime)
+    state: str  # Ready | Retry | Rejected
+    message: str
+    pod_set_updates: list[dict[str, object]] | None = None
+    requeue_after: int | None = None
+    events: list[EventNote] = field(default_factory=list)
+    outcome: str = ""  # placed | retry | rejected | drift
+    mode: str = "none"
+    gamma: int = 0
+    speedup: float | None = None
+    bad_fields: tuple[str, ...] = ()
+    drift: str = ""  # for drift writes: the reason reported
+
+
+def shorten(text: str, limit: int) -> str:
+    """At most `limit` characters, cut at a word boundary with an ellipsis, never mid-word."""
+    if len(text) <= limit:
+        return text
+    cut = text[: limit - 1]
+    space = cut.rfind(" ")
+    if space > limit // 2:
+        cut = cut[:space].rstrip(" ;,")
+    return cut + "…"
+
+
+def placer_policy(spec: PolicySpec) -> Policy:
+    return Policy(
+        gamma_max=spec.gamma_max,
+        margin=spec.self_benefit_margin,
+        headroom_uncertainty=spec.telemetry.headroom_uncertainty,
+        externality=spec.externality,
+        jurisdiction_label=spec.sovereignty.jurisdiction_label,
+        keep_whole_nodes_free=spec.placement.keep_whole_nodes_free,
+        pack=spec.placement.pack_shared_work,
+    )
+
+
+def plan(policy_name: str, spec: PolicySpec, view: View, profiles: ProfileSet, stamp: str) -> list[Write]:
+    """The writes for every pending workload of one policy group, in the core's tick order."""
+    placer = Placer(profiles, view.cluster, placer_policy(spec))
+    writes: list[Write] = []
+    for p in view.pending:
+        if p.request is None:
+            why = f"rejected: {p.rejection or 'the workload cannot be read'}"
+            writes.append(_rejected(p, why, ""))
+    by_name = {p.key: p for p in view.pending if p.request is not None}
+    for placement in placer.tick(
+        [p.request for p in by_name.values() if p.request is not None], explain=True
+    ):
+        writes.append(
+            _decided(policy_name, spec, view, profiles, by_name[placement.workload], placement, stamp)
+        )
+    return writes
+
+
+def _rejected(p: PendingWorkload, why: str, detail: str) -> Write:
+    return Write(
+        p.key,
+        p.workload,
+        p.check,
+        p.entry,
+        "Rejected",
+        shorten(why, MESSAGE_LIMIT),
+        events=[EventNote("Rejected", shorten(why + detail, EVENT_LIMIT), True)],
+        outcome="rejected",
+    )
+
+
+def _decided(
+    policy_name: str,
+    spec: PolicySpec,
+    view: View,
+    profiles: ProfileSet,
+    p: PendingWorkload,
+    placement: Placement,
+    stamp: str,
+) -> Write:
+    record = placement.record
+    if record.outcome == "placed":
+        return _placed(policy_name, spec, view, profiles, p, record, stamp)
+    if record.outcome == "retry":
+        retries = p.entry.get("retryCount", 0)
+        retries = retries if isinstance(retries, int) and 0 <= retries < 64 else 0
+        after = int(min(spec.retry.max_seconds, spec.retry.base_seconds * 2**retries))
+        message = f"retry in {after}s: {record.reason}"
+        return Write(
+            p.key,
+            p.workload,
+            p.check,
+            p.entry,
+            "Retry",
+            shorten(message, MESSAGE_LIMIT),
+            requeue_after=after,
+            events=[EventNote("Retry", shorten(message + _excluded_text(record), EVENT_LIMIT))],
+            outcome="retry",
+        )
+    return _rejected(p, f"rejected: {record.reason}", _excluded_text(record))
+
+
+def decision_notes(
+    spec: PolicySpec,
+    profiles: ProfileSet,
+    p: PendingWorkload,
+    record: DecisionRecord,
+    policy_name: str,
+    stamp: str,
+) -> dict[str, str]:
+    """Every annotation a decision hands the pod, consistent with one another."""
+    req = p.request
+    assert req is not None and record.gpu_type is not None
+    notes = {
+        ann.OUT_MODE: record.mode,
+        ann.OUT_BUDGET: str(record.gamma),
+        ann.OUT_GPU_TYPE: record.gpu_type,
+        ann.OUT_GPU_INDEX: str(record.gpu_index),
+        ann.OUT_SPEEDUP: f"{record.speedup:.3f}" if record.speedup is not None else "",
+        ann.OUT_TPOT: f"{record.tpot_ms:.3f}" if record.tpot_ms is not None else "",
+        ann.OUT_DECIDED_AT: stamp,
+        ann.OUT_POLICY: policy_name,
+    }
+    drafter = profiles.drafters.get(req.drafter) if req.drafter else None
+    if drafter is not None and drafter.supports(req.model):
+        vllm, sglang = engine_config(drafter, req.model, record.gamma)
+        if record.gamma > 0:
+            notes[ann.OUT_VLLM] = vllm
+            notes[ann.OUT_SGLANG] = sglang
+        if record.gamma > 0:  # a plain pod gets no table: nothing it is handed may say speculate
+            table = budget_by_batch(
+                profiles.gpus[record.gpu_type],
+                profiles.models[req.model],
+                drafter,
+                req.alpha,
+                float(req.context),
+                spec.gamma_max,
+                spec.self_benefit_margin,
+            )
+            notes[ann.OUT_BUDGET_BY_BATCH] = json.dumps(table, separators=(",", ":"))
+    return notes
+
+
+def reserved_in_template(template_notes: Mapping[str, str]) -> list[str]:
+    return sorted(k for k in template_notes if k in ann.OUTPUTS)
+
+
+def _placed(
+    policy_name: str,
+    spec: PolicySpec,
+    view: View,
+    profiles: ProfileSet,
+    p: PendingWorkload,
+    record: DecisionRecord,
+    stamp: str,
+) -> Write:
+    req = p.request
+    assert req is not None and record.node is not None and record.gpu_type is not None
+    events: list[EventNote] = []
+    reserved = reserved_in_template(p.template_annotations)
+    reason = record.reason
+    if reserved:
+        # Our keys land together and agree, or not at all. A template that already sets some of
+        # them gets a plain decision; if its values are not plain ones, Kueue could not merge ours
+        # and the engine would read the user's: that bypasses the decision, so it is refused.
+        record = _as_plain(record)
+        notes = decision_notes(spec, profiles, p, record, policy_name, stamp)
+        clash = {k: p.template_annotations[k] for k in reserved if notes.get(k) != p.template_annotations[k]}
+        shown = ", ".join(f"{k}={v!r}" for k, v in sorted(clash.items()))
+        if clash:
+            why = (
+                f"rejected: the pod template sets {shown}, which only SovereignSpec writes; remove "
+                f"{'it' if len(clash) == 1 else 'them'} from spec.template.metadata.annotations"
+            )
+            return _rejected(p, why, "")
+        reason = f"plain decode: the pod template sets {', '.join(reserved)} (written only by SovereignSpec)"
+        events.append(EventNote("ReservedAnnotation", reason + "; remove them from the template", True))
+    else:
+        notes = decision_notes(spec, profiles, p, record, policy_name, stamp)
+    node = record.node or ""
+    host = view.hostnames.get(node, node)
+    updates: list[dict[str, object]] = [
+        {"name": name, "annotations": dict(notes), "nodeSelector": {ann.HOSTNAME: host}}
+        for name in p.pod_set_names
+    ]
+    if record.mode == "plain" and view.stale_reason and record.headroom is None:
+        reason = f"{reason} ({view.stale_reason})"
+    message = (
+        f"{record.mode} γ={record.gamma} on {record.node}/gpu{record.gpu_index} ({record.gpu_type}); "
+        f"α {req.alpha:.2f} ({p.alpha_source}); {reason}"
+    )
+    events.insert(
+        0,
+        EventNote(
+            "SpeculativeDecode" if record.gamma > 0 else "PlainDecode",
+            shorten(record_text(record, p.alpha_source), EVENT_LIMIT),
+        ),
+    )
+    if record.held_back:
+        held = "; ".join(f"{gpu}: {why}" for gpu, why in sorted(record.held_back.items()))
+        events.append(EventNote("NeighbourSLO", shorten(f"speculation held back on {held}", EVENT_LIMIT)))
+    excluded = _excluded_text(record)
+    if excluded:
+        events.append(EventNote("ExcludedNodes", shorten(excluded.lstrip("; "), EVENT_LIMIT)))
+    problems = p.declared.performance_problems
+    if problems:
+        text = "; ".join(str(x) for x in problems)
+        events.append(
+            EventNote(
+                "BadAnnotation", shorten(f"{text}. Speculation is off: plain decode.", EVENT_LIMIT), True
+            )
+        )
+    if p.declared.warnings:
+        events.append(
+            EventNote("UnknownAnnotation", shorten("; ".join(p.declared.warnings), EVENT_LIMIT), True)
+        )
+    return Write(
+        p.key,
+        p.workload,
+        p.check,
+        p.entry,
+        "Ready",
+        shorten(message, MESSAGE_LIMIT),
+        pod_set_updates=updates,
+        events=events,
+        outcome="placed",
+        mode=record.mode,
+        gamma=record.gamma,
+        speedup=record.speedup,
+        bad_fields=tuple(x.field for x in problems),
+    )
+
+
+def _as_plain(record: DecisionRecord) -> DecisionRecord:
+    if record.gamma == 0:
+        return record
+    return replace(record, mode="plain", gamma=0, speedup=1.0)
+
+
+def drift_writes(view: View, spec: PolicySpec, reported: Mapping[str, str]) -> list[Write]:
+    """For each drifted workload not yet reported with the same reason: a Warning, and with
+    `evictOnDrift` a Retry (Kueue evicts and requeues it; it is decided again from scratch)."""
+    out = []
+    for d in view.drift:
+        c = d.committed
+        if reported.get(c.key) == d.why or f"sovereignty drift: {d.why}" in str(c.entry.get("message", "")):
+            continue  # reported already (in this process, or in the entry before a restart)
+        evict = spec.sovereignty.evict_on_drift
+        message = f"sovereignty drift: {d.why}" + ("; evicted to be placed again" if evict else "")
+        entry = dict(c.entry)
+        out.append(
+            Write(
+                c.key,
+                dict(c.workload),
+                c.check,
+                entry,
+                "Retry" if evict else "Ready",
+                shorten(message if evict else f"{entry.get('message', '')} [{message}]", MESSAGE_LIMIT),
+                pod_set_updates=None if evict else list(entry.get("podSetUpdates") or []),
+                requeue_after=spec.retry.base_seconds if evict else None,
+                events=[EventNote("SovereigntyDrift", shorten(message, EVENT_LIMIT), True)],
+                outcome="drift",
+                drift=d.why,
+            )
+        )
+    return out
+
+
+def record_text(record: DecisionRecord, alpha_source: str) -> str:
+    """The decision record as one Event message (Events cap messages near 1 kB)."""
+    r = record
+    parts = [
+        f"{r.mode} γ*={r.gamma} (unconstrained {r.unconstrained_gamma}) "
+        f"on {r.node}/gpu{r.gpu_index} {r.gpu_type}",
+        f"S_real={_f(r.speedup)} aggregate={_f(r.aggregate_speedup)} τ={_f(r.tau)} "
+        f"α={_f(r.alpha)} ({alpha_source})",
+        f"headroom={_f(r.headroom)} judged at {_f(r.headroom_pessimistic)} ≈ {_f(r.background_seqs, 1)} seqs",
+        f"step {_f(r.step_plain_ms, 2)}→{_f(r.step_ms, 2)} ms, TPOT {_f(r.tpot_ms, 2)} ms",
+        f"neighbours: step×{_f(r.neighbour_step_ratio)} vs slack {_f(r.neighbour_slo_ratio)}"
+        + (f" (binding: {r.binding_neighbour})" if r.binding_neighbour else ""),
+        f"candidates={r.candidates}; {r.reason}",
+    ]
+    return "; ".join(parts)
+
+
+def _excluded_text(record: DecisionRecord) -> str:
+    if not record.excluded:
+        return ""
+    return "; excluded: " + "; ".join(f"{node}: {why}" for node, why in sorted(record.excluded.items()))
+
+
+def _f(value: float | None, digits: int = 2) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"

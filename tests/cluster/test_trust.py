@@ -1,0 +1,360 @@
+"""The trust boundaries, tried the way a hostile or careless user would, on the real control plane:
+tenancy that cannot be claimed, a ledger that cannot be forged, failures that stay alone,
+telemetry that cannot be true, a strict annotation grammar, pods that get one consistent
+configuration, work that can never fit, hostnames that are not node names, room for exclusive
+tenants, and nodes that move jurisdiction under running work.
+
+Each test here failed on main at 47a905b (before these boundaries existed)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from kubernetes import client
+
+from sovereignspec.localdev import kueue as k
+from sovereignspec.localdev.gpunodes import server_side_apply
+from sovereignspec.localdev.operator import policy
+from tests.cluster.conftest import wait_until
+from tests.cluster.operator_env import (
+    JURISDICTION,
+    Pool,
+    add_namespace,
+    admitted_job,
+    decided,
+    event,
+    in_namespace,
+    job_body,
+    make_pool,
+    our_entry,
+    outcome,
+    submit,
+    submit_body,
+    wait_for_series,
+    workload_of,
+)
+
+CHAT = {"model": "llama-3.1-8b", "drafter": "eagle3", "acceptance_rate": 0.8, "latency_class": "latency"}
+HOST = "kubernetes.io/hostname"
+
+
+def _node_of(pool: Pool, job: str) -> str:
+    return admitted_job(pool, job).spec.template.spec.node_selector[HOST]
+
+
+def _notes(pool: Pool, job: str) -> dict[str, str]:
+    return dict(admitted_job(pool, job).spec.template.metadata.annotations or {})
+
+
+def _second_check(env: Any, unique: Any, **spec: Any) -> Any:
+    """Another AdmissionCheck served by the same operator, with a policy of its own."""
+    name = unique("policy")
+    server_side_apply(env.api, policy(name, env.prometheus.url, **spec), "sovereignspec-e2e")
+    check = unique("check")
+    params = {"apiGroup": "sovereignspec.io", "kind": "SpeculationPolicy", "name": name}
+    k.apply(env.api, k.admission_check(check, env.controller, params))
+    return replace(env, check=check)
+
+
+# 1. Tenant identity comes from the namespace --------------------------------------------------
+
+
+def test_a_workload_cannot_claim_another_namespaces_tenant(env, namespace):
+    pool = make_pool(env, namespace, [("H100-SXM", "eu", 4, [0.9] * 4), ("H100-SXM", "eu", 4, [0.5] * 4)])
+    bank_ns = add_namespace(pool, "bank", {"sovereignspec.io/tenant": "bank"})
+    bank = in_namespace(pool, bank_ns)
+    submit(bank, "ledger", exclusive_node="true", **CHAT)
+    _node_of(bank, "ledger")
+    evil = in_namespace(pool, add_namespace(pool, "evil"))
+    submit(evil, "impostor", tenant="bank", **CHAT)
+    state, message = outcome(evil, "impostor")
+    assert state == "Rejected", message
+    assert "sovereignspec.io/tenant" in message and "'bank'" in message
+    # Restating the namespace's own tenant is fine.
+    submit(bank, "restated", tenant="bank", **CHAT)
+    assert _node_of(bank, "restated") == _node_of(bank, "ledger")
+
+
+def test_a_namespace_jurisdiction_binds_its_workloads_and_annotations_only_narrow_it(env, namespace):
+    pool = make_pool(env, namespace, [("H100-SXM", "eu", 2, [1.0, 1.0]), ("H100-SXM", "kr", 2, [0.1, 0.1])])
+    kr_node = next(n for n, (_, j, _) in pool.nodes.items() if j == "kr")
+    korea = in_namespace(pool, add_namespace(pool, "kr", {"sovereignspec.io/jurisdiction": "kr"}))
+    submit(korea, "silent", **CHAT)  # says nothing: the namespace says kr
+    assert _node_of(korea, "silent") == kr_node
+    submit(korea, "widen", jurisdiction="eu", **CHAT)
+    state, message = outcome(korea, "widen")
+    assert state == "Rejected" and "namespace allows: kr" in message, message
+
+
+# 2. and 3. One ledger, from facts users cannot forge, across every policy -----------------------
+
+
+def test_a_template_that_sets_our_output_keys_still_counts_in_the_ledger(env, namespace):
+    pool = make_pool(env, namespace, [("H100-SXM", "eu", 4, [0.9] * 4)])
+    for i in range(4):
+        body = job_body(pool, f"steer-{i}", gpus=2, **CHAT)
+        body["spec"]["template"]["metadata"]["annotations"]["sovereignspec.io/mode"] = "plain"
+        submit_body(pool, body)
+    states = [outcome(pool, f"steer-{i}")[0] for i in range(4)]
+    assert states.count("Ready") == 2 and states.count("Retry") == 2, states  # 4 GPUs, 2 each
+    warning = event(pool, "ReservedAnnotation")
+    assert warning.type == "Warning" and "sovereignspec.io/mode" in warning.message
+
+
+def test_two_policies_share_one_ledger_of_capacity_and_tenancy(env, namespace, unique):
+    pool = make_pool(env, namespace, [("H100-SXM", "eu", 2, [0.9, 0.9])])
+    other = _second_check(env, unique)
+    cq = unique("cq")
+    flavor = f"t{pool.token}-h100-sxm"
+    k.apply(env.api, k.cluster_queue(cq, {flavor: 64}, [other.check]))
+    k.apply(env.api, k.local_queue("other", namespace, cq))
+    submit(pool, "first", gpus=2, **CHAT)
+    _node_of(pool, "first")
+    second = Pool(other, namespace, pool.token, pool.nodes, "other", pool.hosts)
+    submit(second, "second", gpus=1, **CHAT)
+    state, message = outcome(second, "second")
+    assert state == "Retry", message  # the node's 2 GPUs are taken, whichever check took them
+
+
+# 4. One bad object or source fails alone ---------------------------------------------------------
+
+
+def test_a_workload_with_an_unusual_gpu_quantity_does_not_stall_the_others(env, namespace):
+    pool = make_pool(env, namespace, [("H100-SXM", "eu", 4, [0.9] * 4)])
+    submit_body(pool, job_body(pool, "milli", gpus="2000m", **CHAT))  # valid: 2 GPUs
+    submit(pool, "plain-one", **CHAT)
+    assert our_entry(pool, decided(pool, "plain-one"))["state"] == "Ready"
+    entry = our_entry(pool, decided(pool, "milli"))
+    assert entry["state"] == "Ready", entry["message"]
+
+
+class _LyingPrometheus:
+    """An HTTP server that answers the Prometheus API's shape, with rows that have no value."""
+
+    def __init__(self) -> None:
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                body = json.dumps(
+                    {
+                        "status": "success",
+                        "data": {"resultType": "vector", "result": [{"metric": {"gpu": "0"}}]},
+                    }
+                ).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *_: Any) -> None:
+                return
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_telemetry_source_answering_nonsense_fails_only_its_own_policy(env, namespace, unique):
+    liar = _LyingPrometheus()
+    try:
+        name = unique("liar")
+        server_side_apply(env.api, policy(name, liar.url), "sovereignspec-e2e")
+        check = unique("liar-check")
+        params = {"apiGroup": "sovereignspec.io", "kind": "SpeculationPolicy", "name": name}
+        k.apply(env.api, k.admission_check(check, env.controller, params))
+        lied_to = make_pool(replace(env, check=check), namespace, [("H100-SXM", "eu", 2, [0.95, 0.95])])
+        healthy = make_pool(env, namespace, [("H100-SXM", "eu", 2, [0.95, 0.95])])
+        healthy = replace(healthy, queue="healthy")
+        k.apply(env.api, k.local_queue("healthy", namespace, f"t{healthy.token}"))
+        submit(lied_to, "misled", **CHAT)
+        submit(healthy, "unaffected", **CHAT)
+        assert our_entry(healthy, decided(healthy, "unaffected"))["message"].startswith("speculative")
+        entry = our_entry(lied_to, decided(lied_to, "misled"))
+        assert entry["state"] == "Ready" and entry["message"].startswith("plain"), entry["message"]
+    finally:
+        liar.close()
+
+
+# 5. Telemetry that cannot be true is missing, not idle --------------------------------------------
+
+
+def test_impossible_gpu_activity_is_treated_as_missing_not_as_idle(env, namespace):
+    pool = make_pool(env, namespace, [("H100-SXM", "eu", 1, [0.9]), ("H100-SXM", "eu", 1, [0.9])])
+    negative, duplicated = list(pool.nodes)
+    env.telemetry.tensor.labels("0", pool.hosts[negative], "synthetic").set(-0.3)
+    env.telemetry.tensor.labels("0", pool.hosts[duplicated], "second-exporter").set(0.0)
+    wait_for_series(
+        env.prometheus,
+        f'DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{{modelName="second-exporter",Hostname="{pool.hosts[duplicated]}"}}',
+    )
+    wait_until(
+        lambda: env.prometheus.query(
+            f'DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{{Hostname="{pool.hosts[negative]}"}} < 0'
+        ),
+        timeout=30,
+        what="the negative reading in Prometheus",
+    )
+    time.sleep(1.2)
+    for i in range(2):
+        submit(pool, f"blind-{i}", **CHAT)
+    for i in range(2):
+        entry = our_entry(pool, decided(pool, f"blind-{i}"))
+        assert entry["state"] == "Ready" and entry["message"].startswith("plain"), entry["message"]
+    env.telemetry.tensor.remove("0", pool.hosts[duplicated], "second-exporter")
+
+
+def test_acceptance_counters_that_contradict_each_other_are_not_evidence(env, namespace):
+    pool = make_pool(env, namespace, [("H100-SXM", "eu", 2, [0.5, 0.5])])
+    model = "llama-3.1-8b"
+    counters = env.telemetry
+    stop = threading.Event()
+
+    def lie() -> None:  # more tokens accepted than drafted
+        while not stop.wait(0.25):
+            counters.drafts.labels(namespace, namespace, model).inc(250)
+            counters.drafted.labels(namespace, namespace, model).inc(1000)
+            counters.accepted.labels(namespace, namespace, model).inc(5000)
+
+    feeder = threading.Thread(target=lie, daemon=True)
+    feeder.start()
+    try:
+        wait_for_series(env.prometheus, f'vllm:spec_decode_num_drafts_total{{namespace="{namespace}"}}')
+        time.sleep(3)
+        submit(pool, "sceptic", **{**CHAT, "acceptance_rate": 0.05, "drafter": "ngram"})
+        message = our_entry(pool, decided(pool, "sceptic"))["message"]
+        assert "observed" not in message and message.startswith("plain"), message
+    finally:
+        stop.set()
+
+
+# 6. A strict annotation grammar; sovereignty fails closed ----------------------------------------
+
+
+def test_loose_or_misplaced_annotations_are_malformed_and_sovereignty_fails_closed(env, namespace):
+    pool = make_pool(env, namespace, [("H100-SXM", "eu", 4, [0.95] * 4), ("H100-SXM", "kr", 4, [0.1] * 4)])
+    sovereign = {
+        "newline-j": {"sovereignspec.io/jurisdiction": "kr\n"},
+        "newline-t": {"sovereignspec.io/tenant": f"{namespace}\n"},
+        "shouting": {"sovereignspec.io/exclusive-node": "TRUE"},
+        "capital": {"sovereignspec.io/Jurisdiction": "kr"},
+        "typo": {"sovereignspec.io/jurisdicton": "kr"},
+    }
+    performance = {
+        "infinite": {"sovereignspec.io/tpot-slo-ms": "inf"},
+        "overflow": {"sovereignspec.io/tpot-slo-ms": "1e309"},
+        "huge": {"sovereignspec.io/max-num-seqs": "1e300"},
+        "underscore": {"sovereignspec.io/context-length": "1_0"},
+        "fullwidth": {"sovereignspec.io/max-num-seqs": "８"},
+    }
+    for name, notes in {**sovereign, **performance}.items():
+        body = job_body(pool, name, **CHAT)
+        body["spec"]["template"]["metadata"]["annotations"].update(notes)
+        submit_body(pool, body)
+    on_job = job_body(pool, "on-job", **CHAT)
+    on_job["metadata"]["annotations"] = {"sovereignspec.io/jurisdiction": "kr"}
+    submit_body(pool, on_job)
+    for name in [*sovereign, "on-job"]:
+        state, message = outcome(pool, name)
+        assert state == "Rejected", (name, message)
+    assert "spec.template.metadata.annotations" in outcome(pool, "on-job")[1]
+    for name in performance:
+        entry = our_entry(pool, decided(pool, name))
+        assert entry["state"] == "Ready" and entry["message"].startswith("plain"), (name, entry["message"])
+        assert event(pool, "BadAnnotation", workload_of(pool, name)["metadata"]["name"]).type == "Warning"
+
+
+# 7. What reaches the pod agrees with itself --------------------------------------------------------
+
+
+def test_the_pod_never_gets_a_mode_and_an_engine_config_that_contradict_each_other(env, namespace):
+    pool = make_pool(env, namespace, [("H100-SXM", "eu", 4, [0.95] * 4)])
+    body = job_body(pool, "says-plain", **CHAT)
+    body["spec"]["template"]["metadata"]["annotations"]["sovereignspec.io/mode"] = "plain"
+    submit_body(pool, body)
+    body = job_body(pool, "says-two", **CHAT)
+    body["spec"]["template"]["metadata"]["annotations"]["sovereignspec.io/draft-budget"] = "2"
+    submit_body(pool, body)
+    notes = _notes(pool, "says-plain")
+    assert notes["sovereignspec.io/mode"] == "plain" and notes["sovereignspec.io/draft-budget"] == "0"
+    assert "sovereignspec.io/vllm-speculative-config" not in notes
+    state, message = outcome(pool, "says-two")
+    assert state == "Rejected" and "sovereignspec.io/draft-budget='2'" in message, message
+
+
+# 8. and 9. Work that can never fit; hostnames that are not node names -------------------------------
+
+
+def test_work_that_can_never_fit_is_rejected_with_the_reason(env, namespace):
+    pool = make_pool(env, namespace, [("H100-SXM", "eu", 2, [0.9, 0.9]), ("H100-SXM", "eu", 2, [0.9, 0.9])])
+    submit(pool, "too-wide", gpus=4, **CHAT)
+    body = job_body(pool, "three-pods", gpus=1, **CHAT)
+    body["spec"]["parallelism"] = body["spec"]["completions"] = 3
+    submit_body(pool, body)
+    for name, need in (("too-wide", 4), ("three-pods", 3)):
+        state, message = outcome(pool, name)
+        assert state == "Rejected", (name, message)
+        assert f"needs {need} GPUs on one node" in message and "has 2" in message, message
+
+
+def test_the_node_selector_names_the_hostname_label_not_the_node_name(env, namespace):
+    pool = make_pool(env, namespace, [("H100-SXM", "eu", 2, [0.9, 0.9])], fqdn=True)
+    (node,) = pool.nodes
+    submit(pool, "fqdn", gpus=2, **CHAT)
+    assert _node_of(pool, "fqdn") == pool.hosts[node] != node
+    submit(pool, "after", gpus=1, **CHAT)  # the ledger maps the hostname back to the node: it is full
+    assert outcome(pool, "after")[0] == "Retry"
+
+
+# 10. Room for exclusive tenants -----------------------------------------------------------------------
+
+
+def test_shared_work_leaves_a_whole_node_for_an_exclusive_tenant(env, namespace, unique):
+    reserving = _second_check(env, unique, placement={"keepWholeNodesFree": 1})
+    # Each node has one idle and one busy GPU: speed alone spreads one shared replica per node.
+    pool = make_pool(reserving, namespace, [("H100-SXM", "eu", 2, [0.9, 0.1]) for _ in range(4)])
+    for i in range(4):
+        submit(pool, f"shared-{i}", tenant=namespace, **CHAT)
+        _node_of(pool, f"shared-{i}")
+    bank = in_namespace(pool, add_namespace(pool, "bank", {"sovereignspec.io/tenant": "bank"}))
+    submit(bank, "vault", exclusive_node="true", **CHAT)
+    state, message = outcome(bank, "vault")
+    assert state == "Ready", message
+    vault_node = _node_of(bank, "vault")
+    assert all(_node_of(pool, f"shared-{i}") != vault_node for i in range(4))
+
+
+# 11. Sovereignty drift --------------------------------------------------------------------------------
+
+
+def test_a_node_moved_to_another_jurisdiction_under_running_work_is_reported(env, namespace, operator):
+    pool = make_pool(env, namespace, [("H100-SXM", "eu", 2, [0.9, 0.9])])
+    (node,) = pool.nodes
+    submit(pool, "settled", jurisdiction="eu", **CHAT)
+    _node_of(pool, "settled")
+    client.CoreV1Api(env.api).patch_node(node, {"metadata": {"labels": {JURISDICTION: "us"}}})
+    name = workload_of(pool, "settled")["metadata"]["name"]
+    warning = event(pool, "SovereigntyDrift", name, timeout=60)
+    assert warning.type == "Warning" and "jurisdiction" in warning.message and node in warning.message
+    assert "sovereignty drift" in our_entry(pool, workload_of(pool, "settled"))["message"]
+    assert "sovereignspec_sovereignty_drift_workloads" in operator.metrics()
+
+
+# 12. Smaller: reasons that name the real cause -----------------------------------------------------
+
+
+def test_a_job_pinned_outside_its_flavor_is_rejected_for_that_not_for_sovereignty(env, namespace):
+    pool = make_pool(env, namespace, [("H100-SXM", "eu", 2, [0.9, 0.9])])
+    body = job_body(pool, "pinned", **CHAT)
+    body["spec"]["template"]["spec"]["nodeSelector"] = {HOST: "no-such-host"}
+    submit_body(pool, body)
+    state, message = outcome(pool, "pinned")
+    assert state == "Rejected" and "nodeSelector" in message and "sovereignty" not in message, message
