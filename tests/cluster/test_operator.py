@@ -195,7 +195,7 @@ def test_a_bad_performance_annotation_means_plain_ready_and_a_warning_naming_the
     submit(pool, "hasty", **CHAT, tpot_slo_ms=-5)
     for name, field, accepted in (
         ("vague", "acceptance-rate", "a decimal number in [0, 1]"),
-        ("hasty", "tpot-slo-ms", "a positive number of milliseconds"),
+        ("hasty", "tpot-slo-ms", "a positive decimal number of milliseconds"),
     ):
         wl = decided(pool, name)
         entry = our_entry(pool, wl)

@@ -358,3 +358,45 @@ def test_a_job_pinned_outside_its_flavor_is_rejected_for_that_not_for_sovereignt
     submit_body(pool, body)
     state, message = outcome(pool, "pinned")
     assert state == "Rejected" and "nodeSelector" in message and "sovereignty" not in message, message
+
+
+def test_a_decision_whose_event_was_lost_to_a_crash_gets_it_posted_after_the_restart(env, namespace, unique):
+    from sovereignspec.localdev.operator import OperatorProcess
+
+    controller = "sovereignspec.io/restart"
+    name = unique("restart")
+    server_side_apply(env.api, policy(name, env.prometheus.url), "sovereignspec-e2e")
+    check = unique("restart-check")
+    params = {"apiGroup": "sovereignspec.io", "kind": "SpeculationPolicy", "name": name}
+    k.apply(env.api, k.admission_check(check, controller, params))
+    k.set_check_active(env.api, check, "sovereignspec-controller")
+    pool = make_pool(
+        replace(env, check=check, controller=controller), namespace, [("H100-SXM", "eu", 1, [0.9])]
+    )
+    (node,) = pool.nodes
+    submit(pool, "survivor", **CHAT)
+
+    def reserved() -> dict[str, Any] | None:
+        wl = workload_of(pool, "survivor")
+        return wl if wl and k.check_state(wl, check) and k.condition(wl, "QuotaReserved") else None
+
+    wl = wait_until(reserved, what="quota for the workload")
+    # What a controller killed between its status write and its Event leaves behind.
+    body = {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "Workload",
+        "metadata": {"name": wl["metadata"]["name"], "namespace": namespace},
+        "status": {"admissionChecks": [{
+            "name": check, "state": "Ready", "message": "plain γ=0 on the node (decided before the crash)",
+            "lastTransitionTime": "2026-01-01T00:00:00Z",
+            "podSetUpdates": [{"name": "main", "nodeSelector": {HOST: pool.hosts[node]},
+                               "annotations": {"sovereignspec.io/mode": "plain"}}],
+        }]},
+    }  # fmt: skip
+    server_side_apply(env.api, body, "sovereignspec-controller", "status")
+    restarted = OperatorProcess(controller).start()
+    try:
+        posted = event(pool, "PlainDecode", wl["metadata"]["name"], timeout=60)
+        assert "re-posted after a restart" in posted.message and "decided before the crash" in posted.message
+    finally:
+        restarted.stop()
