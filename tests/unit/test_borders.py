@@ -195,3 +195,20 @@ def test_messages_are_cut_at_a_word_boundary() -> None:
     text = "the quick brown fox jumps over the lazy dog " * 10
     short = shorten(text, 50)
     assert len(short) <= 50 and short.endswith("…") and short[:-1] in text and text[len(short) - 1] in " ;,"
+
+
+def test_liveness_fails_once_ticks_keep_failing() -> None:
+    import kopf
+
+    from sovereignspec.operator import main
+
+    saved = dict(main._Runtime.state)
+    try:
+        main._Runtime.state.update(failing_ticks=main.UNHEALTHY_AFTER - 1, last_error="403 Forbidden")
+        assert main.probe()["failing_ticks"] == main.UNHEALTHY_AFTER - 1
+        main._Runtime.state["failing_ticks"] = main.UNHEALTHY_AFTER
+        with pytest.raises(kopf.PermanentError, match="403 Forbidden"):
+            main.probe()
+    finally:
+        main._Runtime.state.clear()
+        main._Runtime.state.update(saved)

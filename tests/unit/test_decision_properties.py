@@ -81,6 +81,11 @@ def worlds(draw: st.DrawFn) -> tuple[World, dict[str, dict[str, str]], PolicySpe
     rng = random.Random(draw(st.integers(0, 2**32)))
     for i in range(draw(st.integers(1, 120))):
         notes = {ann.PREFIX + rng.choice(KEYS): rng.choice(HOSTILE_VALUES) for _ in range(rng.randrange(6))}
+        # Well-formed sovereignty often enough that exclusivity and jurisdiction are really exercised.
+        if rng.random() < 0.3:
+            notes[ann.PREFIX + "exclusive-node"] = "true"
+        if rng.random() < 0.3:
+            notes[ann.PREFIX + "jurisdiction"] = rng.choice(["eu", "kr", "us"])
         ns = rng.choice(sorted(namespaces))
         gpus = rng.choice(GPU_VALUES)
         workloads.append(
