@@ -212,3 +212,27 @@ def test_liveness_fails_once_ticks_keep_failing() -> None:
     finally:
         main._Runtime.state.clear()
         main._Runtime.state.update(saved)
+
+
+def test_drift_is_reported_once_and_evicts_only_when_the_policy_says_so() -> None:
+    from sovereignspec.core.placement import ClusterView, WorkloadRequest
+    from sovereignspec.operator.plan import drift_writes
+    from sovereignspec.operator.view import Committed, Drift, View
+
+    entry = {"name": "c", "state": "Ready", "message": "plain γ=0 on n", "podSetUpdates": [{"name": "main"}]}
+    c = Committed(
+        "ns/w", "ns", "w", "n", 0, 0, 1, WorkloadRequest("ns/w", "ns", "m", None, 0.5), 0.0, None, "c",
+        {"metadata": {"name": "w", "namespace": "ns"}}, entry,
+    )  # fmt: skip
+    view = View(ClusterView([], []), [c], [], None, drift=[Drift(c, "its node n no longer satisfies it")])
+    warn, evict = (PolicySpec.model_validate({"sovereignty": {"evictOnDrift": e}}) for e in (False, True))
+    (w,) = drift_writes(view, warn, {})
+    assert (
+        w.state == "Ready"
+        and w.pod_set_updates == entry["podSetUpdates"]
+        and "sovereignty drift" in w.message
+    )
+    assert w.events[0].reason == "SovereigntyDrift" and w.events[0].warning
+    assert drift_writes(view, warn, {"ns/w": w.drift}) == []  # reported already
+    (e,) = drift_writes(view, evict, {})
+    assert e.state == "Retry" and e.pod_set_updates is None and e.requeue_after == evict.retry.base_seconds
