@@ -72,6 +72,7 @@ def server_side_apply(api: client.ApiClient, doc: dict[str, Any], manager: str, 
             query_params=[("fieldManager", manager), ("force", "true")],
             header_params={"Content-Type": "application/apply-patch+yaml", "Accept": "application/json"},
             body=doc,
+            auth_settings=["BearerToken"],
         )
     ).read()
 

@@ -65,8 +65,11 @@ def install(api: client.ApiClient) -> None:
 class OperatorProcess:
     """`sovereignspec operator` as a child process, with its own log file."""
 
-    def __init__(self, controller_name: str, extra: list[str] | None = None) -> None:
+    def __init__(
+        self, controller_name: str, extra: list[str] | None = None, kubeconfig: Path | None = None
+    ) -> None:
         self.controller_name = controller_name
+        self.kubeconfig = kubeconfig or controlplane.kubeconfig("operator")
         self.metrics_port = free_port()
         self.liveness_port = free_port()
         self.log_path = Path(tempfile.mkdtemp(prefix="sovereignspec-operator-")) / "operator.log"
@@ -76,7 +79,7 @@ class OperatorProcess:
     def start(self, timeout: float = 60.0) -> OperatorProcess:
         cmd = [
             sys.executable, "-m", "sovereignspec", "operator",
-            "--kubeconfig", str(controlplane.kubeconfig("operator")),
+            "--kubeconfig", str(self.kubeconfig),
             "--controller-name", self.controller_name,
             "--bind", "127.0.0.1",
             "--metrics-port", str(self.metrics_port),
@@ -136,6 +139,43 @@ class OperatorProcess:
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) * 1024
         return 0
+
+
+def service_account_kubeconfig(
+    api: client.ApiClient, namespace: str, name: str, cluster_role: str | None = "sovereignspec"
+) -> Path:
+    """A kubeconfig that authenticates only with a ServiceAccount's bearer token (as a Pod's
+    projected token does), the account bound to `cluster_role` (None: no permissions at all)."""
+    core = client.CoreV1Api(api)
+    core.create_namespaced_service_account(
+        namespace, client.V1ServiceAccount(metadata=client.V1ObjectMeta(name=name))
+    )
+    if cluster_role is not None:
+        binding = {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": f"{namespace}-{name}"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": cluster_role},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}],
+        }
+        server_side_apply(api, binding, MANAGER)
+    request = client.AuthenticationV1TokenRequest(
+        spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600)
+    )
+    token = core.create_namespaced_service_account_token(name, namespace, request).status.token
+    admin = yaml.safe_load(controlplane.kubeconfig("admin").read_text())
+    cluster = admin["clusters"][0]
+    doc = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [cluster],
+        "users": [{"name": name, "user": {"token": token}}],
+        "contexts": [{"name": name, "context": {"cluster": cluster["name"], "user": name}}],
+        "current-context": name,
+    }
+    path = Path(tempfile.mkdtemp(prefix="sovereignspec-sa-")) / "kubeconfig"
+    path.write_text(yaml.safe_dump(doc))
+    return path
 
 
 class SyntheticTelemetry:
@@ -259,4 +299,11 @@ def policy(name: str, prometheus_url: str | None, **spec: Any) -> dict[str, Any]
     }
 
 
-__all__ = ["LocalPrometheus", "OperatorProcess", "SyntheticTelemetry", "install", "policy"]
+__all__ = [
+    "LocalPrometheus",
+    "OperatorProcess",
+    "SyntheticTelemetry",
+    "install",
+    "policy",
+    "service_account_kubeconfig",
+]

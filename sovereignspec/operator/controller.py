@@ -119,6 +119,8 @@ class Controller:
                 resource_path=path,
                 query_params=query or [],
                 header_params={"Accept": accept or "application/json"},
+                # The client's own auth path: a bearer token (ServiceAccount, OIDC) is sent only so.
+                auth_settings=["BearerToken"],
             )
         )
         data = resp.read()

@@ -46,6 +46,7 @@ class Writer:
                         "Accept": "application/json",
                     },
                     body=body,
+                    auth_settings=["BearerToken"],  # a ServiceAccount token is sent only so
                 )
             )
             data = resp.read()

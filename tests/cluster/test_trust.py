@@ -95,7 +95,8 @@ def test_a_namespace_jurisdiction_binds_its_workloads_and_annotations_only_narro
 
 
 def test_a_template_that_sets_our_output_keys_still_counts_in_the_ledger(env, namespace):
-    pool = make_pool(env, namespace, [("H100-SXM", "eu", 4, [0.9] * 4)])
+    # Idle GPUs: the decision would be speculative, which the template's mode=plain contradicts.
+    pool = make_pool(env, namespace, [("H100-SXM", "eu", 4, [1.0] * 4)])
     for i in range(4):
         body = job_body(pool, f"steer-{i}", gpus=2, **CHAT)
         body["spec"]["template"]["metadata"]["annotations"]["sovereignspec.io/mode"] = "plain"
@@ -124,13 +125,15 @@ def test_two_policies_share_one_ledger_of_capacity_and_tenancy(env, namespace, u
 # 4. One bad object or source fails alone ---------------------------------------------------------
 
 
-def test_a_workload_with_an_unusual_gpu_quantity_does_not_stall_the_others(env, namespace):
+def test_a_workload_asking_for_1k_gpus_is_rejected_alone_and_does_not_stall_the_others(env, namespace):
     pool = make_pool(env, namespace, [("H100-SXM", "eu", 4, [0.9] * 4)])
-    submit_body(pool, job_body(pool, "milli", gpus="2000m", **CHAT))  # valid: 2 GPUs
+    flavor = f"t{pool.token}-h100-sxm"
+    k.apply(env.api, k.cluster_queue(f"t{pool.token}", {flavor: 2000}, [env.check]))  # quota for it
+    submit_body(pool, job_body(pool, "thousand", gpus="1k", **CHAT))  # a valid quantity: 1000
     submit(pool, "plain-one", **CHAT)
     assert our_entry(pool, decided(pool, "plain-one"))["state"] == "Ready"
-    entry = our_entry(pool, decided(pool, "milli"))
-    assert entry["state"] == "Ready", entry["message"]
+    state, message = outcome(pool, "thousand")
+    assert state == "Rejected" and "needs 1000 GPUs on one node" in message, message
 
 
 class _LyingPrometheus:
