@@ -403,3 +403,21 @@ def test_a_decision_whose_event_was_lost_to_a_crash_gets_it_posted_after_the_res
         assert "re-posted after a restart" in posted.message and "decided before the crash" in posted.message
     finally:
         restarted.stop()
+
+
+def test_with_evict_on_drift_a_workload_whose_node_left_its_jurisdiction_is_evicted(env, namespace, unique):
+    evicting = _second_check(env, unique, sovereignty={"evictOnDrift": True})
+    pool = make_pool(evicting, namespace, [("H100-SXM", "eu", 2, [0.9, 0.9])])
+    (node,) = pool.nodes
+    submit(pool, "moved", jurisdiction="eu", **CHAT)
+    _node_of(pool, "moved")
+    client.CoreV1Api(env.api).patch_node(node, {"metadata": {"labels": {JURISDICTION: "us"}}})
+
+    def evicted() -> bool:
+        wl = workload_of(pool, "moved")
+        return bool(wl) and (k.condition(wl, "Evicted") or {}).get("status") == "True"
+
+    wait_until(evicted, timeout=60, what="Kueue to evict the drifted workload")
+    assert event(pool, "SovereigntyDrift", workload_of(pool, "moved")["metadata"]["name"]).type == "Warning"
+    state, message = outcome(pool, "moved")  # placed again from scratch: no eu node is left
+    assert state == "Rejected" and "jurisdiction eu" in message, message
