@@ -76,6 +76,21 @@ def down() -> None:
         raise RuntimeError(f"hack/cluster-down.sh failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
 
 
+def kubectl(*args: str, stdin: str | None = None, user: str = "admin") -> subprocess.CompletedProcess[str]:
+    """The pinned kubectl that `make binaries` builds, against this control plane (never raises)."""
+    cache = Path(os.environ.get("SOVEREIGNSPEC_CACHE", Path.home() / ".cache/sovereignspec"))
+    found = sorted((cache / "bin").glob("kubectl-*"))
+    if not found:
+        raise RuntimeError("kubectl not built yet: run `make binaries`")
+    return subprocess.run(
+        [str(found[-1]), "--kubeconfig", str(kubeconfig(user)), *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
 def pids() -> dict[str, int]:
     out = {}
     for path in (state_dir() / "pids").glob("*.pid"):

@@ -101,7 +101,11 @@ def main() -> int:
     controlplane.up()
     api = controlplane.api_client()
     install(api)
-    apply_examples(api, ("00-gpu-nodes.yaml", "10-resource-flavors.yaml", "20-queues.yaml"))
+    # The examples as the README says to apply them; then the demo's own Prometheus in the policy.
+    applied = controlplane.kubectl("apply", "-f", str(EXAMPLES))
+    if applied.returncode != 0:
+        raise RuntimeError(f"kubectl apply -f {EXAMPLES} failed:\n{applied.stderr}")
+    apply_examples(api, ("00-gpu-nodes.yaml",))  # node capacity is status: written as a kubelet would
 
     telemetry = SyntheticTelemetry()
     for node, values in HEADROOM.items():
@@ -113,18 +117,19 @@ def main() -> int:
     while not prometheus.query("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"):
         time.sleep(0.5)
 
-    for doc in documents(EXAMPLES / "30-sovereignspec.yaml"):
-        if doc["kind"] == "SpeculationPolicy":
-            doc["spec"]["telemetry"]["prometheusURL"] = prometheus.url
-            doc["spec"]["reevaluationSeconds"] = 2
-        server_side_apply(api, doc, "sovereignspec-demo")
+    pointed = {
+        "apiVersion": "sovereignspec.io/v1alpha1",
+        "kind": "SpeculationPolicy",
+        "metadata": {"name": "default"},
+        "spec": {"telemetry": {"prometheusURL": prometheus.url}, "reevaluationSeconds": 2},
+    }
+    server_side_apply(api, pointed, "sovereignspec-demo")
     operator = OperatorProcess(CONTROLLER).start()
     print(f"operator running (log: {operator.log_path}); Prometheus at {prometheus.url}", flush=True)
     try:
         batch = client.BatchV1Api(api)
         names: list[tuple[str, str, str]] = []  # (job, namespace, tenant)
-        for doc in documents(EXAMPLES / "40-workloads.yaml"):
-            server_side_apply(api, doc, "sovereignspec-demo")
+        for doc in documents(EXAMPLES / "40-workloads.yaml"):  # applied with the rest above
             names.append((doc["metadata"]["name"], doc["metadata"]["namespace"], "acme"))
         for name, tenant, notes, gpus in WORKLOADS:
             namespace = _tenant_namespace(api, tenant)

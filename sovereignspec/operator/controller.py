@@ -164,13 +164,20 @@ class Controller:
                 None,
             )
             want = "True" if ok else "False"
-            if current is None or (current.get("status"), current.get("reason"), current.get("message")) != (
-                want,
-                reason,
-                message,
+            generation = ac["metadata"].get("generation", 0)
+            generation = generation if isinstance(generation, int) else 0
+            seen = (
+                (current or {}).get("status"),
+                (current or {}).get("reason"),
+                (current or {}).get("message"),
+            )
+            if (
+                current is None
+                or seen != (want, reason, message)
+                or current.get("observedGeneration") != generation
             ):
                 try:
-                    self.writer.admission_check_active(name, ok, reason, message)
+                    self.writer.admission_check_active(name, ok, reason, message, generation)
                 except ApiException as exc:
                     log.warning("could not set Active on AdmissionCheck %s: %s", name, exc.reason)
                     continue

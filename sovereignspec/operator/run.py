@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+from typing import Any, cast
 
 import kopf
 from kubernetes import client, config
@@ -12,6 +13,7 @@ from prometheus_client import start_http_server
 
 from sovereignspec.operator import main as handlers
 from sovereignspec.operator.controller import Controller, Settings
+from sovereignspec.operator.identity import operator_identity
 from sovereignspec.profiles import load_profiles
 
 
@@ -42,5 +44,10 @@ def run(args: argparse.Namespace) -> int:
     if args.metrics_port:
         start_http_server(args.metrics_port, addr=args.bind)
     liveness = f"http://{args.bind}:{args.liveness_port}/healthz" if args.liveness_port else None
-    kopf.run(clusterwide=True, standalone=True, liveness_endpoint=liveness)
+    kopf.run(
+        clusterwide=True,
+        standalone=True,
+        liveness_endpoint=liveness,
+        identity=cast(Any, operator_identity()),  # kopf's Identity is a NewType of str
+    )
     return 0

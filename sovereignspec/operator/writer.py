@@ -96,7 +96,11 @@ class Writer:
         path = f"/apis/{KUEUE}/namespaces/{meta['namespace']}/workloads/{meta['name']}/status"
         return self._apply(path, body)
 
-    def admission_check_active(self, name: str, active: bool, reason: str, message: str) -> None:
+    def admission_check_active(
+        self, name: str, active: bool, reason: str, message: str, generation: int = 0
+    ) -> None:
+        """The Active condition, for the generation it was judged at (`kubectl wait --for
+        condition=Active` ignores a condition whose observedGeneration is older than the object)."""
         body = {
             "apiVersion": KUEUE,
             "kind": "AdmissionCheck",
@@ -109,7 +113,7 @@ class Writer:
                         "reason": reason,
                         "message": message[:MESSAGE_LIMIT],
                         "lastTransitionTime": now_rfc3339(),
-                        "observedGeneration": 0,
+                        "observedGeneration": generation,
                     }
                 ]
             },

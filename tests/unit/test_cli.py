@@ -1,3 +1,4 @@
+import contextlib
 import json
 import subprocess
 import sys
@@ -150,3 +151,45 @@ def test_regimes_table_states_the_mix_and_plots_a_png(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "homogeneous" in out and "mixed" in out and "chat-ngram" in out
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_operator_knows_who_it_is_under_a_uid_without_a_passwd_entry():
+    """The chart runs the image as UID 65532, which has no passwd entry there: kopf's own identity
+    (getpass.getuser) raises, ours must not. Tried as that UID, with the system's Python."""
+    import os
+    import pwd
+    import shutil
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    from sovereignspec.operator import identity
+
+    python = shutil.which("python3", path="/usr/bin:/bin")
+    if os.getuid() != 0 or python is None:
+        pytest.skip("needs root and a system python3 to run as a UID without a passwd entry")
+    with contextlib.suppress(KeyError):
+        pwd.getpwuid(65532)
+        pytest.skip("UID 65532 has a passwd entry on this machine")
+    where = Path(tempfile.mkdtemp(prefix="sovereignspec-uid-"))
+    try:
+        where.chmod(0o755)
+        shutil.copy(identity.__file__, where / "identity.py")
+        (where / "identity.py").chmod(0o644)
+        code = (
+            "import getpass\n"
+            "from identity import operator_identity\n"
+            "try:\n    getpass.getuser(); print('getuser: ok')\n"
+            "except (KeyError, OSError) as exc:\n    print('getuser:', type(exc).__name__)\n"
+            "print('identity:', operator_identity())\n"
+        )
+        env = {"PATH": "/usr/bin:/bin", "POD_NAME": "sovereignspec-abc"}
+        out = subprocess.run(
+            [python, "-c", code], env=env, capture_output=True, text=True, timeout=60, cwd=where,
+            user=65532, group=65532, check=False,
+        )  # fmt: skip
+    finally:
+        shutil.rmtree(where)
+    assert out.returncode == 0, out.stderr
+    assert "getuser: KeyError" in out.stdout  # what kopf would have hit
+    assert "identity: sovereignspec@sovereignspec-abc/" in out.stdout

@@ -1,0 +1,73 @@
+"""`deploy/examples/` applied exactly as the README says, with the pinned kubectl, client-side and
+server-side: the ClusterQueue keeps its quota and our check, `kubectl wait --for condition=Active`
+returns, and the example serving Job is admitted with SovereignSpec's decision."""
+
+from __future__ import annotations
+
+import json
+
+from kubernetes import client
+
+from sovereignspec.localdev import controlplane
+from sovereignspec.localdev import kueue as k
+from sovereignspec.localdev.gpunodes import EXAMPLES, server_side_apply
+from sovereignspec.localdev.operator import OperatorProcess, install
+from tests.cluster.conftest import wait_until
+
+
+def _cluster_queue() -> dict:
+    out = controlplane.kubectl("get", "clusterqueue", "gpu-serving", "-o", "json")
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_the_examples_apply_as_is_and_their_job_is_admitted_with_a_decision(api, gpu_nodes):
+    install(api)  # the CRD and RBAC, as the chart would
+    for how in (["--server-side"], []):
+        # Each way from nothing, as a user would (one user, one way): the queue is removed first.
+        removed = controlplane.kubectl(
+            "delete", "clusterqueue", "gpu-serving", "--ignore-not-found", "--timeout=30s"
+        )
+        assert removed.returncode == 0, removed.stderr
+        applied = controlplane.kubectl("apply", *how, "-f", str(EXAMPLES))
+        assert applied.returncode == 0, applied.stderr
+        spec = _cluster_queue()["spec"]
+        assert spec["resourceGroups"][0]["flavors"][0]["name"] == "nvidia-gpu", spec
+        assert {"name": "sovereignspec"} in spec["admissionChecksStrategy"]["admissionChecks"]
+        assert spec["namespaceSelector"] == {}
+    # Point the policy at loopback (nothing listens there): no lookup of the example's cluster DNS
+    # name leaves this machine.
+    pointed = {
+        "apiVersion": "sovereignspec.io/v1alpha1",
+        "kind": "SpeculationPolicy",
+        "metadata": {"name": "default"},
+        "spec": {"telemetry": {"prometheusURL": "http://127.0.0.1:9"}},
+    }
+    server_side_apply(api, pointed, "sovereignspec-e2e")
+    operator = OperatorProcess("sovereignspec.io/speculation").start()
+    try:
+        waited = controlplane.kubectl(
+            "wait", "--for", "condition=Active", "admissioncheck/sovereignspec", "--timeout", "60s"
+        )
+        assert waited.returncode == 0, waited.stderr
+        batch = client.BatchV1Api(api)
+
+        def admitted() -> client.V1Job | None:
+            job = batch.read_namespaced_job("acme-chat", "llm-serving")
+            return job if job.spec.suspend is False else None
+
+        job = wait_until(admitted, timeout=90, what="the example Job to be admitted")
+        notes = job.spec.template.metadata.annotations
+        assert notes["sovereignspec.io/mode"] in ("speculative", "plain")
+        assert job.spec.template.spec.node_selector["kubernetes.io/hostname"].startswith("gpu-")
+        wl = next(
+            w
+            for w in k.workloads(api, "llm-serving")
+            if any(r["name"] == "acme-chat" for r in w["metadata"]["ownerReferences"])
+        )
+        entry = k.check_state(wl, "sovereignspec")
+        assert entry is not None and entry["state"] == "Ready"
+        # The example policy's Prometheus is not reachable here: plain, with the reason.
+        assert entry["message"].startswith("plain") and "unreachable" in entry["message"], entry["message"]
+    finally:
+        operator.stop()
