@@ -106,3 +106,35 @@ def test_the_values_schema_refuses_bad_values(helm, bad):
     args = [str(helm), "template", "t", str(CHART), "--kube-version", "1.36.3", "--set", bad]
     result = subprocess.run(args, capture_output=True, text=True, check=False)
     assert result.returncode != 0 and "schema" in (result.stderr + result.stdout).lower()
+
+
+def test_the_chart_renders_as_a_dependency_of_a_parent_chart_with_global_values(helm, tmp_path):
+    parent = tmp_path / "platform"
+    parent.mkdir()
+    (parent / "Chart.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v2",
+                "name": "platform",
+                "version": "0.1.0",
+                "dependencies": [{"name": "sovereignspec", "version": "*", "repository": f"file://{CHART}"}],
+            }
+        )
+    )
+    (parent / "values.yaml").write_text(yaml.safe_dump({"global": {"imageRegistry": "registry.example"}}))
+    env = {
+        **os.environ,
+        "HELM_CACHE_HOME": str(tmp_path / "cache"),
+        "HELM_CONFIG_HOME": str(tmp_path / "cfg"),
+    }
+    dep = subprocess.run(
+        [str(helm), "dependency", "update", str(parent)], capture_output=True, text=True, check=False, env=env
+    )
+    assert dep.returncode == 0, dep.stderr
+    out = subprocess.run(
+        [str(helm), "template", "p", str(parent), "--set", "global.team=serving"],
+        capture_output=True, text=True, check=False, env=env,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    kinds = {d["kind"] for d in yaml.safe_load_all(out.stdout) if d}
+    assert {"Deployment", "ClusterRole", "AdmissionCheck"} <= kinds
