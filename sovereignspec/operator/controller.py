@@ -16,7 +16,7 @@ import logging
 import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kubernetes import client
@@ -262,7 +262,8 @@ class Controller:
                 self._observe(view, spec, checks)
                 pending_total += len(view.pending)
                 self._carry_out(drift_writes(_only(view, checks), spec, self._drift_reported), report)
-                if not self._events_checked:
+                if not self._events_checked:  # once: the ledger is the same in every group's view
+                    self._events_checked = True
                     self._repost_events(view)
                 if not view.pending:
                     continue
@@ -274,7 +275,6 @@ class Controller:
                 report.failures.append(f"policy {policy_name}: {type(exc).__name__}: {exc}")
                 metrics.TICK_FAILURES.labels(part="policy").inc()
                 log.exception("deciding for policy %s failed; the other policies go on", policy_name)
-        self._events_checked = True
         metrics.PENDING.set(pending_total)
         metrics.TICK_SECONDS.observe(time.monotonic() - started)
         return report
@@ -371,6 +371,4 @@ class Controller:
 
 def _only(view: View, checks: set[str]) -> View:
     """The view with only the drift of this policy group's checks."""
-    from dataclasses import replace
-
     return replace(view, drift=[d for d in view.drift if d.committed.check in checks])
