@@ -258,7 +258,7 @@ class Controller:
         for policy_name, (spec, checks) in sorted(groups.items()):
             try:
                 snapshot = self.telemetry.get(spec)
-                view = build(world, None, None, checks, spec, self.profiles, snapshot, now)
+                view = build(world, checks, spec, self.profiles, snapshot, now)
                 self._observe(view, spec, checks)
                 pending_total += len(view.pending)
                 self._carry_out(drift_writes(_only(view, checks), spec, self._drift_reported), report)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import re
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from fractions import Fraction
@@ -60,6 +60,8 @@ _SUFFIX = {
     **{s: Fraction(1024**i) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"), 1)},
 }
 MAX_GAMMA = 32
+# A namespace's tenancy under a policy (memoised per tick in `build`).
+TenancyOf = Callable[[str, PolicySpec], ann.Tenancy]
 
 
 class UnreadableFieldError(ValueError):
@@ -348,21 +350,15 @@ def node_pool(
 
 
 def build(
-    world: World | list[dict[str, Any]],
-    nodes: list[dict[str, Any]] | None = None,
-    flavors: dict[str, dict[str, str]] | None = None,
-    checks: set[str] | None = None,
-    policy: PolicySpec | None = None,
-    profiles: ProfileSet | None = None,
-    snapshot: Snapshot | None = None,
-    now: float = 0.0,
+    world: World,
+    checks: set[str],
+    policy: PolicySpec,
+    profiles: ProfileSet,
+    snapshot: Snapshot,
+    now: float,
 ) -> View:
     """The view for one policy group (`checks`): its pending workloads, and the cluster-wide
-    ledger (every check this controller serves). `world` may be a bare list of Workloads (then
-    `nodes` and `flavors` complete it)."""
-    if not isinstance(world, World):
-        world = World(world, nodes or [], flavors or {})
-    assert checks is not None and policy is not None and profiles is not None and snapshot is not None
+    ledger (every check this controller serves)."""
     ours = frozenset(world.policies) | frozenset(checks)
     errors: list[str] = []
     hostnames = {}
@@ -454,7 +450,7 @@ def _pending(
     profiles: ProfileSet,
     snapshot: Snapshot,
     world: World,
-    tenancy: Any,
+    tenancy: TenancyOf,
 ) -> PendingWorkload:
     meta = wl["metadata"]
     pool, flavor = node_pool(wl, world.nodes, world.flavors)
@@ -502,7 +498,7 @@ def _committed(
     snapshot: Snapshot,
     pool: frozenset[str],
     by_host: Mapping[str, str],
-    tenancy: Any,
+    tenancy: TenancyOf,
     world: World,
     errors: list[str],
 ) -> Committed | None:
@@ -556,7 +552,7 @@ def _pod_gpus(pod: Mapping[str, Any]) -> int:
 
 
 def _foreign_pods(
-    world: World, committed: list[Committed], tenancy: Any, policy: PolicySpec, errors: list[str]
+    world: World, committed: list[Committed], tenancy: TenancyOf, policy: PolicySpec, errors: list[str]
 ) -> dict[str, list[tuple[str, int]]]:
     """Per node: (tenant, GPUs) of bound GPU pods that no ledger entry on that node accounts for."""
     placed = {(c.namespace, c.job, c.node) for c in committed}

@@ -155,7 +155,7 @@ def _every_tick_keeps_sovereignty_and_capacity(
     snapshot = _snapshot(world)
     by_host = {n["metadata"]["labels"]["kubernetes.io/hostname"]: n for n in world.nodes}
     for _ in range(3):  # ticks; each one's writes are applied before the next
-        view = build(world, None, None, {CHECK}, policy, profiles(), snapshot, 1.0)
+        view = build(world, {CHECK}, policy, profiles(), snapshot, 1.0)
         writes = plan("p", policy, view, profiles(), "2026-12-01T00:00:00Z")
         DECISIONS["count"] += len(writes)
         assert len(writes) == len(view.pending)
