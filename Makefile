@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 OUT ?= out
 
-.PHONY: venv lint format typecheck test unit run demo regimes simulate bench bench-operator bench-sim clean binaries cluster-up cluster-down
+.PHONY: venv lint format typecheck test unit run demo regimes simulate bench bench-operator bench-sim clean binaries cluster-up cluster-down pod-e2e image
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -74,3 +74,20 @@ bench-operator: venv binaries
 
 clean:
 	rm -rf $(VENV) $(OUT) .mypy_cache .ruff_cache .pytest_cache .hypothesis
+
+# SovereignSpec as users run it: the image built offline from the unchanged Dockerfile, a real node
+# (containerd, kubelet, scheduler, controller-manager from pinned sources, Debian's runc), `helm
+# install`, the examples applied with kubectl (tests/pod_e2e/). Root, this machine kind; see
+# docs/pod-e2e.md.
+pod-e2e: venv binaries
+	VENV=$(VENV) hack/pytest.sh tests/pod_e2e -m pod_e2e
+
+# The operator image as an OCI archive (out/), built offline with buildah: push it with
+# `skopeo copy oci-archive:out/sovereignspec-image.tar docker://REGISTRY/sovereignspec:TAG`.
+image: venv
+	hack/pod-e2e/packages.sh
+	PYTHON=$(BIN)/python OPERATOR_IMAGE=ghcr.io/sovereignspec/sovereignspec:$$(sed -n 's/^appVersion: *"\(.*\)"/\1/p' charts/sovereignspec/Chart.yaml) \
+	  hack/pod-e2e/images.sh operator
+	mkdir -p $(OUT)
+	hack/pod-e2e/images.sh archive ghcr.io/sovereignspec/sovereignspec:$$(sed -n 's/^appVersion: *"\(.*\)"/\1/p' charts/sovereignspec/Chart.yaml) $(OUT)/sovereignspec-image.tar oci
+	@echo "wrote $(OUT)/sovereignspec-image.tar"

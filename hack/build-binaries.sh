@@ -98,6 +98,67 @@ build_helm() {
   rm -rf "$work"
 }
 
+# The node: kubelet, kube-scheduler and kube-controller-manager (same wrapper module as the
+# apiserver, one `go build` so they share the compile), containerd 2.x (kubelet 1.36 refuses 1.x,
+# which is all Debian ships) and the pause binary that every Pod sandbox runs.
+build_node() {
+  local k8s_bins=(kubelet kube-scheduler kube-controller-manager) missing=0 b
+  for b in "${k8s_bins[@]}"; do [[ -x $BIN_DIR/$b-$KUBERNETES_VERSION ]] || missing=1; done
+  if ((missing)); then
+    local work; work=$(mktemp -d)
+    local logf=$CACHE_DIR/build-node.log
+    local staging=v0.${KUBERNETES_VERSION#v1.}
+    log "building kubelet, kube-scheduler, kube-controller-manager $KUBERNETES_VERSION (log: $logf)"
+    (
+      cd "$work"
+      go mod init sovereignspec.local/node-build
+      modfile=$(go mod download -json "k8s.io/kubernetes@$KUBERNETES_VERSION" | sed -n 's/.*"GoMod": "\(.*\)",*/\1/p')
+      grep -oE '^\s*k8s\.io/[a-z0-9-]+ => \./staging' "$modfile" | awk '{print $1}' | sort -u >staging.txt
+      while read -r mod; do go mod edit -replace "$mod=$mod@$staging"; done <staging.txt
+      go mod edit -require "k8s.io/kubernetes@$KUBERNETES_VERSION"
+      go get "k8s.io/kubernetes/cmd/kubelet@$KUBERNETES_VERSION" "k8s.io/kubernetes/cmd/kube-scheduler@$KUBERNETES_VERSION" \
+        "k8s.io/kubernetes/cmd/kube-controller-manager@$KUBERNETES_VERSION"
+      ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$KUBERNETES_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$(echo "$KUBERNETES_VERSION" | cut -d. -f2)"
+      mkdir out
+      go build -trimpath -ldflags "$ldflags" -o out/ k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-scheduler \
+        k8s.io/kubernetes/cmd/kube-controller-manager
+      for b in "${k8s_bins[@]}"; do mv "out/$b" "$BIN_DIR/$b-$KUBERNETES_VERSION"; done
+    ) >"$logf" 2>&1 || fail kubelet "$logf"
+    rm -rf "$work"
+  else
+    log "kubelet/kube-scheduler/kube-controller-manager $KUBERNETES_VERSION cached"
+  fi
+
+  if [[ -x $BIN_DIR/containerd-$CONTAINERD_VERSION && -x $BIN_DIR/containerd-shim-runc-v2-$CONTAINERD_VERSION && -x $BIN_DIR/ctr-$CONTAINERD_VERSION ]]; then
+    log "containerd $CONTAINERD_VERSION cached"
+  else
+    local work; work=$(mktemp -d)
+    local logf=$CACHE_DIR/build-containerd.log
+    log "building containerd $CONTAINERD_VERSION (log: $logf)"
+    (
+      cd "$work"
+      go mod init sovereignspec.local/containerd-build
+      go get "github.com/containerd/containerd/v2@$CONTAINERD_VERSION"
+      mkdir out
+      CGO_ENABLED=0 go build -trimpath -tags no_btrfs -ldflags "-s -w -X github.com/containerd/containerd/v2/version.Version=$CONTAINERD_VERSION" \
+        -o out/ github.com/containerd/containerd/v2/cmd/containerd github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 \
+        github.com/containerd/containerd/v2/cmd/ctr
+      for b in containerd containerd-shim-runc-v2 ctr; do mv "out/$b" "$BIN_DIR/$b-$CONTAINERD_VERSION"; done
+    ) >"$logf" 2>&1 || fail containerd "$logf"
+    rm -rf "$work"
+  fi
+
+  local pause=$BIN_DIR/pause-$KUBERNETES_VERSION
+  if [[ -x $pause ]]; then
+    log "pause ($KUBERNETES_VERSION) cached"
+  else
+    local dir
+    dir=$(cd /tmp && GOFLAGS= go mod download -json "k8s.io/kubernetes@$KUBERNETES_VERSION" | sed -n 's/.*"Dir": "\(.*\)",*/\1/p')
+    gcc -Os -static -DVERSION="v$PAUSE_VERSION" -o "$pause.tmp" "$dir/build/pause/linux/pause.c" || fail pause /dev/null
+    mv "$pause.tmp" "$pause"
+  fi
+}
+
 # Debian's prometheus package, extracted into the cache (no system install, no service started).
 fetch_prometheus() {
   local existing
@@ -126,11 +187,12 @@ kueue_crd_dir() {
 
 case ${1:-all} in
   all) build_etcd; build_kubernetes; build_kueue; build_helm; fetch_prometheus ;;
+  node) build_node ;;
   helm) build_helm ;;
   prometheus) fetch_prometheus ;;
   etcd) build_etcd ;;
   kubernetes) build_kubernetes ;;
   kueue) build_kueue ;;
   crd-dir) kueue_crd_dir ;;
-  *) echo "usage: $0 [all|etcd|kubernetes|kueue|helm|prometheus|crd-dir]" >&2; exit 2 ;;
+  *) echo "usage: $0 [all|node|etcd|kubernetes|kueue|helm|prometheus|crd-dir]" >&2; exit 2 ;;
 esac

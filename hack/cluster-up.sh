@@ -92,6 +92,8 @@ issue admin "/O=system:masters/CN=admin"
 issue kueue "/CN=kueue-manager"
 issue operator "/CN=sovereignspec-operator"
 issue webhook "/CN=kueue-webhook" "IP:127.0.0.1,DNS:localhost"
+# How the apiserver authenticates to kubelets (logs, exec), when a node runs (make pod-e2e).
+issue kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client"
 openssl_quiet genrsa -out "$pki/sa.key" 2048
 openssl_quiet rsa -in "$pki/sa.key" -pubout -out "$pki/sa.pub"
 cp "$pki/webhook.crt" "$STATE_DIR/kueue/webhook-certs/tls.crt"
@@ -145,6 +147,19 @@ launch_etcd() {
 }
 bring_up etcd launch_etcd 60 curl -sf "http://127.0.0.1:$ETCD_PORT/health"
 
+# Without a controller-manager nothing creates the `default` ServiceAccounts that the ServiceAccount
+# admission plugin insists on; with a node (SOVEREIGNSPEC_WITH_NODE=1, make pod-e2e) it runs, and
+# Pods get their projected ServiceAccount tokens as in any cluster.
+# The audit log (metadata only) then tells who made each request: the pod test holds the operator
+# to its ServiceAccount's identity with it.
+admission=(--disable-admission-plugins ServiceAccount)
+if [[ ${SOVEREIGNSPEC_WITH_NODE:-0} == 1 ]]; then
+  printf 'apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n- level: Metadata\n' \
+    >"$STATE_DIR/audit-policy.yaml"
+  admission=(--audit-policy-file "$STATE_DIR/audit-policy.yaml" --audit-log-path "$STATE_DIR/logs/audit.log"
+    --audit-log-format json)
+fi
+
 launch_apiserver() {
   log "starting kube-apiserver $KUBERNETES_VERSION"
   start kube-apiserver "$APISERVER_BIN" \
@@ -156,7 +171,8 @@ launch_apiserver() {
     --service-account-issuer https://kubernetes.default.svc \
     --service-cluster-ip-range 10.96.0.0/16 \
     --authorization-mode Node,RBAC \
-    --disable-admission-plugins ServiceAccount \
+    --kubelet-client-certificate "$pki/kubelet-client.crt" --kubelet-client-key "$pki/kubelet-client.key" \
+    "${admission[@]}" \
     --profiling=false --v 1
 }
 bring_up kube-apiserver launch_apiserver 120 curl -sf --cacert "$pki/ca.crt" --cert "$pki/admin.crt" --key "$pki/admin.key" \

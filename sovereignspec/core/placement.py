@@ -122,6 +122,7 @@ class NodeState:
     tenants: frozenset[str] = frozenset()
     exclusive_tenants: frozenset[str] = frozenset()
     capacity: int | None = None  # GPUs the node has in all (None: unknown)
+    unavailable: str | None = None  # why it takes no new work now (not Ready, cordoned), if so
 
     @property
     def tenancy(self) -> NodeTenancy:
@@ -179,6 +180,7 @@ class Placer:
         self.policy = policy or Policy()
         nodes = sorted(cluster.nodes, key=lambda n: n.name)
         self.node_names = [n.name for n in nodes]
+        self._unavailable = {i: n.unavailable for i, n in enumerate(nodes) if n.unavailable}
         node_index = {n.name: i for i, n in enumerate(nodes)}
         gpus = sorted(cluster.gpus, key=lambda g: (node_index[g.node], g.index))
         self.gpus = gpus
@@ -367,7 +369,9 @@ class Placer:
         """Why no node can ever take `w` (its pool, its sovereignty, its size), most specific first."""
         pool = self._pool(w)
         if not pool.any():
-            return "no node matches both its flavor's node labels and its own nodeSelector"
+            return (
+                "no node matches its flavor's node labels and its own nodeSelector, with taints it tolerates"
+            )
         sovereign = self.tenancy.permanent_mask(w.requirement) & pool
         if not sovereign.any():
             if w.jurisdiction is not None:
@@ -532,6 +536,8 @@ class Placer:
                 text = f"{why.constraint}: {why.detail}"
             elif m is not None and not m.fits[self.gpu_node == i].any():
                 text = f"capacity: {w.model} does not fit this node's GPUs"
+            elif i in self._unavailable:
+                text = f"unavailable: {self._unavailable[i]}"
             else:
                 text = "capacity: not enough free GPUs"
             if len(out) < EXPLAIN_LIMIT:

@@ -101,8 +101,9 @@ def main() -> int:
     controlplane.up()
     api = controlplane.api_client()
     install(api)
-    # The examples as the README says to apply them; then the demo's own Prometheus in the policy.
-    applied = controlplane.kubectl("apply", "-f", str(EXAMPLES))
+    # The examples as the README says to apply them without the chart (the CRD and RBAC come from
+    # install() above); then the demo's own Prometheus in the policy.
+    applied = controlplane.kubectl("apply", "-f", str(EXAMPLES), "-f", str(EXAMPLES / "without-chart"))
     if applied.returncode != 0:
         raise RuntimeError(f"kubectl apply -f {EXAMPLES} failed:\n{applied.stderr}")
     apply_examples(api, ("00-gpu-nodes.yaml",))  # node capacity is status: written as a kubelet would

@@ -213,10 +213,11 @@ class Controller:
     def read_world(self, known: dict[str, PolicySpec]) -> World:
         workloads = self._list(f"/apis/{KUEUE_GROUP}/{KUEUE_VERSION}/workloads")
         nodes = self._list("/api/v1/nodes")
-        flavors = {}
+        flavors, tolerations = {}, {}
         for f in self._list(f"/apis/{KUEUE_GROUP}/{KUEUE_VERSION}/resourceflavors"):
             labels = (f.get("spec") or {}).get("nodeLabels") or {}
             flavors[f["metadata"]["name"]] = {str(k): str(v) for k, v in labels.items()}
+            tolerations[f["metadata"]["name"]] = list((f.get("spec") or {}).get("tolerations") or [])
         namespaces = {
             n["metadata"]["name"]: dict(n["metadata"].get("labels") or {})
             for n in self._list("/api/v1/namespaces")
@@ -239,7 +240,7 @@ class Controller:
                 key = (meta.get("namespace", ""), meta.get("name", ""))
                 if key in waiting and meta.get("annotations"):
                     owners[key] = dict(meta["annotations"])
-        return World(workloads, nodes, flavors, namespaces, pods, owners, known)
+        return World(workloads, nodes, flavors, namespaces, pods, owners, known, tolerations)
 
     def tick(self) -> TickReport:
         started = time.monotonic()

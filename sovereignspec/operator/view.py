@@ -264,6 +264,8 @@ class World:
     pods: list[dict[str, Any]] = field(default_factory=list)  # pods bound to a node
     owners: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)  # (ns, job) -> annotations
     policies: dict[str, PolicySpec] = field(default_factory=dict)  # every check we serve -> its policy
+    # flavor -> the tolerations Kueue adds to the pods it admits on that flavor
+    flavor_tolerations: dict[str, list[Any]] = field(default_factory=dict)
 
 
 def declared_request(
@@ -330,10 +332,71 @@ def _matches(labels: Mapping[str, str], selector: Mapping[str, str]) -> bool:
     return all(labels.get(k) == v for k, v in selector.items())
 
 
+# Taints the node lifecycle controller and the kubelet set while a node is down or unhealthy.
+# They come and go: such a node takes no new work now (free 0), but stays in a workload's pool, so
+# that a workload is made to wait for it and never Rejected because its node is briefly away.
+TRANSIENT_TAINT_PREFIX = "node.kubernetes.io/"
+_BLOCKING = ("NoSchedule", "NoExecute")
+
+
+def _taints(node: Mapping[str, Any]) -> list[dict[str, Any]]:
+    taints = (node.get("spec") or {}).get("taints") or []
+    return [t for t in taints if isinstance(t, dict) and t.get("effect") in _BLOCKING]
+
+
+def node_unavailable(node: Mapping[str, Any]) -> str | None:
+    """Why a node takes no new work now (cordoned, not Ready, a node.kubernetes.io/ taint), or None.
+
+    A Node with no Ready condition at all is one nobody reports on (the simulated nodes of the
+    examples before any controller-manager marks them): it counts as available."""
+    if (node.get("spec") or {}).get("unschedulable"):
+        return "cordoned"
+    for c in (node.get("status") or {}).get("conditions") or []:
+        if isinstance(c, dict) and c.get("type") == "Ready" and c.get("status") != "True":
+            return f"not Ready ({c.get('reason') or c.get('status')})"
+    for t in _taints(node):
+        if str(t.get("key", "")).startswith(TRANSIENT_TAINT_PREFIX):
+            return f"tainted {t.get('key')}:{t.get('effect')}"
+    return None
+
+
+def _tolerates(tolerations: list[Any], taint: Mapping[str, Any]) -> bool:
+    """Kubernetes' toleration rule (k8s.io/api core/v1 Toleration.ToleratesTaint)."""
+    for tol in tolerations:
+        if not isinstance(tol, dict):
+            continue
+        if tol.get("effect") and tol.get("effect") != taint.get("effect"):
+            continue
+        key, op = tol.get("key") or "", tol.get("operator") or "Equal"
+        if op == "Exists" and (not key or key == taint.get("key")):
+            return True
+        if (
+            op == "Equal"
+            and key == taint.get("key")
+            and (tol.get("value") or "") == (taint.get("value") or "")
+        ):
+            return True
+    return False
+
+
+def _admits(node: Mapping[str, Any], tolerations: list[Any]) -> bool:
+    """The workload tolerates every lasting NoSchedule/NoExecute taint of the node (taints that an
+    administrator sets, such as a GPU pool's `nvidia.com/gpu:NoSchedule`)."""
+    return all(
+        _tolerates(tolerations, t)
+        for t in _taints(node)
+        if not str(t.get("key", "")).startswith(TRANSIENT_TAINT_PREFIX)
+    )
+
+
 def node_pool(
-    wl: dict[str, Any], nodes: list[dict[str, Any]], flavors: dict[str, dict[str, str]]
+    wl: dict[str, Any],
+    nodes: list[dict[str, Any]],
+    flavors: dict[str, dict[str, str]],
+    tolerations_of: Mapping[str, list[Any]] | None = None,
 ) -> tuple[frozenset[str], str | None]:
-    """Nodes the workload's assigned flavor and its own nodeSelector allow."""
+    """Nodes the workload's assigned flavor and its own nodeSelector allow, and whose lasting taints
+    it tolerates (the flavor's tolerations count, as Kueue adds them to the pods)."""
     assignments = (wl.get("status") or {}).get("admission", {}).get("podSetAssignments") or []
     flavor = None
     for a in assignments:
@@ -342,9 +405,13 @@ def node_pool(
         if flavor:
             break
     selector = dict(flavors.get(flavor, {})) if flavor else {}
-    selector.update((template(wl).get("spec") or {}).get("nodeSelector") or {})
+    pod_spec = template(wl).get("spec") or {}
+    selector.update(pod_spec.get("nodeSelector") or {})
+    tolerations = list(pod_spec.get("tolerations") or []) + list((tolerations_of or {}).get(flavor or "", []))
     names = frozenset(
-        n["metadata"]["name"] for n in nodes if _matches(n["metadata"].get("labels") or {}, selector)
+        n["metadata"]["name"]
+        for n in nodes
+        if _matches(n["metadata"].get("labels") or {}, selector) and _admits(n, tolerations)
     )
     return names, flavor
 
@@ -387,7 +454,7 @@ def build(
             state = entry.get("state")
             if state == "Ready":
                 spec = world.policies.get(str(entry.get("name")), policy)
-                pool, _ = node_pool(wl, world.nodes, world.flavors)
+                pool, _ = node_pool(wl, world.nodes, world.flavors, world.flavor_tolerations)
                 done = _committed(wl, entry, spec, profiles, snapshot, pool, by_host, tenancy, world, errors)
                 if done is not None:
                     committed.append(done)
@@ -453,7 +520,7 @@ def _pending(
     tenancy: TenancyOf,
 ) -> PendingWorkload:
     meta = wl["metadata"]
-    pool, flavor = node_pool(wl, world.nodes, world.flavors)
+    pool, flavor = node_pool(wl, world.nodes, world.flavors, world.flavor_tolerations)
     owner = world.owners.get((meta["namespace"], job_name(wl)))
     tpl = template(wl)
     rejection = None
@@ -642,10 +709,11 @@ def _cluster(
         mine = by_node.get(name, [])
         foreign = pods_by_node.get(name, [])
         used = sum(count if c.gpus < 0 else c.gpus for c in mine) + sum(g for _, g in foreign)
-        free = 0 if (node.get("spec") or {}).get("unschedulable") else max(count - used, 0)
+        unavailable = node_unavailable(node)
+        free = 0 if unavailable else max(count - used, 0)
         tenants = frozenset(c.request.tenant for c in mine) | frozenset(t for t, _ in foreign)
         exclusive = frozenset(c.request.tenant for c in mine if c.request.exclusive)
-        node_states.append(NodeState(name, labels, free, tenants, exclusive, capacity=count))
+        node_states.append(NodeState(name, labels, free, tenants, exclusive, count, unavailable))
     return ClusterView(node_states, gpu_states), headroom_out, stale_reason
 
 

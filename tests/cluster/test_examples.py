@@ -29,7 +29,9 @@ def test_the_examples_apply_as_is_and_their_job_is_admitted_with_a_decision(api,
             "delete", "clusterqueue", "gpu-serving", "--ignore-not-found", "--timeout=30s"
         )
         assert removed.returncode == 0, removed.stderr
-        applied = controlplane.kubectl("apply", *how, "-f", str(EXAMPLES))
+        # Without the chart (installed by pod-e2e), the check and policy come from without-chart/.
+        files = ["-f", str(EXAMPLES), "-f", str(EXAMPLES / "without-chart")]
+        applied = controlplane.kubectl("apply", *how, *files)
         assert applied.returncode == 0, applied.stderr
         spec = _cluster_queue()["spec"]
         assert spec["resourceGroups"][0]["flavors"][0]["name"] == "nvidia-gpu", spec

@@ -1,0 +1,116 @@
+"""The pod end-to-end test (marker `pod_e2e`, `make pod-e2e`): SovereignSpec as users run it.
+
+A control plane of its own (other ports, its own state directory, the ServiceAccount admission
+plugin on), one real node (containerd, kubelet, scheduler, controller-manager: hack/pod-e2e/), the
+operator image built from the unchanged Dockerfile and installed with `helm install`. The node and
+control plane are torn down at the end of the session, and the teardown must leave nothing behind.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+
+from sovereignspec.localdev import controlplane
+
+REPO = Path(__file__).resolve().parents[2]
+HACK = REPO / "hack"
+E2E = {
+    "SOVEREIGNSPEC_CLUSTER_DIR": str(REPO / ".cluster-pod-e2e"),
+    "SOVEREIGNSPEC_ETCD_PORT": "33790",
+    "SOVEREIGNSPEC_ETCD_PEER_PORT": "33800",
+    "SOVEREIGNSPEC_APISERVER_PORT": "26443",
+    "SOVEREIGNSPEC_KUEUE_HEALTH_PORT": "28081",
+    "SOVEREIGNSPEC_KUEUE_METRICS_PORT": "28443",
+    "SOVEREIGNSPEC_KUEUE_WEBHOOK_PORT": "29443",
+    "SOVEREIGNSPEC_WITH_NODE": "1",
+    "E2E_APISERVER_PORT": "26443",
+    "E2E_PYTHON": sys.executable,
+}
+NODE = "127.0.0.1"
+# The operator image is tagged as the chart's default (repository and appVersion), so that the
+# chart installs with its defaults; the node has it already and IfNotPresent never pulls.
+OPERATOR_IMAGE = "ghcr.io/sovereignspec/sovereignspec:0.1.0"
+SERVING_IMAGE = "localhost/sovereignspec-serving-standin:e2e"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "tests/pod_e2e/" in str(item.fspath).replace("\\", "/"):
+            item.add_marker(pytest.mark.pod_e2e)
+
+
+def run(*cmd: str, env: dict[str, str] | None = None, timeout: float = 1800) -> str:
+    proc = subprocess.run(
+        list(cmd),
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=timeout,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+        )
+    return proc.stdout
+
+
+@pytest.fixture(scope="session")
+def node_cluster() -> Iterator[client.ApiClient]:
+    """Images built offline, control plane and node up; everything torn down (leak-checked) after."""
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in E2E.items():
+            mp.setenv(k, v)
+        images = Path(tempfile.mkdtemp(prefix="sovereignspec-e2e-images-"))
+        # The operator image from a source tree (default: this one; SOVEREIGNSPEC_E2E_SOURCE builds
+        # another, e.g. an older commit, with the same tag).
+        source = os.environ.get("SOVEREIGNSPEC_E2E_SOURCE", str(REPO))
+        run(str(HACK / "pod-e2e/packages.sh"))
+        run(str(HACK / "build-binaries.sh"), "node")
+        run(str(HACK / "pod-e2e/images.sh"), "pause")
+        build = {"OPERATOR_IMAGE": OPERATOR_IMAGE, "CONTEXT": source, "DOCKERFILE": f"{source}/Dockerfile"}
+        run(str(HACK / "pod-e2e/images.sh"), "operator", env=build)
+        run(str(HACK / "pod-e2e/images.sh"), "serving", env={"SERVING_IMAGE": SERVING_IMAGE})
+        archives = []
+        for name, image in (("pause", "registry.k8s.io/pause:3.10.2"), ("operator", OPERATOR_IMAGE),
+                            ("serving", SERVING_IMAGE)):  # fmt: skip
+            archives.append(str(images / f"{name}.tar"))
+            run(str(HACK / "pod-e2e/images.sh"), "archive", image, archives[-1])
+        down = str(HACK / "pod-e2e/node-down.sh")
+        subprocess.run([down], capture_output=True, check=False)  # whatever an earlier run left
+        try:
+            run(str(HACK / "cluster-up.sh"))
+            run(str(HACK / "pod-e2e/node-up.sh"), env={"IMAGES": " ".join(archives)})
+            yield controlplane.api_client()
+        finally:
+            for a in archives:
+                Path(a).unlink(missing_ok=True)
+            images.rmdir()
+            teardown = subprocess.run([down], capture_output=True, text=True, check=False)
+            leftovers = _our_processes()
+            if teardown.returncode != 0 or leftovers:
+                pytest.fail(f"teardown left things behind: {leftovers}\n{teardown.stderr[-3000:]}")
+
+
+def _our_processes() -> list[str]:
+    """Processes still running a binary from the cache's bin folder (kubelet, containerd, ...)."""
+    cache = os.environ.get("SOVEREIGNSPEC_CACHE", str(Path.home() / ".cache/sovereignspec"))
+    out = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            exe = os.readlink(proc / "exe")
+        except OSError:
+            continue
+        state = E2E["SOVEREIGNSPEC_CLUSTER_DIR"]
+        cmdline = (proc / "cmdline").read_bytes().decode(errors="replace")
+        if exe.startswith(f"{cache}/bin/") and state in cmdline:
+            out.append(f"{proc.name} {exe}")
+    return out

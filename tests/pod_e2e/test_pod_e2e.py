@@ -1,0 +1,274 @@
+"""SovereignSpec installed and used as the README says, on a real node (see conftest.py).
+
+The tests run in order and build on each other: the chart installed, the check Active, the
+examples applied, a serving Job decided and run, the chart upgraded, the operator's Pod deleted in
+the middle of a burst.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+
+from sovereignspec.localdev import controlplane
+from sovereignspec.localdev.operator import SyntheticTelemetry
+from sovereignspec.localdev.prometheus import LocalPrometheus
+from tests.pod_e2e.conftest import NODE, REPO, SERVING_IMAGE
+
+RELEASE, NAMESPACE, CHECK = "sovereignspec", "sovereignspec-system", "sovereignspec"
+SERVING_NS = "llm-serving"
+EXAMPLES = REPO / "deploy" / "examples"
+NODE_GPUS = 32
+DECISIONS = ("SpeculativeDecode", "PlainDecode")
+
+
+def helm(*args: str) -> str:
+    cache = Path(os.environ.get("SOVEREIGNSPEC_CACHE", Path.home() / ".cache/sovereignspec"))
+    binary = sorted((cache / "bin").glob("helm-*"))[-1]
+    kubeconfig = str(controlplane.kubeconfig())
+    from tests.pod_e2e.conftest import run
+
+    return run(str(binary), "--kubeconfig", kubeconfig, *args)
+
+
+def kubectl(*args: str, stdin: str | None = None) -> str:
+    proc = controlplane.kubectl(*args, stdin=stdin)
+    assert proc.returncode == 0, f"kubectl {' '.join(args)}: {proc.stderr}"
+    return proc.stdout
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
+
+
+def operator_pods(api: client.ApiClient) -> list[Any]:
+    return (
+        client.CoreV1Api(api)
+        .list_namespaced_pod(NAMESPACE, label_selector="app.kubernetes.io/name=sovereignspec")
+        .items
+    )
+
+
+def ready(pod: Any) -> bool:
+    return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
+
+
+def serving_job(name: str, seconds: int = 0) -> dict[str, Any]:
+    """The example serving Job (40-workloads.yaml) with the stand-in engine in place of vLLM and
+    requests this node can hold; its annotations and queue are the example's."""
+    job = copy.deepcopy(
+        next(d for d in yaml.safe_load_all((EXAMPLES / "40-workloads.yaml").read_text()) if d)
+    )
+    job["metadata"]["name"] = name
+    pod = job["spec"]["template"]["spec"]
+    pod["hostNetwork"] = True  # this machine may create no pod network (the CNI has only loopback)
+    pod["containers"] = [
+        {
+            "name": "engine",
+            "image": SERVING_IMAGE,
+            "imagePullPolicy": "IfNotPresent",
+            "args": ["/etc/podinfo/annotations", str(seconds)],
+            "resources": {
+                "requests": {"cpu": "10m", "memory": "32Mi", "nvidia.com/gpu": "1"},
+                "limits": {"nvidia.com/gpu": "1"},
+            },
+            "volumeMounts": [{"name": "podinfo", "mountPath": "/etc/podinfo"}],
+        }
+    ]
+    annotations = {"path": "annotations", "fieldRef": {"fieldPath": "metadata.annotations"}}
+    pod["volumes"] = [{"name": "podinfo", "downwardAPI": {"items": [annotations]}}]
+    return job
+
+
+def workload_of(api: client.ApiClient, job: str) -> dict[str, Any] | None:
+    wls = client.CustomObjectsApi(api).list_namespaced_custom_object(
+        "kueue.x-k8s.io", "v1beta2", SERVING_NS, "workloads"
+    )
+    for wl in wls["items"]:
+        if any(r.get("name") == job for r in wl["metadata"].get("ownerReferences", [])):
+            return dict(wl)
+    return None
+
+
+def our_state(wl: dict[str, Any] | None) -> str | None:
+    for e in ((wl or {}).get("status") or {}).get("admissionChecks") or []:
+        if e["name"] == CHECK:
+            return str(e["state"])
+    return None
+
+
+def decision_line(api: client.ApiClient, job: str) -> dict[str, Any]:
+    """What the stand-in engine printed: the decision it read through the downward API."""
+    core = client.CoreV1Api(api)
+
+    def finished_pod() -> Any:
+        pods = core.list_namespaced_pod(SERVING_NS, label_selector=f"job-name={job}").items
+        return next((p for p in pods if p.status.phase == "Succeeded"), None)
+
+    pod = wait_until(finished_pod, 180, f"the pod of {job} to run and finish")
+    assert pod.spec.node_name == NODE
+    logs = core.read_namespaced_pod_log(pod.metadata.name, SERVING_NS)
+    line = next(x for x in logs.splitlines() if x.startswith("SOVEREIGNSPEC-DECISION "))
+    return {"pod": pod, "decision": json.loads(line.split(" ", 1)[1]), "logs": logs}
+
+
+@pytest.fixture(scope="module")
+def telemetry() -> Any:
+    """dcgm-exporter and vLLM stand-in for the real node's GPUs, behind a real Prometheus."""
+    synthetic = SyntheticTelemetry()
+    for gpu in range(NODE_GPUS):
+        synthetic.set_headroom(NODE, gpu, 1.0)  # a fresh node: every GPU idle
+    prom = LocalPrometheus().start()
+    prom.set_targets("synthetic", [synthetic.target])
+    wait_until(lambda: prom.query("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"), 30, "Prometheus to scrape")
+    yield prom
+    prom.close()
+    synthetic.close()
+
+
+@pytest.fixture(scope="module")
+def cluster(node_cluster: client.ApiClient) -> client.ApiClient:
+    """The node as GPU Feature Discovery, the device plugin and an administrator would leave it:
+    GPU labels, `nvidia.com/gpu` capacity in status, the jurisdiction label."""
+    api = node_cluster
+    core = client.CoreV1Api(api)
+    core.patch_node(NODE, {"metadata": {"labels": {
+        "nvidia.com/gpu.present": "true", "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+        "nvidia.com/gpu.count": str(NODE_GPUS), "node-restriction.kubernetes.io/jurisdiction": "eu",
+        "topology.kubernetes.io/region": "eu-west-1"}}})  # fmt: skip
+    core.patch_node_status(NODE, {"status": {"capacity": {"nvidia.com/gpu": str(NODE_GPUS)}}})
+
+    def advertised() -> bool:
+        return (core.read_node(NODE).status.allocatable or {}).get("nvidia.com/gpu") == str(NODE_GPUS)
+
+    wait_until(advertised, 60, "the node to advertise its GPUs")
+    return api
+
+
+def test_helm_install_with_defaults_gives_a_ready_operator_pod_authenticated_by_its_token(
+    cluster: client.ApiClient, telemetry: LocalPrometheus
+) -> None:
+    chart = str(REPO / "charts" / "sovereignspec")
+    helm("install", RELEASE, chart, "-n", NAMESPACE, "--create-namespace",
+         "--set", f"policy.spec.telemetry.prometheusURL={telemetry.url}",
+         "--post-renderer", str(REPO / "tests/pod_e2e/post-render.sh"))  # fmt: skip
+    pod = wait_until(lambda: next((p for p in operator_pods(cluster) if ready(p)), None), 180,
+                     "the operator Pod to become Ready")  # fmt: skip
+    spec = pod.spec
+    # The chart's restricted defaults, as rendered, and no credentials but the projected token.
+    assert spec.security_context.run_as_non_root and spec.security_context.run_as_user == 65532
+    container = spec.containers[0]
+    assert container.security_context.read_only_root_filesystem
+    assert container.security_context.capabilities.drop == ["ALL"]
+    assert spec.service_account_name == RELEASE
+    token_volumes = [v for v in spec.volumes if v.projected is not None]
+    assert any(s.service_account_token for v in token_volumes for s in v.projected.sources)
+    assert not [v for v in spec.volumes if v.secret is not None]
+    assert not [e for e in container.env or [] if "KUBECONFIG" in e.name]
+    assert pod.status.container_statuses[0].restart_count == 0
+
+
+def test_every_request_of_the_operator_carries_its_service_account_identity(
+    cluster: client.ApiClient,
+) -> None:
+    """From the API server's audit log: the operator's Pod wrote the check's status as its
+    ServiceAccount, was refused nothing, and nothing reached the API server anonymously."""
+    kubectl("wait", "--for", "condition=Active", f"admissioncheck/{CHECK}", "--timeout", "90s")
+    log = Path(os.environ["SOVEREIGNSPEC_CLUSTER_DIR"]) / "logs" / "audit.log"
+    events = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    me = f"system:serviceaccount:{NAMESPACE}:{RELEASE}"
+    mine = [e for e in events if e["user"]["username"] == me]
+    status_writes = [
+        e for e in mine
+        if e["verb"] == "patch" and e["objectRef"].get("subresource") == "status"
+        and e["objectRef"]["resource"] == "admissionchecks"
+    ]  # fmt: skip
+    assert status_writes, "no status write as the ServiceAccount"
+    assert any(e["verb"] == "list" and e["objectRef"]["resource"] == "workloads" for e in mine)
+    assert [e["requestURI"] for e in events if e["user"]["username"] == "system:anonymous"] == []
+    refused = [e["requestURI"] for e in mine if e["responseStatus"]["code"] in (401, 403)]
+    assert refused == [], refused
+
+
+def test_examples_apply_as_the_readme_says_and_a_serving_job_runs_speculative_on_the_chosen_node(
+    cluster: client.ApiClient,
+) -> None:
+    kubectl("apply", "-f", str(EXAMPLES))
+    # The examples' simulated nodes have no kubelet: the node lifecycle controller marks them
+    # unreachable, and SovereignSpec must place nothing there.
+    for n in ("gpu-a100-eu-1", "gpu-a100-eu-2", "gpu-h100-eu-1"):
+        kubectl("wait", "--for", "condition=Ready=Unknown", f"node/{n}", "--timeout", "90s")
+    kubectl("wait", "--for", "condition=Active", f"admissioncheck/{CHECK}", "--timeout", "60s")
+    kubectl("apply", "-f", "-", stdin=yaml.safe_dump(serving_job("acme-chat-speculative")))
+    seen = decision_line(cluster, "acme-chat-speculative")
+    assert our_state(workload_of(cluster, "acme-chat-speculative")) == "Ready"
+    decision = seen["decision"]
+    # The chart's policy (telemetry from the Prometheus given at install) survived the examples.
+    assert decision["mode"] == "speculative", seen["logs"]
+    assert seen["pod"].spec.node_selector.get("kubernetes.io/hostname") == NODE
+    gamma = int(decision["draft-budget"])
+    assert gamma >= 2, seen["logs"]
+    vllm = json.loads(decision["vllm-speculative-config"])
+    assert vllm["num_speculative_tokens"] == gamma
+    assert "SOVEREIGNSPEC-VLLM " in seen["logs"]
+    # The user is told why the example's own nodes were passed over.
+    name = workload_of(cluster, "acme-chat-speculative")["metadata"]["name"]  # type: ignore[index]
+    events = client.CoreV1Api(cluster).list_namespaced_event(SERVING_NS).items
+    excluded = [e.message for e in events if e.reason == "ExcludedNodes" and e.involved_object.name == name]
+    assert excluded and "gpu-h100-eu-1: unavailable: not Ready (NodeStatusNeverUpdated)" in excluded[0], (
+        excluded
+    )
+
+
+def test_helm_upgrade_of_a_policy_value_is_picked_up_without_a_restart(cluster: client.ApiClient) -> None:
+    before = operator_pods(cluster)[0]
+    chart, renderer = str(REPO / "charts" / "sovereignspec"), str(REPO / "tests/pod_e2e/post-render.sh")
+    helm("upgrade", RELEASE, chart, "-n", NAMESPACE, "--reuse-values", "--set", "policy.spec.gammaMax=1",
+         "--post-renderer", renderer)  # fmt: skip
+    kubectl("apply", "-f", "-", stdin=yaml.safe_dump(serving_job("acme-chat-after-upgrade")))
+    seen = decision_line(cluster, "acme-chat-after-upgrade")
+    assert seen["decision"]["mode"] == "speculative", seen["logs"]
+    assert seen["decision"]["draft-budget"] == "1", seen["logs"]
+    after = operator_pods(cluster)
+    assert [p.metadata.uid for p in after] == [before.metadata.uid]
+    assert after[0].status.container_statuses[0].restart_count == 0
+
+
+def test_deleting_the_operator_pod_mid_burst_decides_every_job_exactly_once(
+    cluster: client.ApiClient,
+) -> None:
+    old = operator_pods(cluster)[0].metadata.name
+    jobs = [f"burst-{i:02d}" for i in range(20)]
+    kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all([serving_job(j) for j in jobs]))
+    wait_until(lambda: sum(our_state(workload_of(cluster, j)) == "Ready" for j in jobs) >= 3, 120,
+               "the first decisions of the burst")  # fmt: skip
+    kubectl("-n", NAMESPACE, "delete", "pod", old, "--wait=false")
+    wait_until(lambda: all(our_state(workload_of(cluster, j)) == "Ready" for j in jobs), 300,
+               "every Job of the burst to be decided")  # fmt: skip
+    wait_until(lambda: [p for p in operator_pods(cluster) if p.metadata.name != old and ready(p)], 120,
+               "the new operator Pod to become Ready")  # fmt: skip
+    events = client.CoreV1Api(cluster).list_namespaced_event(SERVING_NS).items
+    per_workload = Counter(
+        e.involved_object.name for e in events if e.reason in DECISIONS for _ in range(e.count or 1)
+    )
+    names = {workload_of(cluster, j)["metadata"]["name"] for j in jobs}  # type: ignore[index]
+    assert {n: per_workload[n] for n in names} == dict.fromkeys(names, 1)
+    for j in jobs:
+        assert decision_line(cluster, j)["pod"].spec.node_name == NODE
