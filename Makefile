@@ -26,12 +26,14 @@ typecheck: venv
 	$(BIN)/mypy sovereignspec benchmarks
 
 unit: venv
-	VENV=$(VENV) hack/pytest.sh -m "not cluster"
+	VENV=$(VENV) hack/pytest.sh -m "not cluster and not pod_e2e"
 
 # The whole suite: lint, types (strict on the pure core), the layering check and every test,
-# including those against the real control plane (built first: pytest's timeouts are per test).
+# including those against the real control plane (built first: pytest's timeouts are per test),
+# then the operator as users run it, on a real node (pod-e2e: its own control plane and ports).
 test: lint typecheck binaries
-	VENV=$(VENV) hack/pytest.sh
+	VENV=$(VENV) hack/pytest.sh -m "not pod_e2e"
+	$(MAKE) pod-e2e
 
 # etcd, kube-apiserver, kubectl and the Kueue manager from pinned Go modules, and Debian's
 # Prometheus; cached under ~/.cache/sovereignspec, so only the first run builds.

@@ -70,6 +70,20 @@ def ready(pod: Any) -> bool:
     return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
 
 
+def operator_state(api: client.ApiClient) -> str:
+    """What a user would look at when the operator's Pod is not Ready: its state and its last log."""
+    core = client.CoreV1Api(api)
+    out = []
+    for pod in operator_pods(api):
+        for st in pod.status.container_statuses or []:
+            waiting = st.state.waiting.reason if st.state and st.state.waiting else None
+            out.append(f"{pod.metadata.name}: restarts={st.restart_count} waiting={waiting}")
+            if st.restart_count:
+                log = core.read_namespaced_pod_log(pod.metadata.name, NAMESPACE, previous=True, tail_lines=15)
+                out.append("previous container's log (tail):\n" + log)
+    return "\n".join(out) or "no operator Pod"
+
+
 def serving_job(name: str, seconds: int = 0) -> dict[str, Any]:
     """The example serving Job (40-workloads.yaml) with the stand-in engine in place of vLLM and
     requests this node can hold; its annotations and queue are the example's."""
@@ -169,8 +183,11 @@ def test_helm_install_with_defaults_gives_a_ready_operator_pod_authenticated_by_
     helm("install", RELEASE, chart, "-n", NAMESPACE, "--create-namespace",
          "--set", f"policy.spec.telemetry.prometheusURL={telemetry.url}",
          "--post-renderer", str(REPO / "tests/pod_e2e/post-render.sh"))  # fmt: skip
-    pod = wait_until(lambda: next((p for p in operator_pods(cluster) if ready(p)), None), 180,
-                     "the operator Pod to become Ready")  # fmt: skip
+    try:
+        pod = wait_until(lambda: next((p for p in operator_pods(cluster) if ready(p)), None), 150,
+                         "the operator Pod to become Ready")  # fmt: skip
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{operator_state(cluster)}") from None
     spec = pod.spec
     # The chart's restricted defaults, as rendered, and no credentials but the projected token.
     assert spec.security_context.run_as_non_root and spec.security_context.run_as_user == 65532
