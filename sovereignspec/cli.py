@@ -128,6 +128,12 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--plot", metavar="DIR", help="write PNG figures (runs a load sweep too)")
     sim.add_argument("--check", action="store_true", help="verify sovereignty after every event")
 
+    sub.add_parser(
+        "launch",
+        help="serving container entrypoint: the decision's engine arguments, then exec the engine "
+        "(sovereignspec launch --help)",
+        add_help=False,
+    )
     op = sub.add_parser("operator", help="run the Kueue AdmissionCheck controller (kopf)")
     op.add_argument(
         "--kubeconfig", help="kubeconfig file (default: in-cluster, then $KUBECONFIG / ~/.kube/config)"
@@ -256,6 +262,11 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    words = list(sys.argv[1:] if argv is None else argv)
+    if words[:1] == ["launch"]:  # its own parser: everything after `--` is the engine's
+        from sovereignspec.launch import main as launch
+
+        return launch(words[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     handler = HANDLERS[args.command]

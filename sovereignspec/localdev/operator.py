@@ -206,7 +206,8 @@ class SyntheticTelemetry:
             ["tenant", "namespace", "model_name", "position"], registry=self.registry,
         )  # fmt: skip
         self.tpot_hist = Histogram(
-            "vllm:time_per_output_token_seconds", "TPOT", ["namespace", "job_name"], registry=self.registry,
+            "vllm:request_time_per_output_token_seconds", "TPOT", ["namespace", "job_name"],
+            registry=self.registry,
             buckets=(0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.5, 1.0),
         )  # fmt: skip
         self._tpot: dict[tuple[str, str], float] = {}

@@ -44,6 +44,7 @@ class LocalPrometheus:
         self.scrape_interval = scrape_interval
         self.dir = Path(tempfile.mkdtemp(prefix="sovereignspec-prometheus-"))
         self.targets: dict[str, list[str]] = {}
+        self.scrape_configs: dict[str, dict[str, Any]] = {}  # whole jobs, relabelling and all
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -56,7 +57,8 @@ class LocalPrometheus:
             "scrape_configs": [
                 {"job_name": job, "static_configs": [{"targets": targets}]}
                 for job, targets in self.targets.items()
-            ],
+            ]
+            + list(self.scrape_configs.values()),
         }
         (self.dir / "prometheus.yml").write_text(yaml.safe_dump(config))
 
@@ -91,6 +93,20 @@ class LocalPrometheus:
     def set_targets(self, job: str, targets: list[str]) -> None:
         self.targets[job] = targets
         self._write_config()
+        self._reload()
+
+    def add_scrape_config(self, config: dict[str, Any]) -> None:
+        """A whole scrape job (its job_name, static_configs, relabel_configs), then a reload."""
+        self.scrape_configs[config["job_name"]] = config
+        self._write_config()
+        self._reload()
+
+    def remove_scrape_config(self, job_name: str) -> None:
+        self.scrape_configs.pop(job_name, None)
+        self._write_config()
+        self._reload()
+
+    def _reload(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             req = urllib.request.Request(self.url + "/-/reload", method="POST")
             urllib.request.urlopen(req, timeout=5).close()

@@ -61,7 +61,7 @@ SOVEREIGNTY_KEYS = tuple(k for k, f in INPUTS.items() if f.sovereignty)
 # steering the engine around the decision (see controller.pod_set_annotations).
 OUT_MODE = PREFIX + "mode"
 OUT_BUDGET = PREFIX + "draft-budget"
-OUT_BUDGET_BY_BATCH = PREFIX + "draft-budget-by-batch"
+OUT_SGLANG_ADAPTIVE = PREFIX + "sglang-adaptive-config"
 OUT_VLLM = PREFIX + "vllm-speculative-config"
 OUT_SGLANG = PREFIX + "sglang-args"
 OUT_GPU_TYPE = PREFIX + "gpu-type"
@@ -74,7 +74,7 @@ OUTPUTS = frozenset(
     {
         OUT_MODE,
         OUT_BUDGET,
-        OUT_BUDGET_BY_BATCH,
+        OUT_SGLANG_ADAPTIVE,
         OUT_VLLM,
         OUT_SGLANG,
         OUT_GPU_TYPE,

@@ -7,7 +7,6 @@ controller only carries them out; the property tests run exactly this on generat
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
@@ -158,22 +157,23 @@ def decision_notes(
         ann.OUT_POLICY: policy_name,
     }
     drafter = profiles.drafters.get(req.drafter) if req.drafter else None
-    if drafter is not None and drafter.supports(req.model):
-        vllm, sglang = engine_config(drafter, req.model, record.gamma)
-        if record.gamma > 0:
-            notes[ann.OUT_VLLM] = vllm
-            notes[ann.OUT_SGLANG] = sglang
-        if record.gamma > 0:  # a plain pod gets no table: nothing it is handed may say speculate
-            table = budget_by_batch(
-                profiles.gpus[record.gpu_type],
-                profiles.models[req.model],
-                drafter,
-                req.alpha,
-                float(req.context),
-                spec.gamma_max,
-                spec.self_benefit_margin,
-            )
-            notes[ann.OUT_BUDGET_BY_BATCH] = json.dumps(table, separators=(",", ":"))
+    if drafter is not None and drafter.supports(req.model) and record.gamma > 0:
+        # A plain pod gets none of this: nothing it is handed may say speculate.
+        table = budget_by_batch(
+            profiles.gpus[record.gpu_type],
+            profiles.models[req.model],
+            drafter,
+            req.alpha,
+            float(req.context),
+            spec.gamma_max,
+            spec.self_benefit_margin,
+            cap=record.gamma,
+        )
+        config = engine_config(drafter, req.model, record.gamma, table)
+        notes[ann.OUT_VLLM] = config.vllm
+        notes[ann.OUT_SGLANG] = config.sglang
+        if config.sglang_adaptive:
+            notes[ann.OUT_SGLANG_ADAPTIVE] = config.sglang_adaptive
     return notes
 
 

@@ -297,7 +297,9 @@ def declared_request(
     prior = declared.alpha if declared.alpha is not None else d.acceptance_rate
     source = "declared" if declared.alpha is not None else "policy default"
     alpha = prior
-    if policy.telemetry.acceptance.learn and (observed := snapshot.acceptance.get((declared.tenant, model))):
+    # Observed in this namespace's own engines (see PrometheusReader.acceptance).
+    observed = snapshot.acceptance.get((meta["namespace"], model))
+    if policy.telemetry.acceptance.learn and observed:
         weight = policy.telemetry.acceptance.prior_weight_tokens
         tokens = observed[1] if observed[1] >= 0 else weight  # SGLang reports a rate, not tokens
         alpha = blend_acceptance(prior, (observed[0], tokens), weight)

@@ -19,6 +19,14 @@ from sovereignspec.telemetry.snapshot import (
     merge_activity,
 )
 
+TPOT_METRICS = (
+    "vllm:request_time_per_output_token_seconds",
+    "vllm:time_per_output_token_seconds",
+    "sglang:time_per_output_token_seconds",
+    "sglang:inter_token_latency_seconds",
+    "vllm:inter_token_latency_seconds",
+)
+
 
 class PrometheusError(RuntimeError):
     pass
@@ -67,13 +75,18 @@ class PrometheusReader:
         return merge_activity(per_metric)
 
     def acceptance(self) -> dict[tuple[str, str], tuple[float, float]]:
-        """(tenant, model) -> (per-token acceptance α, draft tokens in the window).
+        """(namespace, model) -> (per-token acceptance α, draft tokens in the window).
+
+        Keyed by `namespace`, the label Prometheus sets from service discovery (see
+        deploy/prometheus/): with honor_labels off, a series an engine exports with its own
+        `namespace` label keeps the target's, so no workload can speak for another namespace. A
+        `tenant` label on engine metrics is not evidence of anything and is ignored.
 
         vLLM: α is the first draft position's acceptance (accepted_tokens_per_pos{position="0"} /
         drafts) when the per-position counter is there; otherwise it is recovered from accepted /
-        drafted tokens at the mean draft length drafted / drafts. SGLang's spec_accept_rate is
-        taken as α, with the prior's weight (it reports no token counts)."""
-        by = "tenant, namespace, model_name"
+        drafted tokens at the mean draft length drafted / drafts. SGLang: α from its accept length
+        and rate (see _sglang_alpha), with the prior's weight (it reports no token counts)."""
+        by = "namespace, model_name"
         w = self.window
         # One evaluation time for every query: increase() extrapolates to the window's edges, so
         # counters read at different instants would not divide into a true ratio.
@@ -84,13 +97,13 @@ class PrometheusReader:
         def totals(metric: str, extra: str = "") -> dict[tuple[str, str], float]:
             out: dict[tuple[str, str], float] = {}
             for labels, value, _ in self.query(f"sum by ({by}) (increase({metric}{extra}[{w}]))", at):
-                key = _tenant_model(labels)
+                key = _namespace_model(labels)
                 if not math.isfinite(value) or value < 0 or key in out:
                     bad.add(key)
                 out[key] = value
             return out
 
-        drafts = totals("vllm:spec_decode_num_drafts_total")
+        drafts = totals("vllm:spec_decode_num_drafts_total")  # vLLM (v1 engine) counters
         draft_tokens = totals("vllm:spec_decode_num_draft_tokens_total")
         accepted = totals("vllm:spec_decode_num_accepted_tokens_total")
         first = totals("vllm:spec_decode_num_accepted_tokens_per_pos_total", '{position="0"}')
@@ -115,23 +128,52 @@ class PrometheusReader:
                 out[key] = (alpha_from_draft_acceptance(accepted[key] / tokens, round(tokens / n)), tokens)
         if bad:
             self.rejected["invalid-counters"] = self.rejected.get("invalid-counters", 0) + len(bad)
+        for key, alpha in self._sglang_alpha(by, at).items():
+            out.setdefault(key, (alpha, -1.0))
+        return out
+
+    def _sglang_alpha(self, by: str, at: float) -> dict[tuple[str, str], float]:
+        """SGLang's gauges: spec_accept_length is τ, the tokens a verification step yields (accepted
+        drafts and the bonus token); spec_accept_rate is τ/(γ+1). Their ratio gives γ, and τ at
+        that γ inverts to the per-token α. Neither alone is α."""
+        w = self.window
+        length = {
+            _namespace_model(labels): v
+            for labels, v, _ in self.query(
+                f"avg by ({by}) (avg_over_time(sglang:spec_accept_length[{w}]))", at
+            )
+        }
+        out: dict[tuple[str, str], float] = {}
         for labels, rate, _ in self.query(f"avg by ({by}) (avg_over_time(sglang:spec_accept_rate[{w}]))", at):
-            if not 0.0 <= rate <= 1.0:  # also false for NaN
+            key = _namespace_model(labels)
+            tau_ = length.get(key)
+            if tau_ is None:
+                continue
+            if not (0.0 < rate <= 1.0 and tau_ >= 1.0 and math.isfinite(tau_)):  # also false for NaN
                 self.rejected["out-of-range"] = self.rejected.get("out-of-range", 0) + 1
                 continue
-            out.setdefault(_tenant_model(labels), (rate, -1.0))
+            gamma = round(tau_ / rate) - 1
+            if gamma < 1 or tau_ > gamma + 1 + 1e-6:
+                self.rejected["inconsistent-counters"] = self.rejected.get("inconsistent-counters", 0) + 1
+                continue
+            out[key] = alpha_from_draft_acceptance((tau_ - 1.0) / gamma, gamma)
         return out
 
     def tpot(self) -> dict[tuple[str, str], float]:
-        """(namespace, job) -> p90 time per output token over the last two minutes."""
-        q = (
-            "histogram_quantile(0.9, sum by (le, namespace, job_name) "
-            "(rate(vllm:time_per_output_token_seconds_bucket[2m])))"
-        )
-        out = {}
-        for labels, value, _ in self.query(q):
-            if math.isfinite(value) and value > 0 and labels.get("job_name"):
-                out[(labels.get("namespace", ""), labels["job_name"])] = value
+        """(namespace, job) -> p90 time per output token over the last two minutes.
+
+        The first histogram a workload has, in this order: vLLM's per-request TPOT
+        (`vllm:request_time_per_output_token_seconds`, current), the names older vLLM and SGLang
+        exported, then the per-output-event latencies (`sglang:inter_token_latency_seconds`,
+        `vllm:inter_token_latency_seconds`), which overstate per-token latency under speculation
+        (an event carries τ tokens): conservative for a neighbour's SLO, never optimistic."""
+        out: dict[tuple[str, str], float] = {}
+        for metric in TPOT_METRICS:
+            q = f"histogram_quantile(0.9, sum by (le, namespace, job_name) (rate({metric}_bucket[2m])))"
+            for labels, value, _ in self.query(q):
+                key = (labels.get("namespace", ""), labels.get("job_name", ""))
+                if math.isfinite(value) and value > 0 and key[1] and key not in out:
+                    out[key] = value
         return out
 
     def snapshot(self) -> Snapshot:
@@ -169,5 +211,5 @@ def _key(labels: dict[str, str]) -> tuple[tuple[str, str], ...]:
     return tuple(sorted((k, v) for k, v in labels.items() if k != "__name__"))
 
 
-def _tenant_model(labels: dict[str, str]) -> tuple[str, str]:
-    return (labels.get("tenant") or labels.get("namespace", ""), labels.get("model_name", ""))
+def _namespace_model(labels: dict[str, str]) -> tuple[str, str]:
+    return (labels.get("namespace", ""), labels.get("model_name", ""))

@@ -32,7 +32,7 @@ class Snapshot:
     gpus: dict[tuple[str, int], GpuReading] = field(default_factory=dict)
     acceptance: dict[tuple[str, str], tuple[float, float]] = field(
         default_factory=dict
-    )  # (tenant, model) -> (α, tokens)
+    )  # (namespace, model) -> (α, tokens)
     tpot: dict[tuple[str, str], float] = field(default_factory=dict)  # (namespace, job) -> seconds
     fetched_at: float = 0.0
     error: str | None = None  # why nothing (or not everything) could be read
@@ -40,11 +40,16 @@ class Snapshot:
 
 
 def normalise_activity(name: str, values: list[float]) -> list[float]:
-    """Ratios, not yet validated. DCGM_FI_DEV_GPU_UTIL is a percentage before dcgm-exporter 4.9
-    and a ratio after; a series set with any finite value above 1 is read as percent."""
-    if name == "DCGM_FI_DEV_GPU_UTIL" and any(math.isfinite(v) and v > 1.0 for v in values):
-        return [v / 100.0 for v in values]
-    return list(values)
+    """Ratios, not yet validated.
+
+    DCGM_FI_DEV_GPU_UTIL is "GPU utilization (in %)" in dcgm-exporter's counter files, a whole
+    number; some exporters give a ratio instead. The set is read as percent unless one of its
+    finite values is a fraction strictly between 0 and 1: so an idle fleet reporting 0 % and 1 %
+    reads idle, not a 1 % GPU as fully busy."""
+    if name != "DCGM_FI_DEV_GPU_UTIL":
+        return list(values)
+    ratio = any(math.isfinite(v) and 0.0 < v < 1.0 and v != int(v) for v in values)
+    return list(values) if ratio else [v / 100.0 for v in values]
 
 
 def activity_readings(

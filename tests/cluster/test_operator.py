@@ -48,7 +48,10 @@ def test_an_idle_gpu_and_a_high_acceptance_latency_workload_is_admitted_speculat
         vllm["method"] == "eagle3" and vllm["num_speculative_tokens"] == gamma and "EAGLE3" in vllm["model"]
     )
     assert f"--speculative-num-steps {gamma}" in notes["sovereignspec.io/sglang-args"]
-    assert json.loads(notes["sovereignspec.io/draft-budget-by-batch"])[0][0] == 1
+    table = vllm["num_speculative_tokens_per_batch_size"]
+    assert table[0][0] == 1 and max(k for _, _, k in table) == gamma
+    adaptive = json.loads(notes["sovereignspec.io/sglang-adaptive-config"])
+    assert max(max(v["candidate_steps"]) for v in adaptive.values()) == gamma
     assert job.spec.template.spec.node_selector["kubernetes.io/hostname"] == node
     assert "S_real=" in event(pool, "SpeculativeDecode").message
 
@@ -111,7 +114,9 @@ def test_a_neighbour_near_its_slo_keeps_the_newcomer_plain_and_is_named(env, nam
     first = admitted_job(pool, "tight")
     assert first.spec.template.metadata.annotations["sovereignspec.io/gpu-index"] == "0"
     env.telemetry.set_tpot(namespace, "tight", 0.039)  # 97.5 % of its SLO
-    wait_for_series(env.prometheus, f'vllm:time_per_output_token_seconds_bucket{{namespace="{namespace}"}}')
+    wait_for_series(
+        env.prometheus, f'vllm:request_time_per_output_token_seconds_bucket{{namespace="{namespace}"}}'
+    )
     time.sleep(3)  # a rate needs two scrapes
     submit(pool, "newcomer", drafter="eagle3", acceptance_rate=0.9, max_num_seqs=64, **short)
     wl = decided(pool, "newcomer")
@@ -306,9 +311,10 @@ def test_a_sigkilled_operator_loses_nothing_in_a_burst_of_fifty(env, namespace, 
 
 def test_acceptance_observed_in_vllm_metrics_is_blended_with_the_declared_prior(env, namespace):
     pool = make_pool(env, namespace, [("H100-SXM", "eu", 4, [0.95] * 4)])
-    tenant = namespace  # the namespace's tenant, as its engine's metrics are labelled
-    env.telemetry.set_acceptance(tenant, namespace, "llama-3.1-8b", 0.3)
-    wait_for_series(env.prometheus, f'vllm:spec_decode_num_drafts_total{{tenant="{tenant}"}}')
+    # Another namespace's engine claims this namespace's tenant: its series must not count.
+    env.telemetry.set_acceptance(namespace, "elsewhere", "llama-3.1-8b", 0.99)
+    env.telemetry.set_acceptance("whoever", namespace, "llama-3.1-8b", 0.3)
+    wait_for_series(env.prometheus, f'vllm:spec_decode_num_drafts_total{{namespace="{namespace}"}}')
     time.sleep(3)  # increase() needs two scrapes
     submit(pool, "learner", **CHAT)  # declares 0.8
     message = our_entry(pool, decided(pool, "learner"))["message"]

@@ -50,9 +50,9 @@ def test_learned_acceptance_comes_from_vllms_per_position_counter_or_by_invertin
             return seen if len(seen) == 2 else None
 
         seen = wait_until(both, timeout=30, what="both tenants' acceptance")
-        alpha, tokens = seen[("acme", "llama-3.1-8b")]
+        alpha, tokens = seen[("shop", "llama-3.1-8b")]
         assert alpha == pytest.approx(0.7, abs=1e-6) and tokens > 0
-        alpha, tokens = seen[("bank", "llama-3.1-8b")]
+        alpha, tokens = seen[("vault", "llama-3.1-8b")]
         assert alpha == pytest.approx(0.55, abs=1e-6) and tokens > 0
     finally:
         current.close()

@@ -85,29 +85,22 @@ def operator_state(api: client.ApiClient) -> str:
 
 
 def serving_job(name: str, seconds: int = 0) -> dict[str, Any]:
-    """The example serving Job (40-workloads.yaml) with the stand-in engine in place of vLLM and
-    requests this node can hold; its annotations and queue are the example's."""
+    """The example serving Job (40-workloads.yaml) as it is: its annotations, queue, launcher init
+    container, downward-API volume and `sovereignspec launch` entrypoint, with the stand-in engine
+    in place of vLLM and requests this node can hold."""
     job = copy.deepcopy(
         next(d for d in yaml.safe_load_all((EXAMPLES / "40-workloads.yaml").read_text()) if d)
     )
     job["metadata"]["name"] = name
     pod = job["spec"]["template"]["spec"]
     pod["hostNetwork"] = True  # this machine may create no pod network (the CNI has only loopback)
-    pod["containers"] = [
-        {
-            "name": "engine",
-            "image": SERVING_IMAGE,
-            "imagePullPolicy": "IfNotPresent",
-            "args": ["/etc/podinfo/annotations", str(seconds)],
-            "resources": {
-                "requests": {"cpu": "10m", "memory": "32Mi", "nvidia.com/gpu": "1"},
-                "limits": {"nvidia.com/gpu": "1"},
-            },
-            "volumeMounts": [{"name": "podinfo", "mountPath": "/etc/podinfo"}],
-        }
-    ]
-    annotations = {"path": "annotations", "fieldRef": {"fieldPath": "metadata.annotations"}}
-    pod["volumes"] = [{"name": "podinfo", "downwardAPI": {"items": [annotations]}}]
+    engine = pod["containers"][0]
+    engine["image"] = SERVING_IMAGE
+    engine["args"] = ["python3", "/standin.py", "--seconds", str(seconds)]
+    engine["resources"] = {
+        "requests": {"cpu": "10m", "memory": "32Mi", "nvidia.com/gpu": "1"},
+        "limits": {"nvidia.com/gpu": "1"},
+    }
     return job
 
 
@@ -140,7 +133,9 @@ def decision_line(api: client.ApiClient, job: str) -> dict[str, Any]:
     assert pod.spec.node_name == NODE
     logs = core.read_namespaced_pod_log(pod.metadata.name, SERVING_NS)
     line = next(x for x in logs.splitlines() if x.startswith("SOVEREIGNSPEC-DECISION "))
-    return {"pod": pod, "decision": json.loads(line.split(" ", 1)[1]), "logs": logs}
+    argv = next(x for x in logs.splitlines() if x.startswith("ENGINE-ARGV "))
+    return {"pod": pod, "decision": json.loads(line.split(" ", 1)[1]),
+            "argv": json.loads(argv.split(" ", 1)[1]), "logs": logs}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -244,7 +239,10 @@ def test_examples_apply_as_the_readme_says_and_a_serving_job_runs_speculative_on
     assert gamma >= 2, seen["logs"]
     vllm = json.loads(decision["vllm-speculative-config"])
     assert vllm["num_speculative_tokens"] == gamma
-    assert "SOVEREIGNSPEC-VLLM " in seen["logs"]
+    # The engine was started by `sovereignspec launch` with the decision's own configuration.
+    argv = seen["argv"]
+    assert argv[:2] == ["--seconds", "0"] and argv[2] == "--speculative-config", argv
+    assert json.loads(argv[3]) == vllm
     # The user is told why the example's own nodes were passed over.
     name = workload_of(cluster, "acme-chat-speculative")["metadata"]["name"]  # type: ignore[index]
     events = client.CoreV1Api(cluster).list_namespaced_event(SERVING_NS).items

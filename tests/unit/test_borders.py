@@ -12,7 +12,7 @@ from sovereignspec.operator.plan import shorten
 from sovereignspec.operator.policy import PolicySpec
 from sovereignspec.operator.view import UnreadableFieldError, gpu_quantity, parse_quantity, tenancy_of
 from sovereignspec.telemetry.dcgm import parse_exposition
-from sovereignspec.telemetry.snapshot import activity_readings
+from sovereignspec.telemetry.snapshot import activity_readings, normalise_activity
 
 MODELS, DRAFTERS = {"llama-3.1-8b"}, {"eagle3", "ngram"}
 
@@ -189,6 +189,20 @@ def test_gpu_util_in_percent_is_read_as_a_ratio_and_a_scrape_with_a_lie_keeps_th
     rejected: dict[str, int] = {}
     readings = parse_exposition(text, 0.0, rejected)
     assert readings[("n", 0)].activity == 0.5 and ("n", 1) not in readings and rejected == {"negative": 1}
+
+
+@pytest.mark.parametrize(
+    ("values", "read"),
+    [
+        ([0.0, 1.0, 0.0], [0.0, 0.01, 0.0]),  # an idle fleet in percent reads idle, not one GPU busy
+        ([0.0, 0.0], [0.0, 0.0]),
+        ([37.0, 100.0], [0.37, 1.0]),
+        ([0.37, 1.0], [0.37, 1.0]),  # a fraction below one: the exporter gives ratios
+    ],
+)
+def test_gpu_util_is_read_in_the_unit_its_exporter_uses(values: list[float], read: list[float]) -> None:
+    assert normalise_activity("DCGM_FI_DEV_GPU_UTIL", values) == pytest.approx(read)
+    assert normalise_activity("DCGM_FI_PROF_SM_ACTIVE", values) == values  # always a ratio
 
 
 def test_messages_are_cut_at_a_word_boundary() -> None:

@@ -196,7 +196,7 @@ def _every_tick_keeps_sovereignty_and_capacity(
         pod = entry["podSetUpdates"][0]["annotations"]
         if pod[ann.OUT_MODE] == "plain":
             assert (
-                pod[ann.OUT_BUDGET] == "0" and ann.OUT_VLLM not in pod and ann.OUT_BUDGET_BY_BATCH not in pod
+                pod[ann.OUT_BUDGET] == "0" and ann.OUT_VLLM not in pod and ann.OUT_SGLANG_ADAPTIVE not in pod
             )
         else:
             assert int(pod[ann.OUT_BUDGET]) > 0

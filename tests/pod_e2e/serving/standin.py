@@ -1,4 +1,4 @@
-"""Print the SovereignSpec decision this Pod carries (downward API annotations file) as one JSON line."""
+"""A stand-in serving engine: prints the arguments it was started with and the decision the Pod carries."""
 
 import json
 import sys
@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 PREFIX = "sovereignspec.io/"
+ANNOTATIONS = "/etc/podinfo/annotations"
 
 
 def annotations(path: Path) -> dict[str, str]:
@@ -18,13 +19,16 @@ def annotations(path: Path) -> dict[str, str]:
 
 
 def main() -> int:
-    path = Path(sys.argv[1] if len(sys.argv) > 1 else "/etc/podinfo/annotations")
-    notes = {k[len(PREFIX) :]: v for k, v in annotations(path).items() if k.startswith(PREFIX)}
-    config = notes.get("vllm-speculative-config")
+    # Called as `standin.py [--seconds N] ENGINE-ARGS...` by `sovereignspec launch`, which appends
+    # the decision's engine arguments: print them, and the annotations they came from.
+    args = sys.argv[1:]
+    seconds = 0.0
+    if args[:1] == ["--seconds"]:
+        seconds, args = float(args[1]), args[2:]
+    notes = {k[len(PREFIX) :]: v for k, v in annotations(Path(ANNOTATIONS)).items() if k.startswith(PREFIX)}
     print("SOVEREIGNSPEC-DECISION " + json.dumps(notes, sort_keys=True), flush=True)
-    if config:
-        print("SOVEREIGNSPEC-VLLM " + json.dumps(json.loads(config), sort_keys=True), flush=True)
-    time.sleep(float(sys.argv[2]) if len(sys.argv) > 2 else 0)
+    print("ENGINE-ARGV " + json.dumps(args), flush=True)
+    time.sleep(seconds)
     return 0
 
 

@@ -1,0 +1,109 @@
+"""Today's engines' metrics, scraped the way deploy/prometheus/serving-engines.yaml says, reach the
+decision: α from a stand-in vLLM (per-position counters) and a stand-in SGLang (accept length and
+rate), TPOT from vLLM's per-request histogram and SGLang's inter-token latency, all keyed by the
+namespace and Job that Prometheus's service discovery names, never by what an engine claims."""
+
+from __future__ import annotations
+
+import copy
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from sovereignspec.telemetry.prometheus import PrometheusReader
+from tests.cluster.conftest import wait_until
+from tests.cluster.engine_standins import FORGED, EngineStandIn
+from tests.cluster.operator_env import add_namespace, decided, in_namespace, make_pool, our_entry, submit
+
+REPO = Path(__file__).resolve().parents[2]
+SCRAPE = REPO / "deploy" / "prometheus" / "serving-engines.yaml"
+PODMONITOR = REPO / "charts" / "sovereignspec" / "templates" / "engine-podmonitor.yaml"
+MODEL = "llama-3.1-8b"
+CHAT = {"model": MODEL, "drafter": "eagle3", "acceptance_rate": 0.8, "latency_class": "latency"}
+
+
+def discovered(targets: list[tuple[str, str, str, bool]]) -> dict[str, Any]:
+    """The shipped scrape job with Kubernetes service discovery replaced by static targets that
+    carry the labels discovery would give them: (address, namespace, job, serving-label)."""
+    job = copy.deepcopy(yaml.safe_load(SCRAPE.read_text()))
+    del job["kubernetes_sd_configs"]
+    job["scrape_interval"] = "1s"
+    job["static_configs"] = [
+        {
+            "targets": [address],
+            "labels": {
+                "__meta_kubernetes_namespace": namespace,
+                "__meta_kubernetes_pod_name": f"{jobname}-abcde",
+                "__meta_kubernetes_pod_container_port_name": "http",
+                "__meta_kubernetes_pod_label_job_name": jobname,
+                "__meta_kubernetes_pod_label_batch_kubernetes_io_job_name": jobname,
+                **({"__meta_kubernetes_pod_label_sovereignspec_io_serving": "true"} if serving else {}),
+            },
+        }
+        for address, namespace, jobname, serving in targets
+    ]
+    return job
+
+
+def test_the_podmonitor_in_the_chart_relabels_exactly_as_the_plain_prometheus_job() -> None:
+    plain = yaml.safe_load(SCRAPE.read_text())["relabel_configs"]
+    text = "\n".join(line for line in PODMONITOR.read_text().splitlines() if "{{" not in line)
+    endpoint = yaml.safe_load(text)["spec"]["podMetricsEndpoints"][0]
+    assert endpoint["port"] == "http" and endpoint["honorLabels"] is False
+    snake = [
+        {{"sourceLabels": "source_labels", "targetLabel": "target_label"}.get(k, k): v for k, v in r.items()}
+        for r in endpoint["relabelings"]
+    ]
+    # The PodMonitor selects by label and port itself; the rest are the same rules in order.
+    assert snake == [r for r in plain if r.get("action") != "keep"]
+
+
+@pytest.mark.prometheus
+def test_alpha_and_tpot_of_stand_in_vllm_and_sglang_reach_the_decision_by_namespace(env, namespace):
+    pool = make_pool(env, namespace, [("H100-SXM", "eu", 4, [0.95] * 4)])
+    other = add_namespace(pool, "sgl")
+    vllm = EngineStandIn("vllm", MODEL, alpha=0.3, gamma=4, seconds_per_token=0.018)
+    sglang = EngineStandIn("sglang", MODEL, alpha=0.5, gamma=3, seconds_per_token=0.028)
+    unlabelled = EngineStandIn("vllm", MODEL, alpha=0.99, gamma=4, seconds_per_token=0.001)
+    try:
+        env.prometheus.add_scrape_config(
+            discovered(
+                [
+                    (vllm.target, namespace, "chat-a", True),
+                    (sglang.target, other, "chat-b", True),
+                    (unlabelled.target, namespace, "not-serving", False),  # no serving label: not scraped
+                ]
+            )
+        )
+        reader = PrometheusReader(env.prometheus.url, window="1m")
+
+        def both() -> tuple[dict, dict] | None:
+            accepted, tpot = reader.acceptance(), reader.tpot()
+            keys = {(namespace, MODEL), (other, MODEL)}
+            ok = keys <= set(accepted) and {(namespace, "chat-a"), (other, "chat-b")} <= set(tpot)
+            return (accepted, tpot) if ok else None
+
+        time.sleep(3)  # increase() needs two scrapes
+        accepted, tpot = wait_until(both, timeout=45, what="both engines' series, relabelled")
+        assert accepted[(namespace, MODEL)][0] == pytest.approx(0.3, abs=1e-6)
+        assert accepted[(other, MODEL)][0] == pytest.approx(0.5, abs=1e-3)
+        assert (FORGED, MODEL) not in accepted  # the engines' own namespace label lost to the target's
+        assert 0.015 <= tpot[(namespace, "chat-a")] <= 0.02  # p90 within the 15-20 ms bucket
+        assert 0.025 <= tpot[(other, "chat-b")] <= 0.03
+        assert (namespace, "not-serving") not in tpot
+
+        submit(pool, "learner", **CHAT)  # declares 0.8
+        message = our_entry(pool, decided(pool, "learner"))["message"]
+        assert "declared 0.80 blended with 0.30 observed" in message, message
+        theirs = in_namespace(pool, other)
+        submit(theirs, "learner", **CHAT)
+        message = our_entry(theirs, decided(theirs, "learner"))["message"]
+        assert "declared 0.80 blended with 0.50 observed" in message, message
+    finally:
+        env.prometheus.remove_scrape_config("sovereignspec-serving-engines")
+        vllm.close()
+        sglang.close()
+        unlabelled.close()

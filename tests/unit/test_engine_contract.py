@@ -1,0 +1,142 @@
+"""What the engines are handed: every drafter × mode, held to the engines' own fields and flags.
+
+The pinned lists below were read from the engines' source (the search tool's stored snapshots):
+
+- vLLM `SpeculativeConfig` fields: vllm/config/speculative.py at 002e77c1f0ef9b19cff8b9e21cfbd6feb3d6b443
+  (`num_speculative_tokens_per_batch_size: list[tuple[int, int, int]] | None`, "inclusive batch-size
+  range"); the table's rules: vllm/v1/spec_decode/dynamic/utils.py at 14b450ca590cbff96e7004bdb147a5d3acf5a4f6
+  (ranges positive, sorted, non-overlapping, first at 1, K >= 0; K clamped to num_speculative_tokens).
+  The field arrived with vLLM PR #32374 ("Add Dynamic SD", merged May 2026), first released in v0.24.
+- SGLang server arguments: python/sglang/srt/server_args.py (speculative_* fields: algorithm,
+  draft_model_path, num_steps, eagle_topk, num_draft_tokens, ngram_min/max_bfs_breadth, adaptive,
+  adaptive_config); adaptive rules: python/sglang/srt/speculative/adaptive_spec_params.py at
+  015c872628e328b530880bcf95ae91222604b225 (EAGLE/EAGLE3 with top-k 1 only; JSON object keyed by
+  batch-size strings, each with a non-empty `candidate_steps` list of ints >= 0; PRs #21599, #24055).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from itertools import pairwise
+
+import numpy as np
+import pytest
+
+from sovereignspec.core.optimiser import SpecRequest, choose, gamma_table
+from sovereignspec.core.roofline import roofline_for
+from sovereignspec.engines import BATCH_BREAKPOINTS, budget_by_batch, engine_config
+from sovereignspec.profiles import load_profiles
+
+VLLM_FIELDS = {
+    "method", "model", "num_speculative_tokens", "num_speculative_tokens_per_batch_size",
+    "prompt_lookup_min", "prompt_lookup_max",
+}  # fmt: skip
+VLLM_METHODS = {"ngram", "medusa", "mlp_speculator", "draft_model", "suffix", "eagle", "eagle3", "mtp"}
+SGLANG_FLAGS = {
+    "--speculative-algorithm", "--speculative-draft-model-path", "--speculative-num-steps",
+    "--speculative-eagle-topk", "--speculative-num-draft-tokens", "--speculative-ngram-min-bfs-breadth",
+    "--speculative-ngram-max-bfs-breadth", "--speculative-adaptive", "--speculative-adaptive-config",
+}  # fmt: skip
+SGLANG_ALGORITHMS = {"EAGLE", "EAGLE3", "NGRAM", "STANDALONE"}
+
+PROFILES = load_profiles()
+
+
+def _model(drafter: str) -> str:
+    """The first model (by name) the drafter drafts for."""
+    return next(m for m in sorted(PROFILES.models) if PROFILES.drafters[drafter].supports(m))
+
+
+def vllm_table_is_valid(table: list[list[int]]) -> None:
+    """vLLM's own checks (dynamic/utils.py) of a 3-item schedule."""
+    assert table and table[0][0] == 1
+    previous_end = 0
+    for lo, hi, k in table:
+        assert 0 < lo <= hi and lo > previous_end and k >= 0
+        previous_end = hi
+
+
+@pytest.mark.parametrize("drafter", sorted(PROFILES.drafters))
+@pytest.mark.parametrize("gamma", [0, 1, 4, 8])
+def test_every_drafter_and_mode_hands_each_engine_only_fields_and_flags_it_has(
+    drafter: str, gamma: int
+) -> None:
+    d = PROFILES.drafters[drafter]
+    model = _model(drafter)
+    gpu, models = PROFILES.gpus["H100-SXM"], PROFILES.models
+    table = budget_by_batch(gpu, models[model], d, 0.8, 1024, 8, 0.02, cap=gamma)
+    cfg = engine_config(d, model, gamma, table)
+    if gamma == 0:
+        assert (cfg.vllm, cfg.sglang, cfg.sglang_adaptive) == ("", "", "")  # plain: nothing at all
+        return
+    vllm = json.loads(cfg.vllm)
+    assert set(vllm) <= VLLM_FIELDS and vllm["method"] in VLLM_METHODS
+    per_batch = vllm.get("num_speculative_tokens_per_batch_size", [[1, 1, vllm["num_speculative_tokens"]]])
+    vllm_table_is_valid(per_batch)
+    assert vllm["num_speculative_tokens"] == max(k for _, _, k in per_batch) <= gamma
+    if vllm["method"] == "ngram":
+        assert vllm["prompt_lookup_min"] <= vllm["prompt_lookup_max"]
+    words = shlex.split(cfg.sglang)
+    flags = [w for w in words if w.startswith("--")]
+    assert set(flags) <= SGLANG_FLAGS and len(flags) == len(set(flags))
+    value = dict(zip(words[::2], words[1::2], strict=True))
+    assert value["--speculative-algorithm"] in SGLANG_ALGORITHMS
+    assert int(value["--speculative-num-draft-tokens"]) == gamma + 1
+    if value["--speculative-algorithm"] == "NGRAM":  # a chain of γ tokens, as priced
+        assert (
+            value["--speculative-ngram-max-bfs-breadth"]
+            == value["--speculative-ngram-min-bfs-breadth"]
+            == "1"
+        )
+    else:
+        assert value["--speculative-num-steps"] == str(gamma) and value["--speculative-eagle-topk"] == "1"
+    if value["--speculative-algorithm"] in {"EAGLE", "EAGLE3"}:
+        adaptive = json.loads(cfg.sglang_adaptive)
+        keys = sorted(int(k) for k in adaptive)
+        assert keys == [lo for lo, _, _ in table]
+        for lo, _, k in table:
+            steps = adaptive[str(lo)]["candidate_steps"]
+            assert steps and all(isinstance(s, int) and 0 <= s <= k for s in steps) and max(steps) == k
+    else:
+        assert cfg.sglang_adaptive == ""  # SGLang's adaptive mode refuses other algorithms
+
+
+def gamma_star(gpu: str, drafter: str, alpha: float, batch: int, gamma_max: int = 8) -> int:
+    d = PROFILES.drafters[drafter]
+    m = PROFILES.models[_model(drafter)]
+    req = SpecRequest(alpha, float(batch), 1024.0, d.cost_for(m.name), d.spec_overhead, gamma_max, 0.02)
+    return int(
+        choose(gamma_table(roofline_for(PROFILES.gpus[gpu], m), req, np.zeros(1), np.full(1, np.inf))).gamma[
+            0
+        ]
+    )
+
+
+@pytest.mark.parametrize("gpu", ["H100-SXM", "A100-80G-SXM", "RTX-4090"])
+@pytest.mark.parametrize("drafter", ["eagle3", "ngram", "llama-3.2-1b-draft"])
+@pytest.mark.parametrize("alpha", [0.4, 0.6, 0.8, 0.9])
+@pytest.mark.parametrize("cap", [None, 2, 5])
+def test_the_vllm_table_is_monotone_capped_and_the_optimisers_gamma_at_each_breakpoint(
+    gpu: str, drafter: str, alpha: float, cap: int | None
+) -> None:
+    d = PROFILES.drafters[drafter]
+    model = PROFILES.models[_model(drafter)]
+    table = budget_by_batch(PROFILES.gpus[gpu], model, d, alpha, 1024, 8, 0.02, cap=cap)
+    vllm_table_is_valid(table)
+    assert [hi for _, hi, _ in table][-1] == BATCH_BREAKPOINTS[-1]
+    assert all(b[0] == a[1] + 1 for a, b in pairwise(table))  # contiguous
+    ks = [k for _, _, k in table]
+    assert ks == sorted(ks, reverse=True)
+    expected, running = {}, 10**9
+    for b in BATCH_BREAKPOINTS:
+        running = min(running, gamma_star(gpu, drafter, alpha, b), cap if cap is not None else 10**9)
+        expected[b] = running
+    for b in BATCH_BREAKPOINTS:
+        k = next(k for lo, hi, k in table if lo <= b <= hi)
+        assert k == expected[b], (b, table)
+    if cap is None:  # the running minimum never bites: γ* itself already falls with the batch
+        assert all(expected[b] == gamma_star(gpu, drafter, alpha, b) for b in BATCH_BREAKPOINTS)
+    config = json.loads(engine_config(d, model.name, cap or 8, table).vllm or "{}")
+    if config:
+        assert all(k <= config["num_speculative_tokens"] for _, _, k in table)
