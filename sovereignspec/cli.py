@@ -134,6 +134,11 @@ def build_parser() -> argparse.ArgumentParser:
         "(sovereignspec launch --help)",
         add_help=False,
     )
+    sub.add_parser(
+        "agent",
+        help="node agent: GPU telemetry from NVML for Prometheus (sovereignspec agent --help)",
+        add_help=False,
+    )
     op = sub.add_parser("operator", help="run the Kueue AdmissionCheck controller (kopf)")
     op.add_argument(
         "--kubeconfig", help="kubeconfig file (default: in-cluster, then $KUBECONFIG / ~/.kube/config)"
@@ -267,6 +272,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from sovereignspec.launch import main as launch
 
         return launch(words[1:])
+    if words[:1] == ["agent"]:
+        from sovereignspec.agent import main as agent
+
+        return agent(words[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     handler = HANDLERS[args.command]

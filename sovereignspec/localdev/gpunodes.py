@@ -7,6 +7,7 @@ are written by this harness, exactly as the manifests describe them.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
 
@@ -25,8 +26,16 @@ def documents(path: Path) -> Iterator[dict[str, Any]]:
             yield doc
 
 
+NOT_READY_TAINT = "node.kubernetes.io/not-ready"
+
+
 def apply_node(api: client.ApiClient, node: dict[str, Any]) -> None:
-    """Create or update a Node, then write its status (capacity) through the status subresource."""
+    """Create or update a Node, then write its status (capacity) through the status subresource.
+
+    As a kubelet and the node lifecycle controller would for a healthy node: a Ready condition,
+    and no `node.kubernetes.io/not-ready` taint (the API server's TaintNodesByCondition admission
+    puts it on every new Node; the controller lifts it once the kubelet reports Ready). SovereignSpec
+    places nothing on a node that is not Ready or carries it."""
     core = client.CoreV1Api(api)
     body = {k: v for k, v in node.items() if k != "status"}
     try:
@@ -37,8 +46,21 @@ def apply_node(api: client.ApiClient, node: dict[str, Any]) -> None:
         core.patch_node(
             node["metadata"]["name"], {"metadata": {"labels": node["metadata"].get("labels", {})}}
         )
-    if "status" in node:
-        core.patch_node_status(node["metadata"]["name"], {"status": node["status"]})
+    name = node["metadata"]["name"]
+    status = dict(node.get("status") or {})
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    status.setdefault(
+        "conditions",
+        [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "simulated node",
+          "lastHeartbeatTime": now, "lastTransitionTime": now}],
+    )  # fmt: skip
+    core.patch_node_status(name, {"status": status})
+    taints = core.read_node(name).spec.taints or []
+    if any(t.key == NOT_READY_TAINT for t in taints):
+        kept = [t.to_dict() for t in taints if t.key != NOT_READY_TAINT]
+        core.patch_node(
+            name, {"spec": {"taints": [{k: v for k, v in t.items() if v is not None} for t in kept]}}
+        )
 
 
 def apply_examples(

@@ -35,11 +35,11 @@ from sovereignspec.core.sovereignty import NodeTenancy, Requirement, check_node
 from sovereignspec.core.specs import ProfileSet
 from sovereignspec.operator import annotations as ann
 from sovereignspec.operator.policy import PolicySpec
-from sovereignspec.telemetry.snapshot import Snapshot, blend_acceptance
+from sovereignspec.telemetry.snapshot import TENSOR_METRICS, Snapshot, blend_acceptance
 
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
-TENSOR_METRIC = "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"
+
 # Namespace labels administrators set (namespaces are cluster-scoped: tenants cannot edit them).
 TENANT_LABEL = "sovereignspec.io/tenant"
 NAMESPACE_JURISDICTION_LABEL = "sovereignspec.io/jurisdiction"
@@ -697,7 +697,7 @@ def _cluster(
             reading = None if stale_reason else snapshot.gpus.get((host, gi)) or snapshot.gpus.get((name, gi))
             headroom = None
             if reading is not None and now - reading.observed_at <= staleness:
-                scale = efficiency if reading.metric == TENSOR_METRIC else 1.0
+                scale = efficiency if reading.metric in TENSOR_METRICS else 1.0
                 headroom = float(headroom_from_tensor_activity(reading.activity, scale))
             headroom_out[(name, gi)] = headroom
             ratio, binding = math.inf, None

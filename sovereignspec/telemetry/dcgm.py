@@ -10,6 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sovereignspec.telemetry.snapshot import (
     ACTIVITY_METRICS,
+    MIG_LABEL,
     GpuReading,
     Snapshot,
     activity_readings,
@@ -24,7 +25,7 @@ def parse_exposition(
     samples: dict[str, list[tuple[str | None, str | None, float, float]]] = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
-            if s.name in ACTIVITY_METRICS:
+            if s.name in ACTIVITY_METRICS and not s.labels.get(MIG_LABEL):
                 labels = dict(s.labels)
                 samples.setdefault(s.name, []).append(
                     (host_of(labels), labels.get("gpu"), float(s.value), scraped_at)

@@ -12,6 +12,7 @@ import urllib.request
 from sovereignspec.core.speedup import alpha_from_draft_acceptance
 from sovereignspec.telemetry.snapshot import (
     ACTIVITY_METRICS,
+    MIG_LABEL,
     GpuReading,
     Snapshot,
     activity_readings,
@@ -70,6 +71,7 @@ class PrometheusReader:
             series = [
                 (host_of(labels), labels.get("gpu"), value, stamps.get(_key(labels), at))
                 for labels, value, at in values
+                if not labels.get(MIG_LABEL)
             ]
             per_metric[name] = activity_readings(name, series, self.rejected)
         return merge_activity(per_metric)

@@ -8,12 +8,21 @@ from dataclasses import dataclass, field
 # GPU activity metrics, most telling first. Tensor-pipe activity measures the compute that
 # speculation competes for; engine-busy and utilisation count memory-bound kernels as busy, so they
 # understate headroom (a safe direction) and serve only as fallbacks.
+# `sovereignspec agent` (NVML) exports the same kinds of reading under its own names.
 ACTIVITY_METRICS = (
     "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+    "sovereignspec_gpu_tensor_active_ratio",
     "DCGM_FI_PROF_SM_ACTIVE",
     "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+    "sovereignspec_gpu_sm_occupancy_ratio",
     "DCGM_FI_DEV_GPU_UTIL",
+    "sovereignspec_gpu_utilization_ratio",
 )
+# Tensor-pipe activity is a fraction of the tensor cores' peak, not of the whole GPU's.
+TENSOR_METRICS = frozenset({"DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "sovereignspec_gpu_tensor_active_ratio"})
+# A MIG instance's series (dcgm-exporter and the agent label it GPU_I_ID) is not a whole GPU:
+# placement works on whole GPUs, so such series are not read as one.
+MIG_LABEL = "GPU_I_ID"
 # dcgm-exporter renamed its host label from Hostname to hostname; both are read.
 HOST_LABELS = ("hostname", "Hostname", "node", "kubernetes_node")
 

@@ -96,6 +96,7 @@ def serving_job(name: str, seconds: int = 0) -> dict[str, Any]:
     pod["hostNetwork"] = True  # this machine may create no pod network (the CNI has only loopback)
     engine = pod["containers"][0]
     engine["image"] = SERVING_IMAGE
+    engine.pop("ports", None)  # on the host's network a port would let one such pod per node run
     engine["args"] = ["python3", "/standin.py", "--seconds", str(seconds)]
     engine["resources"] = {
         "requests": {"cpu": "10m", "memory": "32Mi", "nvidia.com/gpu": "1"},

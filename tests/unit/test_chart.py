@@ -99,6 +99,28 @@ def test_optional_parts_render_when_enabled(helm):
     )
 
 
+def test_the_node_agent_and_the_engine_podmonitor_render_when_enabled_and_stay_apart(helm):
+    docs = render(helm, "agent.enabled=true", "engineMetrics.podMonitor.enabled=true")
+    agent = next(d for d in docs if d["kind"] == "DaemonSet")
+    pod = agent["spec"]["template"]
+    labels = pod["metadata"]["labels"]
+    # No selector of the controller's picks an agent pod (its Service would send traffic there).
+    for d in docs:
+        if d["kind"] in ("Deployment", "Service"):
+            selector = d["spec"]["selector"]
+            selector = selector.get("matchLabels", selector)
+            assert not all(labels.get(k) == v for k, v in selector.items()), d["kind"]
+    container = pod["spec"]["containers"][0]
+    assert container["args"][0] == "agent"
+    env = {e["name"]: e for e in container["env"]}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert pod["spec"]["automountServiceAccountToken"] is False
+    assert pod["spec"]["runtimeClassName"] == "nvidia"
+    monitor = next(d for d in docs if d["kind"] == "PodMonitor")
+    assert monitor["spec"]["selector"]["matchLabels"] == {"sovereignspec.io/serving": "true"}
+    assert not {"DaemonSet", "PodMonitor"} & {d["kind"] for d in render(helm)}  # off by default
+
+
 @pytest.mark.parametrize(
     "bad", ["replicaCount=2", "logLevel=verbose", "controllerName=no-slash", "unknownKey=1"]
 )
