@@ -50,7 +50,8 @@ from sovereignspec.core.optimiser import (
     quantize,
 )
 from sovereignspec.core.roofline import Roofline, roofline_for, stack_rooflines, tensor_parallel_for
-from sovereignspec.core.scalar import Coeffs, best_gamma
+from sovereignspec.core.scalar import Coeffs, best_gamma, speedup_at
+from sovereignspec.core.scalar import tau as tau_scalar
 from sovereignspec.core.sovereignty import (
     DEFAULT_JURISDICTION_LABEL,
     NodeTenancy,
@@ -172,6 +173,67 @@ class _Scores:
 _SCORE_FIELDS = ("gamma", "tpot", "step", "step_plain", "before", "bg_seqs")
 
 
+def spec_request(profiles: ProfileSet, policy: Policy, w: WorkloadRequest) -> tuple[SpecRequest, str | None]:
+    """The optimiser's view of `w`, and why speculation is off for it (None if it isn't)."""
+    gamma_max = policy.gamma_max if w.gamma_max is None else min(w.gamma_max, policy.gamma_max)
+    cost, overhead, off = 0.0, 0.0, w.force_plain
+    if w.drafter is None:
+        off = off or "no drafter declared"
+    elif w.drafter not in profiles.drafters:
+        off = off or f"unknown drafter {w.drafter!r}"
+    else:
+        drafter = profiles.drafters[w.drafter]
+        if not drafter.supports(w.model):
+            off = off or f"drafter {w.drafter} does not draft for {w.model}"
+        cost, overhead = drafter.cost_for(w.model), drafter.spec_overhead
+    if gamma_max == 0:
+        off = off or "speculation disabled (γ_max = 0)"
+    req = SpecRequest(
+        alpha=w.alpha,
+        seqs=float(w.seqs),
+        context=float(w.context),
+        draft_cost=cost,
+        spec_overhead=overhead,
+        gamma_max=0 if off else gamma_max,
+        margin=policy.margin,
+    )
+    return req, off
+
+
+@dataclass(frozen=True)
+class Reevaluation:
+    """A running workload's γ judged again at today's reading of its GPU."""
+
+    gamma_now: int  # what the optimiser would choose now (neighbours' SLOs not counted)
+    speedup_in_force: float  # its own S_real at the γ it runs, at today's load
+    aggregate_in_force: float  # the GPU's aggregate speed-up at that γ: below 1, a net loss
+
+
+def reevaluate(
+    profiles: ProfileSet, policy: Policy, w: WorkloadRequest, gpu_type: str, gamma: int, headroom: float
+) -> Reevaluation | None:
+    """`w`, running γ on a GPU of `gpu_type` that reads `headroom` now (judged one uncertainty
+    worse, as decisions are). The reading includes the workload's own load, so the background it
+    implies is an over-estimate: a pessimistic judgement, which is the side to err on when the
+    question is whether speculation still pays. None when the model does not fit the GPU type."""
+    model, gpu = profiles.models.get(w.model), profiles.gpus.get(gpu_type)
+    if model is None or gpu is None:
+        return None
+    try:
+        c = Coeffs.of(gpu, model, tensor_parallel_for(gpu, model))
+    except ValueError:
+        return None
+    req, _ = spec_request(profiles, policy, w)
+    judged = max(headroom - policy.headroom_uncertainty, 0.0)
+    taus = [tau_scalar(req.alpha, g) for g in range(max(req.gamma_max, gamma) + 1)]
+    now = best_gamma(c, taus[: req.gamma_max + 1], req.seqs, req.context, req.draft_cost,
+                     req.spec_overhead, req.margin, judged, math.inf, req.gamma_max > 0)  # fmt: skip
+    own, aggregate = speedup_at(
+        c, taus, gamma, req.seqs, req.context, req.draft_cost, req.spec_overhead, judged
+    )
+    return Reevaluation(now.gamma, own, aggregate)
+
+
 class Placer:
     """Decides placements against a cluster view and keeps that view current as it places."""
 
@@ -241,30 +303,7 @@ class Placer:
 
     def spec_request(self, w: WorkloadRequest) -> tuple[SpecRequest, str | None]:
         """The optimiser's view of `w`, and why speculation is off for it (None if it isn't)."""
-        policy = self.policy
-        gamma_max = policy.gamma_max if w.gamma_max is None else min(w.gamma_max, policy.gamma_max)
-        cost, overhead, off = 0.0, 0.0, w.force_plain
-        if w.drafter is None:
-            off = off or "no drafter declared"
-        elif w.drafter not in self.profiles.drafters:
-            off = off or f"unknown drafter {w.drafter!r}"
-        else:
-            drafter = self.profiles.drafters[w.drafter]
-            if not drafter.supports(w.model):
-                off = off or f"drafter {w.drafter} does not draft for {w.model}"
-            cost, overhead = drafter.cost_for(w.model), drafter.spec_overhead
-        if gamma_max == 0:
-            off = off or "speculation disabled (γ_max = 0)"
-        req = SpecRequest(
-            alpha=w.alpha,
-            seqs=float(w.seqs),
-            context=float(w.context),
-            draft_cost=cost,
-            spec_overhead=overhead,
-            gamma_max=0 if off else gamma_max,
-            margin=policy.margin,
-        )
-        return req, off
+        return spec_request(self.profiles, self.policy, w)
 
     # -- γ tables, cached per signature -------------------------------------------------------
 

@@ -113,3 +113,30 @@ def best_gamma(
             if score > best[0]:
                 best = (score, gamma, step)
     return Choice(best[1], best[2], plain, before, n)
+
+
+def speedup_at(
+    c: Coeffs,
+    taus: list[float],
+    gamma: int,
+    seqs: float,
+    ctx: float,
+    draft_cost: float,
+    spec_overhead: float,
+    judged_headroom: float,
+) -> tuple[float, float]:
+    """Running γ on one GPU at a reading: (own S_real, the GPU's aggregate speed-up), with the
+    step arithmetic of best_gamma (γ = 0 is exactly (1, 1)). The aggregate is the token rate of
+    everyone on the GPU against all-plain: below 1, the neighbours lose more than it gains."""
+    if gamma <= 0:
+        return 1.0, 1.0
+    b = seqs
+    n = c.seqs_for_headroom(judged_headroom, ctx)
+    spt = c.spt(ctx)
+    x = n * spt + c.fixed
+    y = b * spt
+    mem = c.memory(n + b, ctx) + c.fixed
+    plain = max(mem, x + y)
+    step = max((gamma + 1.0) * y + x, mem) + (gamma * draft_cost + spec_overhead) * plain
+    ratio = plain / step
+    return taus[gamma] * ratio, ((b / (n + b)) * taus[gamma] + n / (n + b)) * ratio

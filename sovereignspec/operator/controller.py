@@ -105,6 +105,7 @@ class Controller:
         self.telemetry = TelemetryCache(self.settings.telemetry_cache_seconds)
         self._pool = ThreadPoolExecutor(self.settings.write_workers, thread_name_prefix="sovereignspec-write")
         self._drift_reported: dict[str, str] = {}
+        self._loss_reported: set[str] = set()  # workloads told that their speculation is a net loss
         self._events_checked = False  # decisions' Events re-posted once after start-up
 
     # -- reading ---------------------------------------------------------------------------------
@@ -256,6 +257,7 @@ class Controller:
             report.reevaluate_after = min(spec.reevaluation_seconds for spec, _ in groups.values())
         now = time.time()
         pending_total = 0
+        aging_seen = False
         for policy_name, (spec, checks) in sorted(groups.items()):
             try:
                 snapshot = self.telemetry.get(spec)
@@ -263,6 +265,9 @@ class Controller:
                 self._observe(view, spec, checks)
                 pending_total += len(view.pending)
                 self._carry_out(drift_writes(_only(view, checks), spec, self._drift_reported), report)
+                if not aging_seen:  # the ledger, and so its aging, is the same in every group's view
+                    aging_seen = True
+                    self._age(view)
                 if not self._events_checked:  # once: the ledger is the same in every group's view
                     self._events_checked = True
                     self._repost_events(view)
@@ -292,6 +297,46 @@ class Controller:
         metrics.DRIFT.set(len(view.drift))
         for d in drifted:
             log.warning("sovereignty drift: %s: %s", d.committed.key, d.why)
+
+    def _age(self, view: View) -> None:
+        """Export what SovereignSpec would decide now for running speculative work, and tell a
+        workload once (an Event) when its speculation has become a net loss, so that its operators
+        can roll it. Never an eviction: a decision is not taken back for speed."""
+        for gauge in (
+            metrics.RUNNING_GAMMA,
+            metrics.GAMMA_NOW,
+            metrics.SPEEDUP_IN_FORCE,
+            metrics.AGGREGATE_IN_FORCE,
+        ):
+            gauge.clear()
+        losing = set()
+        for a in view.aging:
+            c = a.committed
+            labels = {"namespace": c.namespace, "workload": c.key.split("/", 1)[-1]}
+            metrics.RUNNING_GAMMA.labels(**labels).set(c.gamma)
+            metrics.GAMMA_NOW.labels(**labels).set(a.gamma_now)
+            metrics.SPEEDUP_IN_FORCE.labels(**labels).set(a.speedup_in_force)
+            metrics.AGGREGATE_IN_FORCE.labels(**labels).set(a.aggregate_in_force)
+            if a.aggregate_in_force >= 1.0:
+                continue
+            losing.add(c.key)
+            if c.key in self._loss_reported:
+                continue
+            self._loss_reported.add(c.key)
+            message = (
+                f"speculation is now a net loss for its GPU: γ={c.gamma} on {c.node}/gpu{c.gpu_index} at "
+                f"headroom {a.headroom:.2f} gives this workload S_real={a.speedup_in_force:.2f} but the "
+                f"GPU's aggregate token rate ×{a.aggregate_in_force:.2f} (SovereignSpec would choose "
+                f"γ={a.gamma_now} now); restart the workload to be decided again. It is not evicted for "
+                "speed."
+            )
+            log.warning("%s: %s", c.key, message)
+            try:
+                self.writer.event(dict(c.workload), "Workload", "SpeculationNetLoss", message, warning=True)
+            except ApiException as exc:
+                log.warning("could not post the net-loss Event of %s: %s", c.key, exc.reason)
+        self._loss_reported &= losing  # a workload that recovers is told again if it loses again
+        metrics.NET_LOSS.set(len(losing))
 
     def _repost_events(self, view: View) -> None:
         """A decision's Event can be lost to a crash between the status write and the Event; after a

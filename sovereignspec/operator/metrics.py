@@ -41,3 +41,26 @@ DRIFT = Gauge(
     "sovereignspec_sovereignty_drift_workloads",
     "Running workloads whose node no longer satisfies their sovereignty requirement",
 )
+# Decisions age: speculative workloads already running, judged again at their GPU's reading now.
+RUNNING_GAMMA = Gauge(
+    "sovereignspec_running_gamma", "γ a running speculative workload was given", ["namespace", "workload"]
+)
+GAMMA_NOW = Gauge(
+    "sovereignspec_gamma_now",
+    "γ SovereignSpec would choose for a running workload on its GPU now (neighbours' SLOs not counted)",
+    ["namespace", "workload"],
+)
+SPEEDUP_IN_FORCE = Gauge(
+    "sovereignspec_speedup_in_force",
+    "Predicted own S_real of the γ a workload runs, at its GPU's reading now",
+    ["namespace", "workload"],
+)
+AGGREGATE_IN_FORCE = Gauge(
+    "sovereignspec_aggregate_speedup_in_force",
+    "Predicted aggregate speed-up of a workload's GPU at the γ it runs, now (< 1: a net loss)",
+    ["namespace", "workload"],
+)
+NET_LOSS = Gauge(
+    "sovereignspec_speculation_net_loss_workloads",
+    "Running workloads whose speculation has become a net loss for their GPU at today's load",
+)

@@ -11,12 +11,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from sovereignspec.core.decision import DecisionRecord
-from sovereignspec.core.placement import Placement, Placer, Policy
+from sovereignspec.core.placement import Placement, Placer
 from sovereignspec.core.specs import ProfileSet
 from sovereignspec.engines import budget_by_batch, engine_config
 from sovereignspec.operator import annotations as ann
 from sovereignspec.operator.policy import PolicySpec
-from sovereignspec.operator.view import PendingWorkload, View
+from sovereignspec.operator.view import PendingWorkload, View, placer_policy
 
 MESSAGE_LIMIT = 1024  # admission-check messages; the Event carries the rest
 EVENT_LIMIT = 1000
@@ -59,18 +59,6 @@ def shorten(text: str, limit: int) -> str:
     if space > limit // 2:
         cut = cut[:space].rstrip(" ;,")
     return cut + "…"
-
-
-def placer_policy(spec: PolicySpec) -> Policy:
-    return Policy(
-        gamma_max=spec.gamma_max,
-        margin=spec.self_benefit_margin,
-        headroom_uncertainty=spec.telemetry.headroom_uncertainty,
-        externality=spec.externality,
-        jurisdiction_label=spec.sovereignty.jurisdiction_label,
-        keep_whole_nodes_free=spec.placement.keep_whole_nodes_free,
-        pack=spec.placement.pack_shared_work,
-    )
 
 
 def plan(policy_name: str, spec: PolicySpec, view: View, profiles: ProfileSet, stamp: str) -> list[Write]:

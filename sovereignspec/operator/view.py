@@ -29,7 +29,15 @@ from datetime import datetime
 from fractions import Fraction
 from typing import Any
 
-from sovereignspec.core.placement import ClusterView, GpuState, NodeState, WorkloadRequest, with_ledger_load
+from sovereignspec.core.placement import (
+    ClusterView,
+    GpuState,
+    NodeState,
+    Policy,
+    WorkloadRequest,
+    reevaluate,
+    with_ledger_load,
+)
 from sovereignspec.core.roofline import headroom_from_tensor_activity
 from sovereignspec.core.sovereignty import NodeTenancy, Requirement, check_node
 from sovereignspec.core.specs import ProfileSet
@@ -251,6 +259,7 @@ class View:
     drift: list[Drift] = field(default_factory=list)
     hostnames: dict[str, str] = field(default_factory=dict)  # node name -> kubernetes.io/hostname
     errors: list[str] = field(default_factory=list)  # objects that could not be read
+    aging: list[Aging] = field(default_factory=list)  # running speculative work judged again now
 
 
 @dataclass(frozen=True)
@@ -418,6 +427,52 @@ def node_pool(
     return names, flavor
 
 
+def placer_policy(spec: PolicySpec) -> Policy:
+    """The core's policy from a SpeculationPolicy spec."""
+    return Policy(
+        gamma_max=spec.gamma_max,
+        margin=spec.self_benefit_margin,
+        headroom_uncertainty=spec.telemetry.headroom_uncertainty,
+        externality=spec.externality,
+        jurisdiction_label=spec.sovereignty.jurisdiction_label,
+        keep_whole_nodes_free=spec.placement.keep_whole_nodes_free,
+        pack=spec.placement.pack_shared_work,
+    )
+
+
+@dataclass(frozen=True)
+class Aging:
+    """A running speculative workload judged again at its GPU's reading now."""
+
+    committed: Committed
+    headroom: float
+    gamma_now: int  # what SovereignSpec would choose on that GPU now
+    speedup_in_force: float  # its own S_real at the γ it runs, now
+    aggregate_in_force: float  # the GPU's aggregate speed-up at that γ, now: below 1, a net loss
+
+
+def _aging(
+    committed: list[Committed],
+    cluster: ClusterView,
+    headroom: Mapping[tuple[str, int], float | None],
+    world: World,
+    policy: PolicySpec,
+    profiles: ProfileSet,
+) -> list[Aging]:
+    types = {(g.node, g.index): g.gpu_type for g in cluster.gpus}
+    out = []
+    for c in committed:
+        h = headroom.get((c.node, c.gpu_index))
+        gpu_type = types.get((c.node, c.gpu_index))
+        if c.gamma <= 0 or h is None or gpu_type is None:
+            continue  # plain, or nothing to judge it by: no claim either way
+        spec = world.policies.get(c.check, policy)
+        again = reevaluate(profiles, placer_policy(spec), c.request, gpu_type, c.gamma, h)
+        if again is not None:
+            out.append(Aging(c, h, again.gamma_now, again.speedup_in_force, again.aggregate_in_force))
+    return out
+
+
 def build(
     world: World,
     checks: set[str],
@@ -485,7 +540,8 @@ def build(
         profiles,
     )
     drift = _drift(committed, cluster, policy, missing_nodes)
-    return View(cluster, committed, pending, stale_reason, headroom, drift, hostnames, errors)
+    aging = _aging(committed, cluster, headroom, world, policy, profiles)
+    return View(cluster, committed, pending, stale_reason, headroom, drift, hostnames, errors, aging)
 
 
 def _safe_key(wl: object) -> str:

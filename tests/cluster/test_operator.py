@@ -321,3 +321,34 @@ def test_acceptance_observed_in_vllm_metrics_is_blended_with_the_declared_prior(
     assert "declared 0.80 blended with 0.30 observed" in message
     blended = float(message.split("α ")[1].split(" ")[0])
     assert 0.3 < blended < 0.8
+
+
+def test_a_speculative_workload_whose_gpu_saturates_is_told_it_became_a_net_loss_and_not_evicted(
+    env, operator, namespace
+):
+    pool = make_pool(env, namespace, [("H100-SXM", "eu", 1, [1.0])])
+    submit(pool, "aging", **CHAT)
+    notes = _notes(admitted_job(pool, "aging"))
+    assert notes["sovereignspec.io/mode"] == "speculative"
+    wl = workload_of(pool, "aging")
+    assert wl is not None
+    name = wl["metadata"]["name"]
+    node = next(iter(pool.nodes))
+    pool.headroom(node, [0.0])  # the GPU fills up under it
+    warning = event(pool, "SpeculationNetLoss", name, timeout=60)
+    assert warning.type == "Warning" and "not evicted" in warning.message, warning.message
+
+    def exported() -> dict[str, float] | None:
+        found = {}
+        for line in operator.metrics().splitlines():
+            if f'namespace="{namespace}"' in line and f'workload="{name}"' in line:
+                metric, value = line.rsplit(" ", 1)
+                found[metric.split("{")[0]] = float(value)
+        return found if "sovereignspec_aggregate_speedup_in_force" in found else None
+
+    found = wait_until(exported, timeout=30, what="the aging gauges of the workload")
+    assert found["sovereignspec_running_gamma"] == float(notes["sovereignspec.io/draft-budget"])
+    assert found["sovereignspec_gamma_now"] == 0.0 and found["sovereignspec_aggregate_speedup_in_force"] < 1.0
+    time.sleep(3)  # a few more ticks: told once, and still admitted as decided
+    assert len([e for e in events(pool, name) if e.reason == "SpeculationNetLoss"]) == 1
+    assert our_entry(pool, workload_of(pool, "aging"))["state"] == "Ready"
