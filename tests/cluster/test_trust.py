@@ -420,11 +420,16 @@ def test_with_evict_on_drift_a_workload_whose_node_left_its_jurisdiction_is_evic
     wait_until(evicted, timeout=60, what="Kueue to evict the drifted workload")
     assert event(pool, "SovereigntyDrift", workload_of(pool, "moved")["metadata"]["name"]).type == "Warning"
 
-    # Placed again from scratch: no eu node is left. (Right after the eviction Kueue resets the
-    # entry to Pending, "Previously: Retry", with no Retry Event of ours: wait for the new decision.)
-    def decided_again() -> dict | None:
+    # Placed again from scratch: no eu node is left, so Rejected (and Kueue, deactivating it, resets
+    # the entry to Pending, "Previously: Rejected"). Right after the drift eviction the entry reads
+    # "Previously: Retry" with no Retry Event of ours: wait past that to the new decision.
+    def decided_again() -> str | None:
         entry = k.check_state(workload_of(pool, "moved") or {}, pool.env.check) or {}
-        return entry if entry.get("state") == "Rejected" else None
+        if entry.get("state") == "Rejected":
+            return str(entry["message"])
+        if str(entry.get("message", "")).endswith("Previously: Rejected"):
+            return event(pool, "Rejected", workload_of(pool, "moved")["metadata"]["name"]).message
+        return None
 
-    entry = wait_until(decided_again, timeout=60, what="the evicted workload to be decided again")
-    assert "jurisdiction eu" in entry["message"], entry["message"]
+    message = wait_until(decided_again, timeout=60, what="the evicted workload to be decided again")
+    assert "jurisdiction eu" in message, message
