@@ -95,6 +95,7 @@ def test_alpha_and_tpot_of_stand_in_vllm_and_sglang_reach_the_decision_by_namesp
         assert 0.025 <= tpot[(other, "chat-b")] <= 0.03
         assert (namespace, "not-serving") not in tpot
 
+        time.sleep(1.5)  # the operator reuses a telemetry snapshot for 1 s: let it take a fresh one
         submit(pool, "learner", **CHAT)  # declares 0.8
         message = our_entry(pool, decided(pool, "learner"))["message"]
         assert "declared 0.80 blended with 0.30 observed" in message, message
