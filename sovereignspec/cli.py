@@ -117,6 +117,18 @@ def build_parser() -> argparse.ArgumentParser:
     pre.add_argument("--gamma-max", type=_bounded_int("--gamma-max", 0, GAMMA_LIMIT), default=8)
     pre.add_argument("--format", choices=("table", "json"), default="table")
 
+    cal = sub.add_parser("calibrate", help="fit a GPU profile's coefficients to measured step times")
+    cal.add_argument("measurements", help="CSV: batch,context,query_tokens,step_ms[,draft_ms][,model]")
+    cal.add_argument("--gpu", required=True, help="the GPU profile to fit (its datasheet figures stay)")
+    cal.add_argument("--model", required=True, help="the target model the steps were measured with")
+    cal.add_argument("--tp", type=_bounded_int("--tp", 1, 16), help="tensor parallelism measured")
+    cal.add_argument(
+        "--step-overhead-ms",
+        type=_bounded_float("--step-overhead-ms", 0.0, None),
+        help="at TP > 1: hold the per-step overhead at this value; the rest of the fixed cost is all-reduces",
+    )
+    cal.add_argument("--out", help="write the fitted profile here (default: print it)")
+
     sim = sub.add_parser("simulate", help="simulate a multi-tenant cluster under every policy")
     sim.add_argument("scenario", help="a SCENARIO.yaml, or the name of a shipped one")
     sim.add_argument("--policy", action="append", help="only this policy (repeatable; never is always run)")
@@ -258,7 +270,46 @@ def _predict(args: argparse.Namespace) -> int:
     return 0
 
 
+def _calibrate(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    import yaml
+
+    from sovereignspec.calibrate import calibrate, profile_document, read_measurements, render, split_fixed
+    from sovereignspec.profiles import default_profile_dir
+
+    profiles = load_profiles(args.profiles)
+    gpu_name = resolve_name("GPU", args.gpu, profiles.gpus)
+    model_name = resolve_name("model", args.model, profiles.models)
+    root = Path(args.profiles) if args.profiles else default_profile_dir()
+    gpu_file = next(
+        doc
+        for path in [*sorted((root / "gpus").glob("*.yaml")), *sorted(root.glob("*.yaml"))]
+        if isinstance(doc := yaml.safe_load(path.read_text()), dict) and doc.get("name") == gpu_name
+    )
+    data = Path(args.measurements)
+    rows, source = read_measurements(data)
+    result, tp = calibrate(
+        profiles.gpus[gpu_name], profiles.models[model_name], rows, args.tp, profiles.models
+    )
+    overhead_ms, allreduce_us = split_fixed(result, profiles.models[model_name], tp, args.step_overhead_ms)
+    doc = profile_document(
+        gpu_file, result, model_name, tp, data.as_posix(), source, len(rows), overhead_ms, allreduce_us
+    )
+    text = render(doc, result)
+    if args.out:
+        Path(args.out).write_text(text)
+        print(
+            f"{gpu_name}: {len(rows)} rows, rms error {100 * result.rms_error:.2f} %, "
+            f"max {100 * result.max_error:.2f} %; written to {args.out}"
+        )
+    else:
+        print(text, end="")
+    return 0
+
+
 HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "calibrate": _calibrate,
     "regimes": _regimes,
     "predict": _predict,
     "operator": _operator,

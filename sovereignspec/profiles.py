@@ -29,6 +29,25 @@ class _Profile(BaseModel):
     measured: bool = Field(description="true only for figures profiled on real hardware")
 
 
+class Calibration(BaseModel):
+    """What `sovereignspec calibrate` fitted, against which data, and how well."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    data: str = Field(min_length=1, description="the measurements file (path in the repository)")
+    source: str = Field(min_length=1, description="where the measurements come from")
+    model: str = Field(min_length=1, description="the target model measured")
+    tensor_parallel: int = Field(ge=1, description="the tensor-parallel degree measured")
+    rows: int = Field(ge=1, description="measurements fitted")
+    rms_error_pct: float = Field(ge=0, description="root-mean-square relative error of the fit, %")
+    max_error_pct: float = Field(ge=0, description="largest relative error of the fit, %")
+    fixed_ms: float | None = Field(
+        default=None, ge=0, description="the fitted fixed cost per step at the measured TP, ms"
+    )
+    scaled_from: str = Field(
+        default="", description="for a GPU not measured: the calibrated GPU whose fit it borrows"
+    )
+
+
 class GpuProfile(_Profile):
     kind: Literal["gpu"]
     peak_tflops: float = Field(gt=0, description="dense bf16 TFLOP/s, > 0")
@@ -40,6 +59,13 @@ class GpuProfile(_Profile):
     bandwidth_efficiency: float = Field(gt=0, le=1, description="fraction of bandwidth reached, in (0, 1]")
     step_overhead_ms: float = Field(ge=0, description="fixed cost per engine step in ms, >= 0")
     allreduce_us: float = Field(ge=0, description="latency of one small all-reduce in µs, >= 0")
+    serial_fraction: float = Field(
+        ge=0, le=1, description="share of per-token compute not hidden by weight streaming, in [0, 1]"
+    )
+    overlap: float = Field(ge=1, le=64, description="exponent of the smooth maximum, in [1, 64]")
+    calibration: Calibration | None = Field(
+        default=None, description="how the coefficients were fitted (sovereignspec calibrate)"
+    )
 
     def to_spec(self) -> GpuSpec:
         return GpuSpec(
@@ -53,6 +79,8 @@ class GpuProfile(_Profile):
             bandwidth_efficiency=self.bandwidth_efficiency,
             step_overhead_s=self.step_overhead_ms * 1e-3,
             allreduce_s=self.allreduce_us * 1e-6,
+            serial_fraction=self.serial_fraction,
+            overlap=self.overlap,
         )
 
 

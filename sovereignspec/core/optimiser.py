@@ -98,25 +98,18 @@ def _terms(
 ) -> tuple[Array, Array, Array, Array, Array]:
     """(T_step, T_plain, T_before, S_real, aggregate) for every γ (rows) and GPU (columns).
 
-    This is the hot loop of placement, so it is written for speed: the memory roof does not depend
-    on γ (draft tokens read the same KV cache), everything per GPU is computed once, and the (Γ, G)
-    work is ten in-place array operations. In formulas, with x = n·spt + t_fixed and y = b·spt:
+    With n background sequences and b of the workload's:
 
-        T_step(γ) = max(M(n+b) + t_fixed, x + (γ+1)·y) + (γ·c + o)·T_plain
+        T_step(γ) = T(n + (γ+1)·b, n + b, L) + (γ·c + o)·T_plain,   T_plain = T(n + b, n + b, L)
         aggregate = (n/(n+b) + b/(n+b)·τ) · T_plain / T_step
     """
     n = bg_seqs
     b = req.seqs
-    spt = roof.seconds_per_token(req.context)
-    x = n * spt + roof.fixed_s
-    y = b * spt
-    mem = roof.memory_time(n + b, req.context) + roof.fixed_s
-    plain = np.maximum(mem, x + y)
-    before = np.maximum(roof.memory_time(n, req.context) + roof.fixed_s, x)
+    ctx = req.context
+    plain = roof.step_time(n + b, n + b, ctx)
+    before = roof.step_time(n, n, ctx)
     drafting = np.where(gammas > 0, gammas * req.draft_cost + req.spec_overhead, 0.0)
-    step = (gammas + 1.0)[:, None] * y
-    step += x
-    np.maximum(step, mem, out=step)
+    step = roof.step_time(n + (gammas + 1.0)[:, None] * b, n + b, ctx)
     ratio = drafting[:, None] * plain
     step += ratio
     np.divide(plain, step, out=ratio)

@@ -40,6 +40,11 @@ def predict(
     )
     zero = np.zeros(1)
     star = choose(gamma_table(roof, req, zero, np.full(1, np.inf)))
+    terms = {
+        f"{kind}_{name}_ms": 1e3 * value
+        for kind, n in (("plain", n_plain), ("verify", n_spec))
+        for name, value in roof.step_terms(n, float(batch), float(context)).items()
+    }
     return {
         "gpu": gpu.name,
         "model": model.name,
@@ -59,6 +64,7 @@ def predict(
         "compute_time_plain_ms": 1e3 * float(roof.compute_time(n_plain, context)),
         "compute_time_verify_ms": 1e3 * float(roof.compute_time(n_spec, context)),
         "fixed_overhead_ms": 1e3 * float(roof.fixed_s),
+        **terms,
         "step_plain_ms": 1e3 * plain,
         "step_verify_ms": 1e3 * verify,
         "draft_ms": 1e3 * draft,

@@ -1,21 +1,32 @@
 """Step time of one batched decode step on one GPU, and what a headroom reading means in load.
 
-The model is the roofline of the mission brief, extended with the KV cache:
+The model is additive where measurements say the work does not overlap, and smooth where it does:
 
-    T(n, s, L) = max( (W + s·L·kv) / B ,  n·f(L) / P ) + t_fixed
+    T(n, s, L) = t_fixed + smax_p( s·L·kv/B ,  n·a·L/P )                 attention kernels
+                         + smax_p( W/B + κ·n·f/P ,  n·f/P )              GEMM kernels
 
 with n query tokens in the step (one per plain sequence, γ+1 per speculating one), s sequences whose
-KV cache is read, context L, per-GPU weight bytes W, per-token KV bytes kv, FLOPs per query token
-f(L) = 2·params + 4·layers·L·hidden (weights plus attention), efficiencies folded into P and B, and a
-fixed per-step cost (launches, sampling, tensor-parallel all-reduces). It assumes memory traffic and
-arithmetic overlap across the whole step; real kernels overlap less, which is what the efficiency
-factors and the fitted overheads absorb. A pure roofline never predicts a slow-down by itself: the
-loss comes from compute past the ridge, drafting and the speculation machinery (see `speedup`).
+KV cache is read, context L, per-rank weight bytes W, per-token KV bytes kv, GEMM FLOPs per query
+token f = 2·params, attention FLOPs per query token and context token a = 4·layers·hidden, effective
+compute P and bandwidth B, and a fixed per-step cost (launches, sampling, scheduling,
+tensor-parallel all-reduces).
 
-Headroom h is spare compute, the complement of the roofline's compute utilisation u = C/M:
-h = 1 − min(1, u). h = 0 means the step is at or past its compute ridge. Because both C and M grow
-with the batch, long contexts can keep a GPU memory-bound at any batch that fits (MagicDec's
-observation); there a reading below the reachable minimum maps to the KV-capacity limit.
+- Attention and the GEMMs are different kernels that run one after the other, so their times add;
+  each is its own roofline. Attention reads every sequence's KV cache once however many query
+  tokens it has, so at long context verification costs little more than a plain step (MagicDec's
+  tables: T_V/T_AR falls towards 1.06 at 64K–100K).
+- Below the compute ridge the weights stream while GEMMs run, but a fraction κ (`serial_fraction`)
+  of each query token's compute does not hide behind that stream (sampling, norms, small kernels):
+  every query token costs time from batch 1, as the fitted vLLM runs on H100 show.
+- smax_p(a, b) = (a^p + b^p)^(1/p) is a smooth maximum (p = `overlap`): the approach to the
+  compute-bound regime is gradual, and p → ∞ with κ = 0 gives back the hard roofline.
+
+P, B, t_fixed, κ and p are fitted to measured step times (`sovereignspec calibrate`).
+
+Headroom h is spare compute, the complement of compute utilisation u = C/M with C = n·f/P and
+M = (W + s·L·kv)/B: h = 1 − min(1, u). h = 0 means the step is at or past its compute ridge. Because
+both C and M grow with the batch, long contexts can keep a GPU memory-bound at any batch that fits
+(MagicDec's observation); there a reading below the reachable minimum maps to the KV-capacity limit.
 """
 
 from __future__ import annotations
@@ -63,6 +74,8 @@ class Roofline:
     bandwidth: Array  # effective bytes/s
     fixed_s: Array  # fixed cost per step
     capacity_bytes: Array  # memory usable by weights and KV on each rank
+    serial_fraction: Array  # κ: share of per-token compute that does not overlap the weight stream
+    overlap: Array  # p of the smooth maximum (inf: a hard max)
 
     def flops_per_token(self, context: ArrayLike) -> Array:
         return np.asarray(
@@ -80,13 +93,45 @@ class Roofline:
     def compute_time(self, n_tokens: ArrayLike, context: ArrayLike) -> Array:
         return np.asarray(np.asarray(n_tokens) * self.seconds_per_token(context), dtype=np.float64)
 
-    def step_time(self, n_tokens: ArrayLike, n_seqs: ArrayLike, context: ArrayLike) -> Array:
-        """T(n, s, L): seconds for one step with n query tokens over s sequences of context L."""
+    def kv_time(self, n_seqs: ArrayLike, context: ArrayLike) -> Array:
         return np.asarray(
-            np.maximum(self.memory_time(n_seqs, context), self.compute_time(n_tokens, context))
-            + self.fixed_s,
+            np.asarray(n_seqs) * np.asarray(context) * self.kv_bytes_per_token / self.bandwidth,
             dtype=np.float64,
         )
+
+    def weight_time(self) -> Array:
+        return np.asarray(self.weight_bytes / self.bandwidth, dtype=np.float64)
+
+    def step_time(self, n_tokens: ArrayLike, n_seqs: ArrayLike, context: ArrayLike) -> Array:
+        """T(n, s, L): seconds for one step with n query tokens over s sequences of context L."""
+        n = np.asarray(n_tokens)
+        gemm = n * self.weight_flops_per_token / self.flops
+        attention = n * (self.attention_flops_per_token_per_ctx * np.asarray(context)) / self.flops
+        streamed = self.weight_time() + self.serial_fraction * gemm
+        return np.asarray(
+            self.fixed_s
+            + smooth_max(self.kv_time(n_seqs, context), attention, self.overlap)
+            + smooth_max(streamed, gemm, self.overlap),
+            dtype=np.float64,
+        )
+
+    def step_terms(self, n_tokens: float, n_seqs: float, context: float) -> dict[str, float]:
+        """`step_time` term by term, in seconds, for the explainer: the terms add up to the step."""
+        gemm = n_tokens * float(self.weight_flops_per_token / self.flops)
+        attention = n_tokens * float(self.attention_flops_per_token_per_ctx) * context / float(self.flops)
+        kv = float(self.kv_time(n_seqs, context))
+        weights = float(self.weight_time())
+        serial = float(self.serial_fraction) * gemm
+        attention_kernels = float(smooth_max(kv, attention, self.overlap))
+        gemm_kernels = float(smooth_max(weights + serial, gemm, self.overlap))
+        return {
+            "fixed": float(self.fixed_s),
+            "kv_reads": kv,
+            "attention_excess": attention_kernels - kv,  # where attention's compute shows past its reads
+            "weights": weights,
+            "per_token_serial": serial,
+            "gemm_excess": gemm_kernels - weights - serial,  # the approach to the compute roof
+        }
 
     def headroom(self, n_tokens: ArrayLike, n_seqs: ArrayLike, context: ArrayLike) -> Array:
         """Spare compute of a step with n_tokens query tokens over n_seqs sequences: 1 − min(1, C/M)."""
@@ -136,6 +181,19 @@ class Roofline:
 _FIELDS = tuple(Roofline.__dataclass_fields__)
 
 
+def smooth_max(a: ArrayLike, b: ArrayLike, p: ArrayLike) -> Array:
+    """(a^p + b^p)^(1/p) for a, b ≥ 0, computed as hi·(1 + (lo/hi)^p)^(1/p); max(a, b) at p = inf."""
+    x = np.asarray(a, dtype=np.float64)
+    y = np.asarray(b, dtype=np.float64)
+    hi = np.maximum(x, y)
+    lo = np.minimum(x, y)
+    pp = np.asarray(p, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = np.where(hi > 0.0, lo / np.where(hi > 0.0, hi, 1.0), 0.0)
+        bump = np.where(np.isinf(pp), 1.0, (1.0 + r**pp) ** (1.0 / pp))
+    return np.asarray(hi * bump, dtype=np.float64)
+
+
 def _f(x: float) -> Array:
     return np.asarray(x, dtype=np.float64)
 
@@ -153,6 +211,8 @@ def roofline_for(gpu: GpuSpec, model: ModelSpec, tp: int | None = None) -> Roofl
         bandwidth=_f(gpu.effective_bandwidth),
         fixed_s=_f(gpu.step_overhead_s + allreduces * gpu.allreduce_s),
         capacity_bytes=_f(USABLE_MEMORY_FRACTION * gpu.mem_bytes),
+        serial_fraction=_f(gpu.serial_fraction),
+        overlap=_f(gpu.overlap),
     )
 
 

@@ -29,6 +29,8 @@ class Coeffs:
     b: float
     fixed: float
     cap: float
+    sf: float  # κ, the serial fraction
+    ov: float  # p, the smooth maximum's exponent
 
     @staticmethod
     def of(gpu: GpuSpec, model: ModelSpec, tp: int) -> Coeffs:
@@ -41,6 +43,8 @@ class Coeffs:
             b=gpu.effective_bandwidth,
             fixed=gpu.step_overhead_s + (2.0 * model.layers if tp > 1 else 0.0) * gpu.allreduce_s,
             cap=USABLE_MEMORY_FRACTION * gpu.mem_bytes,
+            sf=gpu.serial_fraction,
+            ov=gpu.overlap,
         )
 
     def spt(self, ctx: float) -> float:
@@ -48,6 +52,17 @@ class Coeffs:
 
     def memory(self, n_seqs: float, ctx: float) -> float:
         return (self.w + n_seqs * ctx * self.kv) / self.b
+
+    def step(self, n_tokens: float, n_seqs: float, ctx: float) -> float:
+        """T(n, s, L), as `Roofline.step_time`: attention's roofline plus the GEMMs'."""
+        gemm = n_tokens * self.wf / self.p
+        attention = n_tokens * (self.af * ctx) / self.p
+        streamed = self.w / self.b + self.sf * gemm
+        return (
+            self.fixed
+            + _smax(n_seqs * ctx * self.kv / self.b, attention, self.ov)
+            + _smax(streamed, gemm, self.ov)
+        )
 
     def headroom(self, n_tokens: float, n_seqs: float, ctx: float) -> float:
         return 1.0 - min(1.0, (n_tokens * self.spt(ctx)) / self.memory(n_seqs, ctx))
@@ -58,6 +73,13 @@ class Coeffs:
         cap = max(self.cap - self.w, 0.0) / (max(ctx, 1.0) * self.kv)
         s = u * (self.w / self.b) / denom if denom > 0.0 else math.inf
         return min(s, cap)
+
+
+def _smax(a: float, b: float, p: float) -> float:
+    hi, lo = (a, b) if a >= b else (b, a)
+    if p == math.inf or hi <= 0.0:
+        return hi
+    return float(hi * (1.0 + (lo / hi) ** p) ** (1.0 / p))
 
 
 def tau(alpha: float, gamma: float) -> float:
@@ -94,16 +116,12 @@ def best_gamma(
     """γ* on one GPU: the optimiser's rule, γ by γ. `taus[γ]` = τ(α, γ) for γ = 0..γ_max."""
     b = seqs
     n = c.seqs_for_headroom(judged_headroom, ctx)
-    spt = c.spt(ctx)
-    x = n * spt + c.fixed
-    y = b * spt
-    mem = c.memory(n + b, ctx) + c.fixed
-    plain = max(mem, x + y)
-    before = max(c.memory(n, ctx) + c.fixed, x)
+    plain = c.step(n + b, n + b, ctx)
+    before = c.step(n, n, ctx)
     # γ = 0 first: always feasible; its step is the plain step and the ratio exactly 1.
     best = (quantize(((b / (n + b)) * taus[0] + n / (n + b)) * (plain / plain)), 0, plain)
     for gamma in range(1, len(taus) if allow_spec else 1):
-        step = max((gamma + 1.0) * y + x, mem)
+        step = c.step(n + (gamma + 1.0) * b, n + b, ctx)
         step += (gamma * draft_cost + spec_overhead) * plain
         t = taus[gamma]
         ratio = plain / step
@@ -132,11 +150,7 @@ def speedup_at(
         return 1.0, 1.0
     b = seqs
     n = c.seqs_for_headroom(judged_headroom, ctx)
-    spt = c.spt(ctx)
-    x = n * spt + c.fixed
-    y = b * spt
-    mem = c.memory(n + b, ctx) + c.fixed
-    plain = max(mem, x + y)
-    step = max((gamma + 1.0) * y + x, mem) + (gamma * draft_cost + spec_overhead) * plain
+    plain = c.step(n + b, n + b, ctx)
+    step = c.step(n + (gamma + 1.0) * b, n + b, ctx) + (gamma * draft_cost + spec_overhead) * plain
     ratio = plain / step
     return taus[gamma] * ratio, ((b / (n + b)) * taus[gamma] + n / (n + b)) * ratio

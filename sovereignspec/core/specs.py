@@ -25,6 +25,8 @@ class GpuSpec:
     bandwidth_efficiency: float  # fraction of datasheet bandwidth that weight/KV streaming reaches
     step_overhead_s: float  # fixed cost of one engine step (launches, sampling, scheduling)
     allreduce_s: float  # latency of one small all-reduce between tensor-parallel ranks
+    serial_fraction: float = 0.0  # κ: share of per-token compute that does not overlap weight streaming
+    overlap: float = float("inf")  # p of the smooth maximum between streaming and compute
 
     @property
     def effective_flops(self) -> float:

@@ -291,8 +291,8 @@ class Simulator:
     # -- one GPU ---------------------------------------------------------------------------
     # Every change to a GPU's batch goes through `_settle`, so the step time and power it leaves
     # in `g.step` / `g.power` hold until the next one. This is the simulator's hot path (about
-    # three calls per request): written for speed, with each formula kept in the same order of
-    # operations as `step_time` and `Coeffs`, so the figures do not depend on which path ran.
+    # three calls per request): the step arithmetic is `Coeffs.step`, the scalar twin of
+    # `Roofline.step_time`, so the figures do not depend on which path ran.
 
     def _settle(self, g: Gpu, t: float) -> None:
         """Advance `g` to `t` (finishing the step in progress), then admit, re-decide γ, reschedule."""
@@ -374,12 +374,8 @@ class Simulator:
         if not admitted:
             return
         # A prefill step of the new prompts runs before the next decode step (no chunking).
-        c = g.coeffs
         n_new = len(admitted)
-        ctx = prompt / n_new
-        mem = (c.w + n_new * ctx * c.kv) / c.b  # c.memory and c.spt, inlined
-        compute = prompt * ((c.wf + c.af * ctx) / c.p)
-        g.t0 += (compute if compute > mem else mem) + c.fixed
+        g.t0 += g.coeffs.step(prompt, n_new, prompt / n_new)
         running, seqs, finishing, steps = g.running, g.seqs, g.finishing, g.steps
         for req in admitted:
             req.t_first = g.t0
@@ -460,24 +456,20 @@ class Simulator:
         if not seqs:
             g.step = 0.0
             return
-        # step_time(g) and the power draw, inlined (same expressions, same order).
+        # step_time(g) and the power draw.
         c = g.coeffs
         s = len(seqs)
         ctx = g.ctx_sum / s
-        spt = (c.wf + c.af * ctx) / c.p
-        mem = (c.w + s * ctx * c.kv) / c.b + c.fixed
         n = g.n_tokens
-        busy = n * spt + c.fixed
-        step = busy if busy > mem else mem
+        step = c.step(n, s, ctx)
         drafting = g.drafting
         if drafting is None:
             drafting = g.drafting = self._drafting(g, None)
         if drafting:
-            plain = s * spt + c.fixed
-            step += drafting * (plain if plain > mem else mem)
+            step += drafting * c.step(s, s, ctx)
         g.step = step
         idle, peak = g.watts
-        util = n * spt / step
+        util = n * c.spt(ctx) / step
         g.power = idle + (peak - idle) * (util if util < 1.0 else 1.0)
         self._seq += 1
         heapq.heappush(
@@ -505,15 +497,12 @@ class Simulator:
         c = g.coeffs
         s = len(g.seqs)
         ctx = g.ctx_sum / s
-        spt = c.spt(ctx)
-        mem = c.memory(s, ctx) + c.fixed
         n = g.n_tokens
         if gammas is not None:
             for rid, count in g.running.items():
                 r = self.replicas[rid]
                 n += count * (gammas.get(rid, r.current) - r.current)
-        plain = max(mem, s * spt + c.fixed)
-        return max(mem, n * spt + c.fixed) + self._drafting(g, gammas) * plain
+        return c.step(n, s, ctx) + self._drafting(g, gammas) * c.step(s, s, ctx)
 
     def true_headroom(self, g: Gpu) -> float:
         if not g.seqs:

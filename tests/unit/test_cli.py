@@ -26,7 +26,7 @@ def run(*args):
         (["--alpha", "high"], "--alpha: got 'high'"),
         (["--gamma", "33"], "--gamma: got '33'; accepted: an integer in 0..32"),
         (["--gpu", "B200"], "unknown GPU 'B200'; accepted: A100-80G-SXM"),
-        (["--model", "gpt-9"], "unknown model 'gpt-9'; accepted: llama-3.1-8b"),
+        (["--model", "gpt-9"], "unknown model 'gpt-9'; accepted: llama-2-7b-32k, llama-3.1-8b"),
         (["--drafter", "magic"], "unknown drafter 'magic'; accepted: eagle3"),
     ],
 )

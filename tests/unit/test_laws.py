@@ -65,16 +65,29 @@ def test_s_real_never_rises_as_headroom_falls(combo, alpha, gamma, h1, h2, conte
     assert float(s_low) <= float(s_high) * (1 + 1e-9)
 
 
-def _compute_heavy(roof, context):
-    return float(roof.seconds_per_token(context)) > context * float(roof.kv_bytes_per_token) / float(
-        roof.bandwidth
-    )
+def _compute_heavy(roof, context, load=None):
+    """A co-batched sequence's query token costs more step time than its KV reads, at `load`
+    (sequences; the ridge if not given): the model's own marginal costs, not the roofline's."""
+    s = float(roof.seqs_for_headroom(0.0, context)) if load is None else float(load)
+    t = float(roof.step_time(s, s, context))
+    per_query = float(roof.step_time(s + 1.0, s, context)) - t
+    per_kv = float(roof.step_time(s, s + 1.0, context)) - t
+    return per_query > per_kv
 
 
-def test_at_long_context_co_batched_load_can_leave_more_room_for_drafts():
-    roof, c, o = _setup(("H100-SXM", "llama-3.1-8b", "ngram"))
-    assert not _compute_heavy(roof, 1024)
-    assert _gamma_star(roof, c, o, 0.75, 40, 1024, 0.75) > _gamma_star(roof, c, o, 0.75, 40, 1024, 1.0)
+@settings(max_examples=300)
+@given(st.sampled_from(COMBOS), st.integers(1, 256), st.integers(1, 8), contexts, contexts)
+def test_verification_costs_relatively_less_as_context_grows(combo, batch, gamma, l1, l2):
+    # MagicDec's tables: T_V/T_AR falls towards 1 as context grows, since attention reads each
+    # sequence's KV cache once whatever its query tokens and the KV reads come to dominate the step.
+    roof, _, _ = _setup(combo)
+    short, long_ = min(l1, l2), max(l1, l2)
+
+    def ratio(ctx):
+        return float(roof.step_time(batch * (gamma + 1), batch, ctx) / roof.step_time(batch, batch, ctx))
+
+    assert ratio(long_) <= ratio(short) * (1 + 1e-9)
+    assert ratio(short) > 1.0  # and it is never free
 
 
 def _gamma_star(roof, c, o, alpha, batch, context, h, gamma_max=8, margin=0.02, uncertainty=0.05):
@@ -84,22 +97,33 @@ def _gamma_star(roof, c, o, alpha, batch, context, h, gamma_max=8, margin=0.02, 
 
 
 @settings(max_examples=500)
-@given(st.sampled_from(COMBOS), alphas, headrooms, headrooms, contexts, st.integers(1, 64))
+@given(st.sampled_from(COMBOS), st.floats(0.0, 0.95), headrooms, headrooms, contexts, st.integers(1, 64))
 def test_gamma_star_never_rises_as_headroom_falls(combo, alpha, h1, h2, context, batch):
     roof, c, o = _setup(combo)
     high, low = max(h1, h2), min(h1, h2)
-    # The law holds where a co-batched sequence costs more compute than memory time, so that load
-    # eats the room drafts hide in. Past that context (MagicDec's regime) co-batched sequences bring
-    # more KV reads than FLOPs and *add* room for drafts; see the next test.
-    assume(_compute_heavy(roof, context))
+    # The law holds where a co-batched sequence costs more in query-token time than in KV reads at
+    # both loads, so that load eats the room drafts hide in. Past that (MagicDec's regime) co-batched
+    # sequences bring more KV reads than compute and *add* room for drafts; see the next test. Up to
+    # α 0.95: a nearly perfect drafter is paid almost token for token, so a step made longer by the
+    # neighbours' KV reads makes its drafts relatively cheaper even there.
+    loads = [roof.seqs_for_headroom(max(h - 0.05, 0.0), context) for h in (high, low)]
+    assume(all(_compute_heavy(roof, context, load) for load in loads))
     assert _gamma_star(roof, c, o, alpha, batch, context, low) <= _gamma_star(
         roof, c, o, alpha, batch, context, high
     )
 
 
+def test_at_long_context_co_batched_load_can_leave_more_room_for_drafts():
+    roof, c, o = _setup(("A100-80G-SXM", "llama-3.3-70b", "ngram"))
+    assert not _compute_heavy(roof, 16384)
+    assert _gamma_star(roof, c, o, 0.9, 40, 16384, 0.5) > _gamma_star(roof, c, o, 0.9, 40, 16384, 1.0)
+
+
 @settings(max_examples=300)
-@given(st.sampled_from(COMBOS), st.floats(0.0, 0.95), contexts, st.integers(1, 64))
+@given(st.sampled_from(COMBOS), st.floats(0.0, 0.9), contexts, st.integers(1, 64))
 def test_at_zero_headroom_some_draft_length_is_a_net_loss(combo, alpha, context, batch):
+    # Up to α 0.9. Per-token work adds to the weight stream (κ), so a plain step at the ridge costs
+    # about twice the compute it holds; a drafter close to free with α ≳ 0.93 still gains at γ = 32.
     roof, c, o = _setup(combo)
     load = roof.seqs_for_headroom(0.0, context) + batch
     assume(float(roof.headroom(load, load, context)) == 0.0)  # truly compute-saturated, not KV-capped

@@ -2,6 +2,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 
 from sovereignspec.errors import ConfigError
 from sovereignspec.profiles import default_profile_dir, load_profiles
@@ -16,10 +17,30 @@ def test_shipped_profiles_cover_the_required_gpus_models_and_drafter_kinds(profi
     assert len({d.kind for d in profiles.drafters.values()}) >= 2
 
 
-def test_every_shipped_profile_says_where_its_numbers_come_from_and_that_they_are_not_measured():
+def test_every_shipped_profile_says_where_its_numbers_come_from_and_only_calibrated_ones_say_measured():
     for path in SHIPPED.rglob("*.yaml"):
-        text = path.read_text()
-        assert "source:" in text and "measured: false" in text, path
+        doc = yaml.safe_load(path.read_text())
+        assert doc["source"], path
+        calibration = doc.get("calibration") or {}
+        measured_here = bool(calibration) and not calibration.get("scaled_from")
+        assert doc["measured"] is measured_here, path
+        if calibration:  # the data it was fitted to ships beside the profiles
+            assert (SHIPPED.parent / calibration["data"]).is_file() or (
+                SHIPPED / Path(calibration["data"]).relative_to("profiles")
+            ).is_file(), path
+
+
+FITTED = ("compute_efficiency", "bandwidth_efficiency", "step_overhead_ms", "serial_fraction", "overlap")
+
+
+def test_a_gpu_scaled_from_a_calibrated_one_carries_exactly_its_fitted_coefficients():
+    docs = {d["name"]: d for d in (yaml.safe_load(p.read_text()) for p in (SHIPPED / "gpus").glob("*.yaml"))}
+    scaled = [d for d in docs.values() if (d.get("calibration") or {}).get("scaled_from")]
+    assert {d["name"] for d in scaled} == {"H200", "L40S", "RTX-4090"}
+    for d in scaled:
+        reference = docs[d["calibration"]["scaled_from"]]
+        assert reference["measured"] is True
+        assert {k: d[k] for k in FITTED} == {k: reference[k] for k in FITTED}, d["name"]
 
 
 def _copy(tmp_path: Path) -> Path:
@@ -38,7 +59,7 @@ def _copy(tmp_path: Path) -> Path:
             "memory_bandwidth_tbps",
             "> 0",
         ),
-        ("gpus/h100-sxm.yaml", "step_overhead_ms: 0.50", "step_overhead_ms: -1", "step_overhead_ms", ">= 0"),
+        ("gpus/l40s.yaml", "step_overhead_ms: 2.2817", "step_overhead_ms: -1", "step_overhead_ms", ">= 0"),
         (
             "drafters/eagle3.yaml",
             "drafter_kind: eagle",
