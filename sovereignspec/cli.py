@@ -72,6 +72,20 @@ def _float_list(name: str, low: float, high: float) -> Callable[[str], tuple[flo
     return parse
 
 
+def _int_list(name: str, low: int, high: int) -> Callable[[str], tuple[int, ...]]:
+    one = _bounded_int(name, low, high)
+
+    def parse(text: str) -> tuple[int, ...]:
+        values = tuple(one(part.strip()) for part in text.split(",") if part.strip())
+        if not values:
+            raise argparse.ArgumentTypeError(
+                f"got {text!r}; accepted: comma-separated integers in {low}..{high}"
+            )
+        return values
+
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="sovereignspec", description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--profiles", help="profiles directory (default: the shipped profiles)")
@@ -129,6 +143,36 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cal.add_argument("--out", help="write the fitted profile here (default: print it)")
 
+    prof = sub.add_parser("profile", help="measure a running engine's step times into a calibrate CSV")
+    prof.add_argument(
+        "--url", required=True, help="the engine's OpenAI-compatible API, e.g. http://vllm:8000"
+    )
+    prof.add_argument("--model", required=True, help="the profile's name of the served target model")
+    prof.add_argument("--served-model", help="the engine's model id (default: the first in /v1/models)")
+    prof.add_argument(
+        "--concurrency",
+        type=_int_list("--concurrency", 1, 4096),
+        default=(1, 2, 4, 8, 16, 32, 64),
+        help="simultaneous requests per point (comma-separated)",
+    )
+    prof.add_argument(
+        "--prompt-tokens",
+        type=_int_list("--prompt-tokens", 1, 1_000_000),
+        default=(256, 1024, 4096),
+        help="prompt lengths per point (comma-separated)",
+    )
+    prof.add_argument("--output-tokens", type=_bounded_int("--output-tokens", 4, 100_000), default=64)
+    prof.add_argument(
+        "--repeats", type=_bounded_int("--repeats", 1, 100), default=3, help="runs per point (median kept)"
+    )
+    prof.add_argument(
+        "--max-seconds", type=_bounded_float("--max-seconds", 1.0, None), default=900.0, help="time budget"
+    )
+    prof.add_argument(
+        "--timeout", type=_bounded_float("--timeout", 0.1, None), default=120.0, help="per request, s"
+    )
+    prof.add_argument("--out", help="write the CSV here (default: print it)")
+
     sim = sub.add_parser("simulate", help="simulate a multi-tenant cluster under every policy")
     sim.add_argument("scenario", help="a SCENARIO.yaml, or the name of a shipped one")
     sim.add_argument("--policy", action="append", help="only this policy (repeatable; never is always run)")
@@ -138,6 +182,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sim.add_argument("--format", choices=("table", "json"), default="table")
     sim.add_argument("--plot", metavar="DIR", help="write PNG figures (runs a load sweep too)")
+    sim.add_argument(
+        "--world",
+        choices=("measured", "profile"),
+        default="measured",
+        help="step times from measured data (default) or from the profiles the policies decide with",
+    )
     sim.add_argument("--check", action="store_true", help="verify sovereignty after every event")
 
     sub.add_parser(
@@ -180,6 +230,7 @@ def _simulate(args: argparse.Namespace) -> int:
     from sovereignspec.sim import report
     from sovereignspec.sim.run import run_all
     from sovereignspec.sim.scenario import load
+    from sovereignspec.sim.worlds import model_error
 
     scenario = load(args.scenario)
     updates = {}
@@ -194,17 +245,23 @@ def _simulate(args: argparse.Namespace) -> int:
             raise ConfigError(f"--policy: got {name!r}; accepted: {', '.join(sim_policies.POLICIES)}")
     profiles = load_profiles(args.profiles)
     try:
-        results = run_all(scenario, profiles, args.policy, check=args.check)
+        results = run_all(scenario, profiles, args.policy, check=args.check, world=args.world)
+        model = profiles.models[scenario.tenants[0].model]
+        errors = (
+            {g.gpu: model_error(profiles.gpus[g.gpu], model) for g in scenario.cluster}
+            if args.world == "measured"
+            else {}
+        )
     except (KeyError, ValueError) as exc:
         raise ConfigError(f"scenario {scenario.name}: {exc}") from exc
     if args.plot:
         from sovereignspec.plots import plot_simulation
 
-        written = plot_simulation(scenario, profiles, results, args.plot, args.policy)
+        written = plot_simulation(scenario, profiles, results, args.plot, args.policy, world=args.world)
     if args.format == "json":
-        print(json.dumps(report.to_json(scenario, results), indent=1))
+        print(json.dumps(report.to_json(scenario, results, args.world, errors), indent=1))
     else:
-        print(report.table(scenario, results))
+        print(report.table(scenario, results, args.world, errors))
         if args.plot:
             print("\nfigures: " + ", ".join(written))
     return 0
@@ -308,7 +365,35 @@ def _calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _profile(args: argparse.Namespace) -> int:
+    import datetime
+    from pathlib import Path
+
+    from sovereignspec import profiler
+
+    profiles = load_profiles(args.profiles)
+    model = resolve_name("model", args.model, profiles.models)
+    engine = profiler.Engine.at(args.url, args.timeout)
+    engine.probe(args.served_model)
+    if not engine.has_metrics:
+        print(f"profile: {engine.base} has no /metrics: batch taken as the concurrency", file=sys.stderr)
+    points = profiler.run(
+        engine, args.concurrency, args.prompt_tokens, args.output_tokens, args.max_seconds, args.repeats
+    )
+    if not points:
+        raise ConfigError("profile: no point measured within --max-seconds")
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    text = profiler.render_csv(points, engine, model, now)
+    if args.out:
+        Path(args.out).write_text(text)
+        print(f"{len(points)} points written to {args.out}", file=sys.stderr)
+    else:
+        print(text, end="")
+    return 0
+
+
 HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "profile": _profile,
     "calibrate": _calibrate,
     "regimes": _regimes,
     "predict": _predict,

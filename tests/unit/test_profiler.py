@@ -1,0 +1,154 @@
+"""`sovereignspec profile` against a stand-in engine whose step time follows a known formula, then
+`sovereignspec calibrate` on what it wrote: the coefficients come back."""
+
+import shutil
+import subprocess
+import sys
+from dataclasses import replace
+
+import pytest
+import yaml
+
+from sovereignspec.core.roofline import roofline_for
+from sovereignspec.profiles import default_profile_dir
+from tests.standin_engine import StandInEngine
+
+# A GPU of its own with a ridge at a few dozen tokens, so that a short sweep crosses it.
+DATASHEET = {
+    "kind": "gpu",
+    "name": "STANDIN",
+    "source": "a stand-in engine in tests/standin_engine.py",
+    "measured": False,
+    "peak_tflops": 100,
+    "memory_bandwidth_tbps": 4.0,
+    "memory_gb": 80,
+    "idle_watts": 50,
+    "max_watts": 400,
+    "compute_efficiency": 0.9,  # the fit's starting point, far from the truth below
+    "bandwidth_efficiency": 0.5,
+    "step_overhead_ms": 0.5,
+    "allreduce_us": 10,
+    "serial_fraction": 0.0,
+    "overlap": 64,
+}
+TRUTH = {
+    "compute_efficiency": 0.66,
+    "bandwidth_efficiency": 0.8,
+    "step_overhead_s": 4e-3,
+    "serial_fraction": 0.3,
+}
+
+
+def run(*args, timeout=600):
+    proc = subprocess.run(
+        [sys.executable, "-m", "sovereignspec", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+@pytest.fixture(scope="module")
+def profiles_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("profiles")
+    shutil.copytree(default_profile_dir(), root, dirs_exist_ok=True)
+    (root / "gpus" / "standin.yaml").write_text(yaml.safe_dump(DATASHEET))
+    return root
+
+
+@pytest.fixture(scope="module")
+def truth(profiles):
+    gpu = replace(
+        profiles.gpus["H100-SXM"], name="STANDIN", peak_flops=100e12, mem_bandwidth=4e12, overlap=4.0, **TRUTH
+    )
+    return roofline_for(gpu, profiles.models["llama-3.1-8b"], 1)
+
+
+@pytest.fixture(scope="module")
+def engine(truth):
+    e = StandInEngine(
+        lambda n, s, ctx: float(truth.step_time(n, s, ctx)), model="meta-llama/Llama-3.1-8B-Instruct"
+    )
+    yield e
+    e.close()
+
+
+def test_profile_then_calibrate_recovers_the_engines_coefficients_within_5_percent(
+    engine, profiles_dir, tmp_path
+):
+    steps = tmp_path / "steps.csv"
+    code, _, err = run(
+        "profile",
+        "--url", engine.url,
+        "--model", "llama-3.1-8b",
+        "--concurrency", "1,8,32,64,128",
+        "--prompt-tokens", "64,2048,6144",
+        "--output-tokens", "24",
+        "--max-seconds", "300",
+        "--out", str(steps),
+    )  # fmt: skip
+    assert code == 0, err
+    assert "15/15" in err  # the progress bar reached the end
+    text = steps.read_text()
+    assert "# source: sovereignspec profile of http://127.0.0.1" in text and "vllm engine" in text
+
+    out = tmp_path / "standin.yaml"
+    code, _, err = run(
+        "--profiles", str(profiles_dir), "calibrate", str(steps),
+        "--gpu", "STANDIN", "--model", "llama-3.1-8b", "--out", str(out),
+    )  # fmt: skip
+    assert code == 0, err
+    fitted = yaml.safe_load(out.read_text())
+    assert fitted["calibration"]["rows"] == 15
+    assert fitted["compute_efficiency"] == pytest.approx(TRUTH["compute_efficiency"], rel=0.05)
+    assert fitted["bandwidth_efficiency"] == pytest.approx(TRUTH["bandwidth_efficiency"], rel=0.05)
+    assert fitted["step_overhead_ms"] == pytest.approx(1e3 * TRUTH["step_overhead_s"], rel=0.05)
+    assert fitted["serial_fraction"] == pytest.approx(TRUTH["serial_fraction"], rel=0.05)
+    assert fitted["calibration"]["rms_error_pct"] < 5
+
+
+def test_profile_says_clearly_when_the_url_is_not_an_engine(tmp_path):
+    import http.server
+    import threading
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        code, _, err = run(
+            "profile", "--url", f"http://127.0.0.1:{server.server_address[1]}", "--model", "llama-3.1-8b"
+        )
+    finally:
+        server.shutdown()
+    assert code == 2 and "not an OpenAI-compatible engine: GET /v1/models answered 404" in err
+    assert "Traceback" not in err
+
+
+def test_profile_says_clearly_when_nothing_listens(tmp_path):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code, _, err = run("profile", "--url", f"http://127.0.0.1:{port}", "--model", "llama-3.1-8b")
+    assert code == 2 and "cannot connect" in err and "Traceback" not in err
+
+
+def test_profile_rejects_a_served_model_the_engine_does_not_list(engine):
+    code, _, err = run("profile", "--url", engine.url, "--model", "llama-3.1-8b", "--served-model", "gpt-9")
+    assert (
+        code == 2
+        and "--served-model: got 'gpt-9'; accepted: one of ['meta-llama/Llama-3.1-8B-Instruct']" in err
+    )
+
+
+def test_profile_stops_at_its_time_budget(engine, tmp_path):
+    code, out, err = run(
+        "profile", "--url", engine.url, "--model", "llama-3.1-8b", "--concurrency", "1,2,4,8",
+        "--prompt-tokens", "64", "--output-tokens", "200", "--max-seconds", "1",
+    )  # fmt: skip
+    assert code == 0, err
+    assert "time budget of 1 s spent" in err
+    rows = [line for line in out.splitlines() if line and not line.startswith("#")][1:]
+    assert 1 <= len(rows) < 4
