@@ -45,6 +45,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "tests/pod_e2e/" in str(item.fspath).replace("\\", "/"):
             item.add_marker(pytest.mark.pod_e2e)
+            # The session fixture builds the node and the images on a fresh machine (tens of
+            # minutes, each step under its own subprocess timeout): the per-test limit is for the
+            # test itself.
+            item.add_marker(pytest.mark.timeout(600, func_only=True))
 
 
 def run(*cmd: str, env: dict[str, str] | None = None, timeout: float = 1800) -> str:
