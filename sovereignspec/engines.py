@@ -16,6 +16,7 @@ Field and flag names are held to the engines' source by tests/unit/test_engine_c
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -50,24 +51,52 @@ def budget_by_batch(
     gamma_max: int,
     margin: float,
     cap: int | None = None,
+    background: float = 0.0,
+    step_limit: float = math.inf,
+    decided: tuple[float, int] | None = None,
 ) -> Table:
-    """γ* of an engine of its own at each batch breakpoint, as contiguous inclusive ranges.
+    """γ* at each batch breakpoint, as contiguous inclusive ranges.
 
-    Range i covers (b[i-1], b[i]] and carries K = γ*(b[i]), the budget at its largest batch (the
-    cheaper end: γ* falls with the batch), capped at `cap` (the cluster decision, which also
-    accounts for neighbours) and made non-increasing in batch. Equal neighbours merge."""
+    γ* is the optimiser's at each batch beside `background` sequences of other work, keeping the
+    shared step within `step_limit` seconds (the neighbours' TPOT SLOs as a bound on the step: inf
+    without any). Range i covers (b[i-1], b[i]] and carries K = γ*(b[i]), the budget at its
+    largest batch (the cheaper end: γ* falls with the batch), capped at `cap` if given and made
+    non-increasing in batch. With `decided` ((batch, γ) of the placement), the γ decided there
+    bounds the declared batch and those above it, and every lighter batch runs at least that.
+    Equal neighbours merge."""
     roof = roofline_for(gpu, model)
-    ks: list[int] = []
+    # The GPU's judged load beside every batch: a light engine beside a busy GPU may not pay for
+    # its drafting passes (they hold up everyone's step), and must keep the shared step within the
+    # neighbours' bound when they are busy.
+    bg = np.full(1, float(background))
+    q = np.full(1, float(step_limit) / float(roof.step_time(bg, bg, context)[0]))  # against the step before
+    stars = []
     for b in BATCH_BREAKPOINTS:
         req = SpecRequest(
             alpha, float(b), context, drafter.cost_for(model.name), drafter.spec_overhead, gamma_max, margin
         )
-        k = int(choose(gamma_table(roof, req, np.zeros(1), np.full(1, np.inf))).gamma[0])
-        if cap is not None:
-            k = min(k, cap)
-        if ks:
-            k = min(k, ks[-1])
-        ks.append(k)
+        k = int(choose(gamma_table(roof, req, bg, q)).gamma[0])
+        stars.append(min(k, cap) if cap is not None else k)
+    ks: list[int] = []
+    if decided is None:
+        for k in stars:  # non-increasing: the running minimum
+            ks.append(min(k, ks[-1]) if ks else k)
+    else:
+        # From the declared batch up: never above the decision there, non-increasing. Below it:
+        # at least what the next larger batch runs (fewer sequences verify fewer tokens, so what
+        # held for the neighbours at a larger batch holds here), more where that batch's own γ*
+        # says so (beside other load, a light batch may not pay for its drafting passes alone).
+        first = next((i for i, b in enumerate(BATCH_BREAKPOINTS) if b >= decided[0]), len(stars))
+        above: list[int] = []
+        for star in stars[first:]:
+            k = min(star, decided[1])
+            above.append(min(k, above[-1]) if above else k)
+        below: list[int] = []
+        carry = above[0] if above else 0
+        for k in reversed(stars[:first]):
+            carry = max(k, carry)
+            below.append(carry)
+        ks = below[::-1] + above
     out: Table = []
     start = 1
     for b, k in zip(BATCH_BREAKPOINTS, ks, strict=True):
@@ -79,16 +108,57 @@ def budget_by_batch(
     return out
 
 
-def engine_config(drafter: DrafterSpec, model: str, gamma: int, table: Table | None = None) -> EngineConfig:
-    """vLLM and SGLang configuration for a decision of `gamma` draft tokens.
+def handoff(
+    gpu: GpuSpec,
+    model: ModelSpec,
+    drafter: DrafterSpec | None,
+    alpha: float,
+    context: float,
+    gamma_max: int,
+    margin: float,
+    headroom: float,
+    step_limit: float,
+    decided: tuple[float, int],
+) -> Table | None:
+    """The per-batch budget a placed workload's engine is handed, or None for plain decode.
 
-    `table` is the per-batch budget (budget_by_batch with cap=gamma); without one the engines run a
-    fixed γ. γ = 0 is plain decode: nothing at all."""
-    if gamma <= 0:
+    A workload whose declared batch would saturate its GPU (γ* = 0 there) still speculates when its
+    batch is light: the table says γ = 0 at the batches that do not pay and γ* below them, each
+    judged beside the load the GPU's `headroom` reading shows (as read: the judgement one
+    uncertainty worse is for the declared batch, and would invent load at every smaller one) and
+    with no step longer than the neighbours' SLOs allow (`step_limit`: q × the step before the
+    workload, at the decision); from the declared batch up it is never above the γ* `decided` there
+    ((batch, γ)). None when no batch pays, or the drafter does not draft for the model."""
+    if drafter is None or not drafter.supports(model.name) or gamma_max <= 0:
+        return None
+    background = float(roofline_for(gpu, model).seqs_for_headroom(headroom, context))
+    table = budget_by_batch(
+        gpu,
+        model,
+        drafter,
+        alpha,
+        context,
+        gamma_max,
+        margin,
+        background=background,
+        step_limit=step_limit,
+        decided=decided,
+    )
+    return table if any(k > 0 for _, _, k in table) else None
+
+
+def engine_config(drafter: DrafterSpec, model: str, gamma: int, table: Table | None = None) -> EngineConfig:
+    """vLLM and SGLang configuration for a decision of `gamma` draft tokens at the declared batch.
+
+    `table` is the per-batch budget (`handoff`); its largest K may exceed `gamma` when light
+    batches pay and the declared one does not (γ = 0 there). Engines that read a table get it;
+    the fixed-γ forms (SGLang's NGRAM and STANDALONE; vLLM before 0.24, see `launch`) run `gamma`.
+    No γ > 0 anywhere is plain decode: nothing at all."""
+    top = max((k for _, _, k in table), default=gamma) if table else gamma
+    if top <= 0:
         return EngineConfig()
     names = drafter.engines
     draft = names.draft_models.get(model, "")
-    top = max((k for _, _, k in table), default=gamma) if table else gamma
     vllm: dict[str, object] = {"method": names.vllm_method, "num_speculative_tokens": top}
     if draft:
         vllm["model"] = draft
@@ -98,19 +168,24 @@ def engine_config(drafter: DrafterSpec, model: str, gamma: int, table: Table | N
         vllm["num_speculative_tokens_per_batch_size"] = table
 
     algorithm = names.sglang_algorithm
-    sglang = [f"--speculative-algorithm {algorithm}"]
-    if draft:
-        sglang.append(f"--speculative-draft-model-path {draft}")
-    if algorithm == "NGRAM":
-        # A chain, not a tree: breadth 1 drafts γ tokens in a row.
-        sglang += ["--speculative-ngram-min-bfs-breadth 1", "--speculative-ngram-max-bfs-breadth 1"]
-    else:
-        sglang += [f"--speculative-num-steps {gamma}", "--speculative-eagle-topk 1"]
-    sglang.append(f"--speculative-num-draft-tokens {gamma + 1}")
     adaptive = ""
+    steps = gamma  # a fixed γ unless the adaptive mode reads the table
     if table and algorithm in SGLANG_ADAPTIVE:
         adaptive = _json({str(lo): {"candidate_steps": _candidates(k)} for lo, _, k in table})
-    return EngineConfig(_json(vllm), " ".join(sglang), adaptive)
+        steps = top
+    sglang = ""
+    if steps > 0:
+        flags = [f"--speculative-algorithm {algorithm}"]
+        if draft:
+            flags.append(f"--speculative-draft-model-path {draft}")
+        if algorithm == "NGRAM":
+            # A chain, not a tree: breadth 1 drafts γ tokens in a row.
+            flags += ["--speculative-ngram-min-bfs-breadth 1", "--speculative-ngram-max-bfs-breadth 1"]
+        else:
+            flags += [f"--speculative-num-steps {steps}", "--speculative-eagle-topk 1"]
+        flags.append(f"--speculative-num-draft-tokens {steps + 1}")
+        sglang = " ".join(flags)
+    return EngineConfig(_json(vllm), sglang, adaptive)
 
 
 def _candidates(k: int) -> list[int]:

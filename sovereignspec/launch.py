@@ -101,12 +101,20 @@ def plan(
         if conflicts:
             raise LaunchError(_refusal(conflicts))
         doc = json.loads(config)
-        if vllm_legacy:
-            doc.pop(PER_BATCH, None)
+        if vllm_legacy and PER_BATCH in doc:
+            # No per-batch table before vLLM 0.24: the fixed γ decided at the declared batch.
+            doc.pop(PER_BATCH)
+            if _int(gamma) <= 0:
+                why = "vLLM < 0.24 reads no per-batch table and γ at the declared batch is 0"
+                return command, f"plain decode decided on {where} ({why}): running the command as given", {}
+            doc["num_speculative_tokens"] = _int(gamma)
         extra = ["--speculative-config", json.dumps(doc, separators=(",", ":"), sort_keys=True)]
         table = f", {len(doc[PER_BATCH])} batch ranges" if PER_BATCH in doc else ""
     else:
         args = notes.get(PREFIX + "sglang-args")
+        if not args and _int(gamma) <= 0:
+            why = "SGLang runs this drafter at a fixed γ, which is 0 at the declared batch"
+            return command, f"plain decode decided on {where} ({why}): running the command as given", {}
         if not args:
             raise LaunchError("the decision is speculative but carries no sglang-args annotation")
         conflicts = _conflicts(command, SGLANG_SPECULATIVE)
@@ -120,8 +128,16 @@ def plan(
             files[str(path)] = adaptive
             extra += ["--speculative-adaptive", "--speculative-adaptive-config", str(path)]
             table = f", adaptive over {len(json.loads(adaptive))} batch ranges"
-    line = f"speculative γ={gamma} decided on {where}{table}: appending {shlex.join(extra)}"
+    light = " (0 at the declared batch: speculates only at lighter batches)" if _int(gamma) <= 0 else ""
+    line = f"speculative γ={gamma}{light} decided on {where}{table}: appending {shlex.join(extra)}"
     return command + extra, line, files
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise LaunchError(f"draft-budget annotation: got {text!r}; accepted: an integer >= 0") from None
 
 
 def _refusal(conflicts: list[str]) -> str:

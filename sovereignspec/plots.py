@@ -67,6 +67,7 @@ def plot_simulation(
     directory: str,
     policies: list[str] | None = None,
     loads: tuple[float, ...] = (0.25, 0.5, 1.0, 1.5),
+    world: str = "measured",
 ) -> list[str]:
     """Speed-up against load per policy (a load sweep), P99 TPOT per tenant, goodput vs the oracle."""
     import matplotlib
@@ -84,7 +85,10 @@ def plot_simulation(
     written = []
 
     # Load 1.0 is the run already made.
-    sweep = {x: results if x == 1.0 else run_all(scaled(scenario, x), profiles, policies) for x in loads}
+    sweep = {
+        x: results if x == 1.0 else run_all(scaled(scenario, x), profiles, policies, world=world)
+        for x in loads
+    }
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for name in results:
         ax.plot(loads, [sweep[load][name].speedup for load in loads], marker="o", label=name)

@@ -32,6 +32,7 @@ class DecisionRecord:
     tau: float | None = None
     step_plain_ms: float | None = None
     step_ms: float | None = None
+    step_before_ms: float | None = None  # the GPU's step before the workload joins
     speedup: float | None = None  # own S_real at γ*
     aggregate_speedup: float | None = None
     tpot_ms: float | None = None
@@ -43,6 +44,14 @@ class DecisionRecord:
     excluded: dict[str, str] = field(default_factory=dict)  # node -> constraint: detail
     # candidate GPUs where speculation would have paid but a neighbour's SLO said no: gpu -> why
     held_back: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def step_limit_s(self) -> float:
+        """The longest shared step the neighbours' TPOT SLOs allow, seconds (inf without any)."""
+        q, before = self.neighbour_slo_ratio, self.step_before_ms
+        if q is None or before is None or not math.isfinite(q):
+            return math.inf
+        return q * before / 1e3
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

@@ -72,6 +72,9 @@ class Policy:
     margin: float = 0.02
     headroom_uncertainty: float = 0.05
     externality: bool = True
+    # The neighbours' bound is judged this much tighter: the model's error on how far a step grows,
+    # and a request's TPOT spreading around its steps' (batches change, prefills interleave).
+    slo_margin: float = 0.1
     jurisdiction_label: str = DEFAULT_JURISDICTION_LABEL
     # Room for exclusive tenants: shared work takes none of the last N empty nodes of its node pool,
     # and, with `pack`, goes to a node that already runs work when that costs it nothing.
@@ -253,7 +256,9 @@ class Placer:
         self.gpu_type = np.array([type_index[g.gpu_type] for g in gpus], dtype=np.int64)
         self.stale = np.array([g.headroom is None for g in gpus], dtype=np.bool_)
         self.headroom = np.array([_headroom(g) for g in gpus], dtype=np.float64)
-        self.slo_ratio = np.array([g.slo_ratio for g in gpus], dtype=np.float64)
+        self.slo_ratio = np.array([g.slo_ratio for g in gpus], dtype=np.float64) / (
+            1.0 + self.policy.slo_margin
+        )
         self.binding: list[str | None] = [g.binding_neighbour for g in gpus]
         self.free = np.array([n.free_gpus for n in nodes], dtype=np.int64)
         # Capacity unknown (None): no size is ever ruled out for good.
@@ -526,7 +531,7 @@ class Placer:
         # Every neighbour's TPOT grows with the step; the newcomer joins them with its own SLO.
         self.slo_ratio[g] /= step / before
         if w.tpot_slo_s is not None:
-            own = w.tpot_slo_s / tpot
+            own = w.tpot_slo_s / tpot / (1.0 + self.policy.slo_margin)
             if own < self.slo_ratio[g]:
                 self.slo_ratio[g] = own
                 self.binding[g] = w.name
@@ -626,6 +631,11 @@ class Placer:
             "alpha": w.alpha,
             "tpot_ms": 1e3 * float(s["tpot"][g]),
             "candidates": n_candidates,
+            # What the engine hand-off judges its per-batch table at (`engines.handoff`).
+            "headroom": None if bool(self.stale[g]) else float(self.headroom[g]),
+            "background_seqs": float(s["bg_seqs"][g]),  # at the pessimistic reading
+            "neighbour_slo_ratio": float(self.slo_ratio[g]),
+            "step_before_ms": 1e3 * float(s["before"][g]),
         }
         if not explain:  # a tick's bulk decisions: where and how, without the breakdown
             return DecisionRecord(reason="speculative" if gamma > 0 else "plain", **where)  # type: ignore[arg-type]
@@ -653,12 +663,10 @@ class Placer:
                 f"no γ raises the GPU's token rate at headroom {float(self.headroom[g]):.2f} "
                 "(the drafts cost more than they save at this load): plain decode"
             )
-        h = None if stale else float(self.headroom[g])
+        h = where["headroom"]
         return DecisionRecord(
             reason=reason,
-            headroom=h,
-            headroom_pessimistic=None if h is None else max(h - self.policy.headroom_uncertainty, 0.0),
-            background_seqs=float(s["bg_seqs"][g]),  # at the pessimistic reading
+            headroom_pessimistic=None if h is None else max(float(h) - self.policy.headroom_uncertainty, 0.0),
             tau=float(table.taus[gamma]),
             step_plain_ms=1e3 * float(s["step_plain"][g]),
             step_ms=1e3 * float(s["step"][g]),
@@ -667,7 +675,6 @@ class Placer:
             unconstrained_gamma=why_not.gamma,
             binding_neighbour=binding,
             neighbour_step_ratio=float(s["step"][g] / s["before"][g]),
-            neighbour_slo_ratio=float(self.slo_ratio[g]),
             excluded=self._excluded(w, mask),
             held_back=self._held_back(w, req, mask),
             **where,  # type: ignore[arg-type]

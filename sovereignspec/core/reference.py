@@ -37,7 +37,7 @@ def reference_tick(
     gpus = sorted(cluster.gpus, key=lambda g: (g.node, g.index))
     stale_gpu = [g.headroom is None for g in gpus]
     headroom = [g.headroom if g.headroom is not None else (g.stale_estimate or 0.0) for g in gpus]
-    slo_ratio = [g.slo_ratio for g in gpus]
+    slo_ratio = [g.slo_ratio / (1.0 + policy.slo_margin) for g in gpus]
     out: list[RefDecision] = []
 
     for w in sorted(pending, key=tick_order):
@@ -118,7 +118,7 @@ def reference_tick(
         headroom[pos] = c.headroom(n + b * (gamma + 1.0), n + b, ctx)
         slo_ratio[pos] /= step / before
         if w.tpot_slo_s is not None:
-            slo_ratio[pos] = min(slo_ratio[pos], w.tpot_slo_s / tpot)
+            slo_ratio[pos] = min(slo_ratio[pos], w.tpot_slo_s / tpot / (1.0 + policy.slo_margin))
         free[g.node] -= tp
         held = tenancy[g.node]
         tenancy[g.node] = NodeTenancy(

@@ -7,13 +7,14 @@ controller only carries them out; the property tests run exactly this on generat
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from sovereignspec.core.decision import DecisionRecord
 from sovereignspec.core.placement import Placement, Placer
 from sovereignspec.core.specs import ProfileSet
-from sovereignspec.engines import budget_by_batch, engine_config
+from sovereignspec.engines import engine_config, handoff
 from sovereignspec.operator import annotations as ann
 from sovereignspec.operator.policy import PolicySpec
 from sovereignspec.operator.view import PendingWorkload, View, placer_policy
@@ -130,6 +131,7 @@ def decision_notes(
     record: DecisionRecord,
     policy_name: str,
     stamp: str,
+    handoff_allowed: bool = True,
 ) -> dict[str, str]:
     """Every annotation a decision hands the pod, consistent with one another."""
     req = p.request
@@ -145,9 +147,11 @@ def decision_notes(
         ann.OUT_POLICY: policy_name,
     }
     drafter = profiles.drafters.get(req.drafter) if req.drafter else None
-    if drafter is not None and drafter.supports(req.model) and record.gamma > 0:
-        # A plain pod gets none of this: nothing it is handed may say speculate.
-        table = budget_by_batch(
+    table = None
+    if handoff_allowed and record.headroom is not None:
+        # The engine's per-batch budget, judged at the chosen GPU's load and neighbours' bound: it
+        # may speculate at light batches even where γ* at the declared batch is 0.
+        table = handoff(
             profiles.gpus[record.gpu_type],
             profiles.models[req.model],
             drafter,
@@ -155,13 +159,18 @@ def decision_notes(
             float(req.context),
             spec.gamma_max,
             spec.self_benefit_margin,
-            cap=record.gamma,
+            record.headroom,
+            record.step_limit_s,
+            (float(req.seqs), record.gamma),
         )
-        config = engine_config(drafter, req.model, record.gamma, table)
+    config = engine_config(drafter, req.model, record.gamma, table) if drafter is not None else None
+    if config is not None and config.vllm:
+        notes[ann.OUT_MODE] = "speculative"
         notes[ann.OUT_VLLM] = config.vllm
         notes[ann.OUT_SGLANG] = config.sglang
         if config.sglang_adaptive:
             notes[ann.OUT_SGLANG_ADAPTIVE] = config.sglang_adaptive
+    # else a plain pod: nothing it is handed may say speculate.
     return notes
 
 
@@ -188,7 +197,7 @@ def _placed(
         # them gets a plain decision; if its values are not plain ones, Kueue could not merge ours
         # and the engine would read the user's: that bypasses the decision, so it is refused.
         record = _as_plain(record)
-        notes = decision_notes(spec, profiles, p, record, policy_name, stamp)
+        notes = decision_notes(spec, profiles, p, record, policy_name, stamp, handoff_allowed=False)
         clash = {k: p.template_annotations[k] for k in reserved if notes.get(k) != p.template_annotations[k]}
         shown = ", ".join(f"{k}={v!r}" for k, v in sorted(clash.items()))
         if clash:
@@ -209,15 +218,21 @@ def _placed(
     ]
     if record.mode == "plain" and view.stale_reason and record.headroom is None:
         reason = f"{reason} ({view.stale_reason})"
+    light = ""
+    if record.gamma == 0 and notes.get(ann.OUT_MODE) == "speculative":
+        table = json.loads(notes[ann.OUT_VLLM]).get("num_speculative_tokens_per_batch_size") or []
+        below = max((hi for _, hi, k in table if k > 0), default=0)
+        light = f"; speculates up to batch {below} (per-batch table {table}), plain above"
+    mode = "speculative" if record.gamma > 0 else "light-batch speculative" if light else "plain"
     message = (
-        f"{record.mode} γ={record.gamma} on {record.node}/gpu{record.gpu_index} ({record.gpu_type}); "
-        f"α {req.alpha:.2f} ({p.alpha_source}); {reason}"
+        f"{mode} γ={record.gamma} on {record.node}/gpu{record.gpu_index} ({record.gpu_type}); "
+        f"α {req.alpha:.2f} ({p.alpha_source}); {reason}{light}"
     )
     events.insert(
         0,
         EventNote(
-            "SpeculativeDecode" if record.gamma > 0 else "PlainDecode",
-            shorten(record_text(record, p.alpha_source), EVENT_LIMIT),
+            "SpeculativeDecode" if record.gamma > 0 or light else "PlainDecode",
+            shorten(record_text(record, p.alpha_source) + light, EVENT_LIMIT),
         ),
     )
     if record.held_back:

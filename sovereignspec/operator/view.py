@@ -434,6 +434,7 @@ def placer_policy(spec: PolicySpec) -> Policy:
         margin=spec.self_benefit_margin,
         headroom_uncertainty=spec.telemetry.headroom_uncertainty,
         externality=spec.externality,
+        slo_margin=spec.neighbour_slo_margin,
         jurisdiction_label=spec.sovereignty.jurisdiction_label,
         keep_whole_nodes_free=spec.placement.keep_whole_nodes_free,
         pack=spec.placement.pack_shared_work,

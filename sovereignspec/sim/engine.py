@@ -26,11 +26,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from sovereignspec.core.roofline import tensor_parallel_for
-from sovereignspec.core.scalar import Coeffs
 from sovereignspec.core.scalar import tau as scalar_tau
 from sovereignspec.core.sovereignty import DEFAULT_JURISDICTION_LABEL, NodeTenancy, Requirement, check_node
 from sovereignspec.core.specs import ProfileSet
 from sovereignspec.sim.scenario import Arrival, Scenario, Tenant
+from sovereignspec.sim.worlds import Draft, World, world_for
 
 if TYPE_CHECKING:
     from sovereignspec.sim.policies import SimPolicy
@@ -73,8 +73,7 @@ class Replica:
     gpu: int
     gamma: int  # assigned at placement
     current: int  # in effect now
-    cost: float
-    overhead: float
+    draft: Draft | None  # what its drafting costs in this world (None: no drafter)
     queue: deque[Request] = field(default_factory=deque)
     cap: int = 1  # the tenant's max-num-seqs
     by_batch: list[int] = field(default_factory=list)  # γ per batch size 0..cap (own_batch_only policies)
@@ -93,7 +92,7 @@ class Gpu:
     index: int
     gpu_type: str
     jurisdiction: str | None
-    coeffs: Coeffs
+    world: World
     replicas: list[int] = field(default_factory=list)
     seqs: dict[int, Seq] = field(default_factory=dict)  # by request id
     finishing: list[tuple[int, int, int]] = field(default_factory=list)  # heap of (step, request, version)
@@ -103,7 +102,6 @@ class Gpu:
     step: float = 0.0
     watts: tuple[float, float] = (0.0, 0.0)  # idle, peak
     power: float = 0.0  # watts while the current step runs
-    drafting: float | None = None  # Σ (γ·cost + overhead) over drafting replicas; None: recompute
     version: int = 0
     ctx_sum: float = 0.0
     n_tokens: int = 0  # query tokens per decode step: Σ (γ + 1) over running sequences
@@ -117,7 +115,12 @@ class Gpu:
 
 class Simulator:
     def __init__(
-        self, scenario: Scenario, profiles: ProfileSet, policy: SimPolicy, check: bool = False
+        self,
+        scenario: Scenario,
+        profiles: ProfileSet,
+        policy: SimPolicy,
+        check: bool = False,
+        world: str = "measured",
     ) -> None:
         models = {t.model for t in scenario.tenants}
         if len(models) != 1:
@@ -128,6 +131,7 @@ class Simulator:
         self.profiles = profiles
         self.policy = policy
         self.check = check  # verify sovereignty after every event (tests)
+        self.world = world
         self._gammas_on_every_change = policy.dynamic and not policy.own_batch_only
         self.model = profiles.models[models.pop()]
         self.gpus: list[Gpu] = []
@@ -138,11 +142,11 @@ class Simulator:
                 raise ValueError(
                     f"{self.model.name} needs TP={tp} on {group.gpu}; the simulator runs TP=1 models"
                 )
+            physics = world_for(world, spec, self.model)  # one per GPU type: it holds no state
             for n in range(group.nodes):
                 node = f"{group.name}-{n}"
                 for i in range(group.gpus_per_node):
-                    coeffs = Coeffs.of(spec, self.model, 1)
-                    g = Gpu(len(self.gpus), node, i, group.gpu, group.jurisdiction, coeffs)
+                    g = Gpu(len(self.gpus), node, i, group.gpu, group.jurisdiction, physics)
                     g.watts = (spec.idle_watts, spec.max_watts)
                     self.gpus.append(g)
         self.replicas: list[Replica] = []
@@ -267,18 +271,18 @@ class Simulator:
         placed = self.policy.place(
             self, tenant, t_spec.replicas - sum(r.tenant == tenant for r in self.replicas)
         )
-        for gpu_id, gamma, predicted in placed:
+        for index, (gpu_id, gamma, predicted) in enumerate(placed):
             drafter = self.profiles.drafters.get(t_spec.drafter) if t_spec.drafter else None
-            cost = drafter.cost_for(self.model.name) if drafter else 0.0
-            overhead = drafter.spec_overhead if drafter else 0.0
+            g = self.gpus[gpu_id]
+            draft = g.world.draft(drafter) if drafter else None
             declared = t_spec.declared_alpha if t_spec.declared_alpha is not None else t_spec.alpha.mean
-            r = Replica(len(self.replicas), tenant, gpu_id, gamma, gamma, cost, overhead, alpha_est=declared)
+            r = Replica(len(self.replicas), tenant, gpu_id, gamma, gamma, draft, alpha_est=declared)
             r.cap = t_spec.max_num_seqs
             r.predicted_tpot_s = predicted
             self.replicas.append(r)
             self.routers.setdefault(tenant, LeastBusy()).add(r)
-            g = self.gpus[gpu_id]
             g.replicas.append(r.id)
+            self.policy.adopt(self, r, index)
             if self.policy.dynamic and self.policy.own_batch_only:
                 r.by_batch = [self.policy.gamma_at(self, g, r, n) for n in range(r.cap + 1)]
                 g.regamma.add(r.id)  # its γ is decided at the GPU's next change, as for any policy
@@ -291,8 +295,8 @@ class Simulator:
     # -- one GPU ---------------------------------------------------------------------------
     # Every change to a GPU's batch goes through `_settle`, so the step time and power it leaves
     # in `g.step` / `g.power` hold until the next one. This is the simulator's hot path (about
-    # three calls per request): the step arithmetic is `Coeffs.step`, the scalar twin of
-    # `Roofline.step_time`, so the figures do not depend on which path ran.
+    # three calls per request). What a step costs is the world's (`sim.worlds`): measured data by
+    # default, or the profiles' own model.
 
     def _settle(self, g: Gpu, t: float) -> None:
         """Advance `g` to `t` (finishing the step in progress), then admit, re-decide γ, reschedule."""
@@ -337,8 +341,6 @@ class Simulator:
         g.n_tokens -= s.gamma + 1
         left = g.running[req.replica] - 1
         g.running[req.replica] = left
-        if not left:
-            g.drafting = None
         replica = self.replicas[req.replica]
         replica.active -= 1
         if replica.by_batch and replica.by_batch[replica.active] != replica.current:
@@ -375,7 +377,7 @@ class Simulator:
             return
         # A prefill step of the new prompts runs before the next decode step (no chunking).
         n_new = len(admitted)
-        g.t0 += g.coeffs.step(prompt, n_new, prompt / n_new)
+        g.t0 += g.world.prefill(prompt, n_new)
         running, seqs, finishing, steps = g.running, g.seqs, g.finishing, g.steps
         for req in admitted:
             req.t_first = g.t0
@@ -384,8 +386,6 @@ class Simulator:
             # _start, for a sequence that is new on this GPU
             n = running.get(req.replica, 0)
             running[req.replica] = n + 1
-            if not n:
-                g.drafting = None
             seq.start = steps
             seqs[req.id] = seq
             g.n_tokens += seq.gamma + 1
@@ -401,8 +401,6 @@ class Simulator:
         else:
             running = g.running.get(seq.req.replica, 0)
             g.running[seq.req.replica] = running + 1
-            if not running:
-                g.drafting = None
         seq.start = g.steps
         g.seqs[rid] = seq
         g.n_tokens += seq.gamma + 1
@@ -437,7 +435,6 @@ class Simulator:
                 changed.add(rid)
         if not changed:
             return
-        g.drafting = None
         for s in [s for s in g.seqs.values() if s.req.replica in changed]:
             done = g.steps - s.start
             self._account(s, done)
@@ -457,20 +454,13 @@ class Simulator:
             g.step = 0.0
             return
         # step_time(g) and the power draw.
-        c = g.coeffs
         s = len(seqs)
         ctx = g.ctx_sum / s
         n = g.n_tokens
-        step = c.step(n, s, ctx)
-        drafting = g.drafting
-        if drafting is None:
-            drafting = g.drafting = self._drafting(g, None)
-        if drafting:
-            step += drafting * c.step(s, s, ctx)
-        g.step = step
+        g.step = step = self._step(g, n, s, ctx, None)
         idle, peak = g.watts
-        util = n * c.spt(ctx) / step
-        g.power = idle + (peak - idle) * (util if util < 1.0 else 1.0)
+        busy = 1.0 - g.world.headroom(n, s, ctx, step)
+        g.power = idle + (peak - idle) * busy
         self._seq += 1
         heapq.heappush(
             self.events, (g.t0 + (finishing[0][0] - g.steps) * step, self._seq, GPU_EVENT, g.id, g.version)
@@ -478,37 +468,42 @@ class Simulator:
 
     # -- the cost model on the live batch -----------------------------------------------------
 
-    def _drafting(self, g: Gpu, gammas: dict[int, int] | None) -> float:
-        """Σ (γ·cost + overhead) over the replicas drafting on `g`: the drafters' share of a step."""
-        drafting = 0.0
+    def _step(self, g: Gpu, n: float, s: int, ctx: float, gammas: dict[int, int] | None) -> float:
+        """The verification step of `n` query tokens over `s` sequences, plus every drafting
+        replica's drafting (replicas at `gammas`, default: as they run now)."""
+        world = g.world
+        verify = world.step(n, s, ctx)
+        total, plain = verify, 0.0
         for rid, count in g.running.items():
             if not count:
                 continue
             r = self.replicas[rid]
             gamma = r.current if gammas is None else gammas.get(rid, r.current)
-            if gamma > 0:
-                drafting += gamma * r.cost + r.overhead
-        return drafting
+            if gamma > 0 and r.draft is not None:
+                if not plain:
+                    plain = world.step(s, s, ctx)
+                total += r.draft.seconds(gamma, count, ctx, verify, plain)
+        return total
 
     def step_time(self, g: Gpu, gammas: dict[int, int] | None = None) -> float:
         """T_step of `g`'s batch, with replicas at `gammas` (default: as they run now)."""
         if not g.seqs:
             return 0.0
-        c = g.coeffs
         s = len(g.seqs)
-        ctx = g.ctx_sum / s
         n = g.n_tokens
         if gammas is not None:
             for rid, count in g.running.items():
                 r = self.replicas[rid]
                 n += count * (gammas.get(rid, r.current) - r.current)
-        return c.step(n, s, ctx) + self._drafting(g, gammas) * c.step(s, s, ctx)
+        return self._step(g, n, s, g.ctx_sum / s, gammas)
 
     def true_headroom(self, g: Gpu) -> float:
+        """What the GPU's telemetry reads now (the operator's conversion of it, in the profile world
+        the model's own)."""
         if not g.seqs:
             return 1.0
         s = len(g.seqs)
-        return g.coeffs.headroom(float(g.n_tokens), float(s), g.ctx_sum / s)
+        return g.world.headroom(float(g.n_tokens), float(s), g.ctx_sum / s, g.step)
 
     def reading(self, g: Gpu, t: float) -> float | None:
         """Headroom as a scheduler sees it at `t`: the latest sample at least `lag` old."""

@@ -9,11 +9,13 @@ replica runs, re-decided whenever its GPU's batch changes.
   acceptance learned online; no neighbours' SLOs (SmartSpec / TurboSpec).
 - trt-threshold — spread; K = 4 until rolling acceptance falls under 0.5, then off for good
   (TensorRT-LLM).
-- sovereignspec — SovereignSpec's core (`Placer`) from lagged telemetry and declared α; γ* from the
-  core, lowered on the fly by the per-batch table derived from the same model (the engine hand-off).
+- sovereignspec — SovereignSpec's core (`Placer`) from lagged telemetry and declared α; each replica
+  then runs exactly what the operator hands its engine: the per-batch table (`engines.handoff`,
+  judged at the GPU's load and neighbours' bound at placement), read at its live batch.
 - sovereignspec-no-externality — the same without the neighbours' SLO check.
-- oracle — the core with true α, true load and no uncertainty; then, per GPU, the γ of every replica
-  maximising the GPU's token rate under every replica's SLO, with true α, re-decided on every change.
+- oracle — the core with true α, the unlagged reading and no uncertainty; then, per GPU, the γ of
+  every replica maximising the GPU's goodput (token rate of the replicas within their TPOT SLO, then
+  all tokens) on the world's true step times and α, re-decided on every change.
 
 "spread" places each replica on the admissible GPU with the least declared load (sovereignty is
 enforced for every policy; no policy may break it).
@@ -35,12 +37,15 @@ from sovereignspec.core.placement import (
 )
 from sovereignspec.core.sovereignty import DEFAULT_JURISDICTION_LABEL
 from sovereignspec.core.speedup import tau
-from sovereignspec.engines import budget_by_batch
+from sovereignspec.engines import handoff
 
 if TYPE_CHECKING:
     from sovereignspec.sim.engine import Gpu, Replica, Simulator
 
 VLLM_TABLE = ((1, 4, 5), (5, 16, 3), (17, 64, 1), (65, 10**9, 0))
+# A request's TPOT spreads around its steps' (batches change, prefills interleave): the oracle,
+# which sees steps, keeps this room under every SLO.
+ORACLE_TPOT_SPREAD = 0.1
 
 
 class SimPolicy:
@@ -84,6 +89,9 @@ class SimPolicy:
     def gamma_at(self, sim: Simulator, g: Gpu, r: Replica, batch: int) -> int:
         """γ for replica `r` running `batch` sequences (policies with `own_batch_only`)."""
         return r.gamma
+
+    def adopt(self, sim: Simulator, r: Replica, index: int) -> None:
+        """Replica `r`, the `index`-th that the last `place` returned, is now in the simulation."""
 
 
 class Never(SimPolicy):
@@ -175,7 +183,8 @@ class SovereignSpec(SimPolicy):
 
     def __init__(self) -> None:
         super().__init__()
-        self._tables: dict[tuple[str, int], list[list[int]]] = {}
+        self._tables: dict[int, list[list[int]]] = {}  # by replica: its engine's hand-off
+        self._pending: dict[int, list[list[int]]] = {}  # by GPU, for replicas being placed now
 
     def _alpha(self, sim: Simulator, tenant: int) -> float:
         t = sim.scenario.tenants[tenant]
@@ -254,6 +263,9 @@ class SovereignSpec(SimPolicy):
         by_position = {(g.node, g.index): g for g in sim.gpus}
         pending: list[tuple[Gpu, WorkloadRequest, int]] = []
         predicted: list[float | None] = []
+        t = sim.scenario.tenants[tenant]
+        drafter = sim.profiles.drafters[t.drafter] if t.drafter else None
+        tables: list[list[list[int]]] = []
         for k in range(max(count, 0)):
             # One replica per view, so each sees the previous ones on their GPUs and in their slots.
             request = self._request(sim, tenant, f"new{k}")
@@ -261,34 +273,36 @@ class SovereignSpec(SimPolicy):
             if p.outcome != "placed" or p.node is None or p.gpu_index is None:
                 self.last_reason[tenant] = p.record.reason
                 break
-            pending.append((by_position[(p.node, p.gpu_index)], request, p.gamma))
-            predicted.append(p.record.tpot_ms / 1e3 if p.record.tpot_ms else None)
-        return [(g.id, gamma, tpot) for (g, _, gamma), tpot in zip(pending, predicted, strict=True)]
-
-    def _table(self, sim: Simulator, g: Gpu, r: Replica) -> list[list[int]]:
-        key = (g.gpu_type, r.tenant)
-        if key not in self._tables:
-            t = sim.scenario.tenants[r.tenant]
-            drafter = sim.profiles.drafters[t.drafter] if t.drafter else None
-            self._tables[key] = (
-                budget_by_batch(
+            g = by_position[(p.node, p.gpu_index)]
+            rec = p.record
+            table = None
+            if rec.headroom is not None:  # telemetry was read
+                table = handoff(
                     sim.profiles.gpus[g.gpu_type],
                     sim.model,
                     drafter,
-                    self._alpha(sim, r.tenant),
-                    t.prompt_tokens.mean + t.output_tokens.mean / 2,
-                    sim.scenario.gamma_max,
-                    0.02,
+                    request.alpha,
+                    float(request.context),
+                    policy.gamma_max,
+                    policy.margin,
+                    rec.headroom,
+                    rec.step_limit_s if self.externality else math.inf,
+                    (float(request.seqs), p.gamma),
                 )
-                if drafter
-                else [[1, 10**9, 0]]
-            )
-        return self._tables[key]
+            pending.append((g, request, p.gamma))
+            tables.append(table or [[1, 10**9, 0]])
+            predicted.append(rec.tpot_ms / 1e3 if rec.tpot_ms else None)
+        self._queued = tables
+        return [(g.id, gamma, tpot) for (g, _, gamma), tpot in zip(pending, predicted, strict=True)]
+
+    def adopt(self, sim: Simulator, r: Replica, index: int) -> None:
+        """Replica `r`, the `index`-th of the last `place` call, starts: it keeps its hand-off."""
+        self._tables[r.id] = self._queued[index]
 
     def gamma_at(self, sim: Simulator, g: Gpu, r: Replica, batch: int) -> int:
-        table = self._table(sim, g, r)
+        table = self._tables.get(r.id, [[1, 10**9, 0]])
         batch = max(batch, 1)
-        return min(r.gamma, next((k for lo, hi, k in table if batch <= hi), table[-1][2]))
+        return next((k for lo, hi, k in table if batch <= hi), table[-1][2])
 
 
 class SovereignSpecNoExternality(SovereignSpec):
@@ -330,18 +344,23 @@ class Oracle(SovereignSpec):
         self._memo[key] = {rid: current[rid] for rid in live}
         return current
 
-    def _score(self, sim: Simulator, g: Gpu, gammas: dict[int, int], live: list[int]) -> tuple[int, float]:
-        """(SLOs met, tokens per second): meeting every SLO first, then the GPU's token rate."""
+    def _score(
+        self, sim: Simulator, g: Gpu, gammas: dict[int, int], live: list[int]
+    ) -> tuple[int, float, float]:
+        """(replicas within their TPOT SLO, goodput, tokens per second): no neighbour pushed past
+        its SLO first, then the token rate of those within it, then every token."""
         step = sim.step_time(g, gammas)
-        rate, met = 0.0, 1
+        rate = good = 0.0
+        met = 0
         for rid in live:
             r = sim.replicas[rid]
             t = sim.scenario.tenants[r.tenant]
             tokens = float(tau(t.alpha.mean, gammas[rid]))
             rate += r.active * tokens / step
-            if step / tokens > t.tpot_slo_ms / 1e3:
-                met = 0
-        return met, rate
+            if step / tokens * (1.0 + ORACLE_TPOT_SPREAD) <= t.tpot_slo_ms / 1e3:
+                met += 1
+                good += r.active * tokens / step
+        return met, good, rate
 
 
 POLICIES: dict[str, type[SimPolicy] | tuple[type[SimPolicy], int]] = {

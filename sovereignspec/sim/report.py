@@ -13,7 +13,15 @@ def _f(x: float, digits: int = 2) -> str:
     return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.{digits}f}"
 
 
-def table(scenario: Scenario, results: dict[str, RunResult]) -> str:
+ModelError = dict[str, tuple[float, float, float]]  # GPU type -> (RMS, largest, mean) relative
+
+
+def table(
+    scenario: Scenario,
+    results: dict[str, RunResult],
+    world: str = "measured",
+    errors: ModelError | None = None,
+) -> str:
     lines = [
         f"Scenario {scenario.name} (seed {scenario.seed}, {scenario.duration_s:g} s of arrivals, "
         f"{sum(g.nodes * g.gpus_per_node for g in scenario.cluster)} GPUs): {scenario.description.strip()}",
@@ -35,6 +43,7 @@ def table(scenario: Scenario, results: dict[str, RunResult]) -> str:
         )
         if r.unplaced:
             lines.append(f"{'':<30} unplaced: {r.unplaced}")
+    lines += ["", _world_line(world, errors or {})]
     lines += ["", "Per tenant (speed-up vs never; TPOT and TTFT in ms; SLO miss rate):"]
     lines.append(f"{'policy':<30} {'tenant':<16} {'speed-up':>8} {'TPOT p50':>8} {'p99':>7} {'TTFT p50':>8} "
                  f"{'p99':>8} {'miss':>6} {'goodput':>8}")  # fmt: skip
@@ -48,8 +57,34 @@ def table(scenario: Scenario, results: dict[str, RunResult]) -> str:
     return "\n".join(lines)
 
 
-def to_json(scenario: Scenario, results: dict[str, RunResult]) -> dict[str, Any]:
+def _world_line(world: str, errors: ModelError) -> str:
+    if world == "profile":
+        return (
+            "World: the profiles' own model (--world profile): every policy is judged under the "
+            "model it decides by."
+        )
+    shown = "; ".join(
+        f"{gpu} RMS {100 * rms:.0f} %, worst {100 * worst:+.0f} %, mean {100 * mean:+.0f} %"
+        for gpu, (rms, worst, mean) in sorted(errors.items())
+    )
+    return (
+        "World: measured step times (sim/truth.py), not the profiles the policies decide with. "
+        f"Profile step time against it (plain and γ=4 steps, batch 1-256, context 256-4096): {shown}."
+    )
+
+
+def to_json(
+    scenario: Scenario,
+    results: dict[str, RunResult],
+    world: str = "measured",
+    errors: ModelError | None = None,
+) -> dict[str, Any]:
     return {
+        "world": world,
+        "model_error": {
+            gpu: {"rms": round(r, 4), "worst": round(w, 4), "mean": round(m, 4)}
+            for gpu, (r, w, m) in sorted((errors or {}).items())
+        },
         "scenario": scenario.model_dump(),
         "policies": {name: r.to_dict() for name, r in results.items()},
     }

@@ -12,18 +12,22 @@ from sovereignspec.sim.scenario import Scenario
 
 
 def run_policy(
-    scenario: Scenario, profiles: ProfileSet, policy: str, check: bool = False
+    scenario: Scenario, profiles: ProfileSet, policy: str, check: bool = False, world: str = "measured"
 ) -> tuple[Simulator, RunResult]:
-    sim = Simulator(scenario, profiles, policies.make(policy), check=check).run()
+    sim = Simulator(scenario, profiles, policies.make(policy), check=check, world=world).run()
     return sim, summarise(sim)
 
 
 def run_all(
-    scenario: Scenario, profiles: ProfileSet, names: Sequence[str] | None = None, check: bool = False
+    scenario: Scenario,
+    profiles: ProfileSet,
+    names: Sequence[str] | None = None,
+    check: bool = False,
+    world: str = "measured",
 ) -> dict[str, RunResult]:
     chosen = list(names or policies.POLICIES)
     if "never" not in chosen:
         chosen.insert(0, "never")  # the reference for speed-ups
-    runs = {name: run_policy(scenario, profiles, name, check) for name in chosen}
+    runs = {name: run_policy(scenario, profiles, name, check, world) for name in chosen}
     compare(runs)
     return {name: result for name, (_, result) in runs.items()}

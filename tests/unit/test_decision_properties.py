@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import json
 import random
 from collections import defaultdict
 from typing import Any
@@ -199,8 +200,13 @@ def _every_tick_keeps_sovereignty_and_capacity(
                 pod[ann.OUT_BUDGET] == "0" and ann.OUT_VLLM not in pod and ann.OUT_SGLANG_ADAPTIVE not in pod
             )
         else:
-            assert int(pod[ann.OUT_BUDGET]) > 0
-            assert f'"num_speculative_tokens":{pod[ann.OUT_BUDGET]}' in pod[ann.OUT_VLLM]
+            # γ* at the declared batch, and what the engine may draft at most: equal, or larger
+            # through the per-batch table (light batches speculating where the declared one is 0).
+            config = json.loads(pod[ann.OUT_VLLM])
+            top, budget = config["num_speculative_tokens"], int(pod[ann.OUT_BUDGET])
+            assert top >= budget and top > 0
+            table = config.get("num_speculative_tokens_per_batch_size")
+            assert top == budget or (table and max(k for _, _, k in table) == top)
     for host, n in used.items():
         assert n <= _capacity(by_host[host]), (host, n)
         if exclusive[host]:

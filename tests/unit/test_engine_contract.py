@@ -17,6 +17,7 @@ The pinned lists below were read from the engines' source (the search tool's sto
 from __future__ import annotations
 
 import json
+import math
 import shlex
 from itertools import pairwise
 
@@ -82,7 +83,10 @@ def test_every_drafter_and_mode_hands_each_engine_only_fields_and_flags_it_has(
     assert set(flags) <= SGLANG_FLAGS and len(flags) == len(set(flags))
     value = dict(zip(words[::2], words[1::2], strict=True))
     assert value["--speculative-algorithm"] in SGLANG_ALGORITHMS
-    assert int(value["--speculative-num-draft-tokens"]) == gamma + 1
+    # SGLang's adaptive mode (EAGLE/EAGLE3) reads the table: its steps are the table's largest K;
+    # the other algorithms run the fixed γ decided at the declared batch.
+    steps = max(k for _, _, k in table) if value["--speculative-algorithm"] in {"EAGLE", "EAGLE3"} else gamma
+    assert int(value["--speculative-num-draft-tokens"]) == steps + 1
     if value["--speculative-algorithm"] == "NGRAM":  # a chain of γ tokens, as priced
         assert (
             value["--speculative-ngram-max-bfs-breadth"]
@@ -90,7 +94,7 @@ def test_every_drafter_and_mode_hands_each_engine_only_fields_and_flags_it_has(
             == "1"
         )
     else:
-        assert value["--speculative-num-steps"] == str(gamma) and value["--speculative-eagle-topk"] == "1"
+        assert value["--speculative-num-steps"] == str(steps) and value["--speculative-eagle-topk"] == "1"
     if value["--speculative-algorithm"] in {"EAGLE", "EAGLE3"}:
         adaptive = json.loads(cfg.sglang_adaptive)
         keys = sorted(int(k) for k in adaptive)
@@ -140,3 +144,49 @@ def test_the_vllm_table_is_monotone_capped_and_the_optimisers_gamma_at_each_brea
     config = json.loads(engine_config(d, model.name, cap or 8, table).vllm or "{}")
     if config:
         assert all(k <= config["num_speculative_tokens"] for _, _, k in table)
+
+
+def test_a_declared_batch_that_saturates_hands_a_table_that_speculates_only_at_light_batches() -> None:
+    from sovereignspec.engines import handoff
+
+    gpu, model, d = PROFILES.gpus["H100-SXM"], PROFILES.models["llama-3.1-8b"], PROFILES.drafters["eagle3"]
+    table = handoff(gpu, model, d, 0.7, 144.0, 8, 0.02, 1.0, math.inf, (256.0, 0))
+    assert table is not None
+    vllm_table_is_valid(table)
+    ks = [k for _, _, k in table]
+    assert ks[0] > 0 and ks == sorted(ks, reverse=True)
+    assert all(k == 0 for lo, hi, k in table if hi >= 256)  # plain at the declared batch and above
+    cfg = engine_config(d, model.name, 0, table)
+    assert json.loads(cfg.vllm)["num_speculative_tokens"] == ks[0]
+    assert "--speculative-num-steps" in cfg.sglang and cfg.sglang_adaptive  # EAGLE3 reads it adaptively
+    ngram = engine_config(PROFILES.drafters["ngram"], model.name, 0, table)
+    assert ngram.vllm and ngram.sglang == ""  # SGLang's NGRAM runs a fixed γ: 0 at the declared batch
+
+
+def test_the_hand_off_keeps_lighter_batches_at_or_above_the_decision_and_heavier_ones_at_or_below() -> None:
+    from sovereignspec.engines import handoff
+
+    gpu, model, d = PROFILES.gpus["H100-SXM"], PROFILES.models["llama-3.1-8b"], PROFILES.drafters["eagle3"]
+    for declared, gamma in ((16.0, 3), (48.0, 2), (96.0, 1)):
+        table = handoff(gpu, model, d, 0.8, 1024.0, 8, 0.02, 0.9, math.inf, (declared, gamma))
+        assert table is not None
+        for _, hi, k in table:
+            if hi >= declared:
+                assert k <= gamma, (declared, table)
+            else:
+                assert k >= gamma, (declared, table)
+
+
+def test_no_batch_that_pays_is_plain_decode() -> None:
+    from sovereignspec.engines import handoff
+
+    gpu, model = PROFILES.gpus["H100-SXM"], PROFILES.models["llama-3.1-8b"]
+    assert (
+        handoff(gpu, model, PROFILES.drafters["eagle3"], 0.05, 1024.0, 8, 0.02, 1.0, math.inf, (8.0, 0))
+        is None
+    )
+    assert handoff(gpu, model, None, 0.9, 1024.0, 8, 0.02, 1.0, math.inf, (8.0, 0)) is None
+    assert (
+        handoff(gpu, model, PROFILES.drafters["eagle3"], 0.9, 1024.0, 0, 0.02, 1.0, math.inf, (8.0, 0))
+        is None
+    )

@@ -151,3 +151,30 @@ def test_the_launcher_installs_as_one_standard_library_file_that_runs_on_its_own
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "--speculative-config" in proc.stdout
+
+
+def test_legacy_vllm_runs_plain_when_only_light_batches_would_speculate(tmp_path) -> None:
+    from sovereignspec.launch import plan
+
+    notes = {
+        "sovereignspec.io/mode": "speculative",
+        "sovereignspec.io/draft-budget": "0",
+        "sovereignspec.io/vllm-speculative-config": json.dumps(
+            {"method": "eagle3", "num_speculative_tokens": 4,
+             "num_speculative_tokens_per_batch_size": [[1, 16, 4], [17, 512, 0]]}
+        ),
+    }  # fmt: skip
+    command = ["vllm", "serve", "m"]
+    out, line, _ = plan(notes, "vllm", command, tmp_path, vllm_legacy=True)
+    assert out == command and "plain decode" in line and "0.24" in line
+    out, line, _ = plan(notes, "vllm", command, tmp_path)
+    assert out[-2] == "--speculative-config" and "only at lighter batches" in line
+
+
+def test_sglang_runs_plain_when_its_fixed_gamma_is_zero(tmp_path) -> None:
+    from sovereignspec.launch import plan
+
+    notes = {"sovereignspec.io/mode": "speculative", "sovereignspec.io/draft-budget": "0",
+             "sovereignspec.io/sglang-args": ""}  # fmt: skip
+    out, line, _ = plan(notes, "sglang", ["python3", "-m", "sglang.launch_server"], tmp_path)
+    assert out == ["python3", "-m", "sglang.launch_server"] and "plain decode" in line
