@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 OUT ?= out
 
-.PHONY: venv lint format typecheck test unit run demo regimes simulate bench bench-operator bench-sim clean binaries cluster-up cluster-down pod-e2e image
+.PHONY: venv lint format typecheck test unit run demo regimes calibration-figure simulate bench bench-operator bench-sim clean binaries cluster-up cluster-down pod-e2e image
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -57,6 +57,10 @@ run: demo
 regimes: venv
 	mkdir -p $(OUT)
 	$(BIN)/sovereignspec regimes --alphas 0.6,0.8 --plot $(OUT)/regimes.png
+
+# The calibrated model against the published data it is fitted to and tested against.
+calibration-figure: venv
+	$(BIN)/python -c "from sovereignspec.plots import plot_calibration; from sovereignspec.profiles import load_profiles; plot_calibration(load_profiles(), 'docs/figures/calibration.png')"
 
 bench: venv
 	$(BIN)/python -m benchmarks

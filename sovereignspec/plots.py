@@ -139,3 +139,75 @@ def plot_simulation(
     plt.close(fig)
     written.append(str(path))
     return written
+
+
+def plot_calibration(profiles: ProfileSet, path: str) -> None:
+    """The calibrated model against the data it answers to: the H100 step time against the
+    SpecDecode-Bench vLLM fit (batch 1-64, plain and γ = 4 verification, 1K and 4K context), and
+    MagicDec's measured T_V/T_AR on A100 against the model's, row by row."""
+    import csv
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from sovereignspec.core.roofline import roofline_for
+    from sovereignspec.profiles import default_profile_dir
+    from sovereignspec.sim import truth
+
+    fig, (left, right, world) = plt.subplots(1, 3, figsize=(16, 4.4))
+    roof = roofline_for(profiles.gpus["H100-SXM"], profiles.models["llama-3.1-8b"])
+    batches = [1, 2, 4, 8, 16, 24, 32, 48, 64]
+    for ctx, q, style in ((1024, 1, "o-"), (1024, 5, "s-"), (4096, 1, "^-"), (4096, 5, "d-")):
+        fit = [
+            1e3
+            * (b * ctx * truth.FIT_C_KV + b * q * truth.FIT_C_QUERY + truth.FIT_C_FIXED + truth.FIT_OVERHEAD)
+            for b in batches
+        ]
+        model = [1e3 * float(roof.step_time(b * q, b, ctx)) for b in batches]
+        line = left.plot(batches, fit, style, markersize=4, label=f"vLLM fit, ctx {ctx}, {q} query tok/seq")[
+            0
+        ]
+        left.plot(batches, model, ":", color=line.get_color(), linewidth=2)
+    left.set_xlabel("batch (sequences)")
+    left.set_ylabel("step time, ms")
+    left.set_title("H100, Llama-3.1-8B: profile (dotted) vs vLLM fit", fontsize=10)
+    left.legend(fontsize=7)
+
+    with (default_profile_dir() / "measurements" / "magicdec_a100_table3.csv").open() as f:
+        rows = [r for r in csv.reader(f) if r and not r[0].startswith("#")]
+    measured, predicted, colours = [], [], []
+    for r in rows:
+        model_name = "llama-3.1-8b" if "3.1" in r[1] else "llama-2-7b-32k"
+        a100 = roofline_for(profiles.gpus["A100-80G-SXM"], profiles.models[model_name], 8)
+        context, seqs = float(r[5]), float(r[6])
+        measured.append(float(r[9]) / float(r[11]))
+        predicted.append(float(a100.step_time(3 * seqs, seqs, context) / a100.step_time(seqs, seqs, context)))
+        colours.append("tab:blue" if model_name == "llama-3.1-8b" else "tab:orange")
+    right.scatter(measured, predicted, c=colours, s=14)
+    lo, hi = min(measured + predicted) - 0.02, max(measured + predicted) + 0.02
+    right.plot([lo, hi], [lo, hi], color="grey", linewidth=0.8)
+    right.fill_between([lo, hi], [lo - 0.1, hi - 0.1], [lo + 0.1, hi + 0.1], color="grey", alpha=0.15)
+    right.set_xlabel("measured T_V/T_AR (γ = 2)")
+    right.set_ylabel("profile T_V/T_AR")
+    right.set_title("A100 TP8, MagicDec rows (band ±0.10)", fontsize=10)
+
+    # Where no calibration data reaches: the profile against the simulator's measured world.
+    h100 = truth.measured_gpu(profiles.gpus["H100-SXM"], profiles.models["llama-3.1-8b"])
+    wide = [1, 8, 16, 32, 64, 96, 128, 192, 256]
+    for q, style in ((1, "o-"), (5, "s-")):
+        measured_world = [1e3 * h100.step(b * q, b, 1024, noisy=False) for b in wide]
+        line = world.plot(
+            wide, measured_world, style, markersize=4, label=f"measured world, {q} query tok/seq"
+        )[0]
+        profile = [1e3 * float(roof.step_time(b * q, b, 1024)) for b in wide]
+        world.plot(wide, profile, ":", color=line.get_color(), linewidth=2)
+    world.axvline(64, color="grey", linestyle="--", linewidth=0.8)
+    world.set_xlabel("batch (sequences), context 1024")
+    world.set_ylabel("step time, ms")
+    world.set_title("H100: profile (dotted) vs the simulator's world", fontsize=10)
+    world.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -148,7 +148,12 @@ def decision_notes(
     }
     drafter = profiles.drafters.get(req.drafter) if req.drafter else None
     table = None
-    if handoff_allowed and record.headroom is not None:
+    # The workload's own limits on speculation hold for the table too: a bad annotation (plain for
+    # speed reasons), its gamma-max.
+    gamma_max = (
+        0 if req.force_plain else min(spec.gamma_max, req.gamma_max if req.gamma_max is not None else 99)
+    )
+    if handoff_allowed and record.headroom is not None and gamma_max > 0:
         # The engine's per-batch budget, judged at the chosen GPU's load and neighbours' bound: it
         # may speculate at light batches even where γ* at the declared batch is 0.
         table = handoff(
@@ -157,7 +162,7 @@ def decision_notes(
             drafter,
             req.alpha,
             float(req.context),
-            spec.gamma_max,
+            gamma_max,
             spec.self_benefit_margin,
             record.headroom,
             record.step_limit_s,

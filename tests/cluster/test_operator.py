@@ -44,14 +44,15 @@ def test_an_idle_gpu_and_a_high_acceptance_latency_workload_is_admitted_speculat
     gamma = int(notes["sovereignspec.io/draft-budget"])
     assert gamma >= 1
     vllm = json.loads(notes["sovereignspec.io/vllm-speculative-config"])
-    assert (
-        vllm["method"] == "eagle3" and vllm["num_speculative_tokens"] == gamma and "EAGLE3" in vllm["model"]
-    )
-    assert f"--speculative-num-steps {gamma}" in notes["sovereignspec.io/sglang-args"]
     table = vllm["num_speculative_tokens_per_batch_size"]
-    assert table[0][0] == 1 and max(k for _, _, k in table) == gamma
+    top = max(k for _, _, k in table)
+    # γ* at the declared batch (the policy's default max-num-seqs, 8); lighter batches may go further.
+    assert table[0][0] == 1 and top >= gamma
+    assert all(k <= gamma for _, hi, k in table if hi >= 8)
+    assert vllm["method"] == "eagle3" and vllm["num_speculative_tokens"] == top and "EAGLE3" in vllm["model"]
+    assert f"--speculative-num-steps {top}" in notes["sovereignspec.io/sglang-args"]
     adaptive = json.loads(notes["sovereignspec.io/sglang-adaptive-config"])
-    assert max(max(v["candidate_steps"]) for v in adaptive.values()) == gamma
+    assert max(max(v["candidate_steps"]) for v in adaptive.values()) == top
     assert job.spec.template.spec.node_selector["kubernetes.io/hostname"] == node
     assert "S_real=" in event(pool, "SpeculativeDecode").message
 
@@ -85,7 +86,8 @@ def test_no_node_of_the_flavor_in_the_jurisdiction_is_rejected_with_that_reason(
     state, message = outcome(pool, "kr-only")
     assert state == "Rejected" and "jurisdiction kr" in message
     assert event(pool, "Rejected").type == "Warning"
-    assert workload_of(pool, "kr-only")["spec"]["active"] is False  # Kueue deactivated it
+    # Kueue deactivates it after our Rejected lands: a moment later, not in the same instant.
+    wait_until(lambda: workload_of(pool, "kr-only")["spec"].get("active") is False, 30, what="deactivated")
 
 
 def test_an_exclusive_tenant_never_shares_a_node_in_either_direction(env, namespace):
