@@ -480,7 +480,7 @@ class Simulator:
             r = self.replicas[rid]
             gamma = r.current if gammas is None else gammas.get(rid, r.current)
             if gamma > 0 and r.draft is not None:
-                if not plain:
+                if not plain and r.draft.needs_plain:
                     plain = world.step(s, s, ctx)
                 total += r.draft.seconds(gamma, count, ctx, verify, plain)
         return total

@@ -38,7 +38,7 @@ from __future__ import annotations
 import bisect
 import csv
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
@@ -59,6 +59,7 @@ FIT_KV_BYTES = 131072.0  # Llama-3.1-8B bf16 KV bytes per token
 FIT_H100_BANDWIDTH = 3.35e12  # datasheet, for scaling the fit's rates to other GPUs
 
 NOISE = 0.03  # the spread of per-configuration deviations (relative)
+_TABULATED = 8192  # query tokens per step tabulated for the linear layers
 
 # The vidur table each simulated GPU and model is built from: (sku, model) and the datasheet
 # (bandwidth B/s, dense bf16 FLOP/s) of the profiled SKU.
@@ -184,25 +185,37 @@ class MeasuredGpu:
     weight_flops_per_token: float
     peak_flops: float
     salt: int  # per GPU type: its own configuration deviations
+    # The simulator's hot path asks for integer query tokens again and again: the linear layers
+    # tabulated per token count, and each configuration's deviation remembered.
+    _linear_at: list[float] = field(default_factory=list, compare=False, repr=False)
+    _deviations: dict[int, float] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._linear_at.extend(self.linear(float(n)) for n in range(_TABULATED))
 
     def step(self, n_tokens: float, n_seqs: float, ctx: float, noisy: bool = True) -> float:
         if n_seqs <= 0:
             return 0.0
         kv = n_seqs * ctx * self.kv_bytes_per_token / self.kv_bandwidth
         attention = n_tokens * self.attention_flops_per_token_per_ctx * ctx / self.attention_flops
-        t = (
-            self.linear(n_tokens)
-            + (kv if kv > attention else attention)
-            + self.c_token * n_tokens
-            + self.t_fixed
-        )
-        return t * _deviation(self.salt, int(n_tokens), int(n_seqs)) if noisy else t
+        n = int(n_tokens)
+        linear = self._linear_at[n] if n == n_tokens and n < _TABULATED else self.linear(n_tokens)
+        t = linear + (kv if kv > attention else attention) + self.c_token * n_tokens + self.t_fixed
+        if not noisy:
+            return t
+        key = n << 20 | int(n_seqs)
+        deviation = self._deviations.get(key)
+        if deviation is None:
+            deviation = self._deviations[key] = _deviation(self.salt, n, int(n_seqs))
+        return t * deviation
 
     def prefill(self, tokens: float, n_new: int) -> float:
         """A prefill step of `tokens` prompt tokens over `n_new` new sequences (compute-bound)."""
         ctx = tokens / n_new
         attention = tokens * self.attention_flops_per_token_per_ctx * ctx / 2 / self.attention_flops
-        return self.linear(tokens) + attention + self.t_fixed
+        n = int(tokens)
+        linear = self._linear_at[n] if n == tokens and n < _TABULATED else self.linear(tokens)
+        return linear + attention + self.t_fixed
 
     def tensor_activity(self, n_tokens: float, ctx: float, step_s: float) -> float:
         """What DCGM's tensor-pipe activity reads: the query tokens' FLOPs at peak, over the step."""

@@ -13,7 +13,6 @@ import math
 from dataclasses import dataclass
 from typing import Protocol
 
-from sovereignspec.core.roofline import headroom_from_tensor_activity
 from sovereignspec.core.scalar import Coeffs
 from sovereignspec.core.specs import DrafterSpec, GpuSpec, ModelSpec
 from sovereignspec.sim import truth
@@ -26,6 +25,9 @@ DRAFT_MODEL = ModelSpec("llama-3.2-1b", 1.24e9, 16, 2048, 8, 64, 2.0, 2.0, 1)
 
 
 class Draft(Protocol):
+    @property
+    def needs_plain(self) -> bool: ...  # priced against the GPU's plain step (then computed)
+
     def seconds(self, gamma: int, seqs: float, ctx: float, verify_s: float, plain_s: float) -> float: ...
 
 
@@ -40,6 +42,7 @@ class World(Protocol):
 class _RelativeDraft:
     cost: float
     overhead: float
+    needs_plain: bool = True
 
     def seconds(self, gamma: int, seqs: float, ctx: float, verify_s: float, plain_s: float) -> float:
         return (gamma * self.cost + self.overhead) * plain_s if gamma > 0 else 0.0
@@ -66,6 +69,7 @@ class ProfileWorld:
 @dataclass(frozen=True)
 class _MeasuredDraft:
     drafting: truth.Drafting
+    needs_plain: bool = False
 
     def seconds(self, gamma: int, seqs: float, ctx: float, verify_s: float, plain_s: float) -> float:
         return self.drafting.seconds(gamma, seqs, ctx, verify_s)
@@ -85,8 +89,9 @@ class MeasuredWorld:
         return self.physics.prefill(tokens, n_new)
 
     def headroom(self, n_tokens: float, n_seqs: float, ctx: float, step_s: float) -> float:
-        activity = self.physics.tensor_activity(n_tokens, ctx, step_s)
-        return float(headroom_from_tensor_activity(activity, self.profile_efficiency))
+        # headroom_from_tensor_activity, in floats: this runs once per batch change.
+        used = self.physics.tensor_activity(n_tokens, ctx, step_s) / self.profile_efficiency
+        return 1.0 - (used if used < 1.0 else 1.0)
 
     def draft(self, drafter: DrafterSpec) -> Draft:
         model = DRAFT_MODEL if drafter.kind == "draft-model" else None
