@@ -2,8 +2,6 @@
 the step-time arithmetic."""
 
 import itertools
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,20 +13,9 @@ from sovereignspec.core.calibration import Measurement, fit
 from sovereignspec.core.predict import predict
 from sovereignspec.core.roofline import roofline_for, tensor_parallel_for
 from sovereignspec.core.scalar import Coeffs
+from tests.unit.test_cli import run
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def run(*args, cwd=REPO):
-    proc = subprocess.run(
-        [sys.executable, "-m", "sovereignspec", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-        cwd=cwd,
-    )
-    return proc.returncode, proc.stdout, proc.stderr
 
 
 @pytest.mark.parametrize(

@@ -2,19 +2,24 @@ import contextlib
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from sovereignspec.cli import main
 
+REPO = Path(__file__).resolve().parents[2]
 
-def run(*args):
+
+def run(*args, timeout=300):
+    """`sovereignspec ARGS` as a user runs it, from the repository root: (exit code, stdout, stderr)."""
     proc = subprocess.run(
         [sys.executable, "-m", "sovereignspec", *args],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=timeout,
         check=False,
+        cwd=REPO,
     )
     return proc.returncode, proc.stdout, proc.stderr
 

@@ -2,8 +2,6 @@
 `sovereignspec calibrate` on what it wrote: the coefficients come back."""
 
 import shutil
-import subprocess
-import sys
 from dataclasses import replace
 
 import pytest
@@ -12,6 +10,7 @@ import yaml
 from sovereignspec.core.roofline import roofline_for
 from sovereignspec.profiles import default_profile_dir
 from tests.standin_engine import StandInEngine
+from tests.unit.test_cli import run
 
 # A GPU of its own with a ridge at a few dozen tokens, so that a short sweep crosses it.
 DATASHEET = {
@@ -37,17 +36,6 @@ TRUTH = {
     "step_overhead_s": 4e-3,
     "serial_fraction": 0.3,
 }
-
-
-def run(*args, timeout=600):
-    proc = subprocess.run(
-        [sys.executable, "-m", "sovereignspec", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-    return proc.returncode, proc.stdout, proc.stderr
 
 
 @pytest.fixture(scope="module")
