@@ -6,9 +6,13 @@ tokens each), at every point of a grid of concurrencies and prompt lengths, and 
 `sovereignspec calibrate` reads: one row per point with the batch the engine reported running,
 the mean context over the decode, the query tokens per sequence and the step time.
 
-An engine streams one chunk per request per step, so the step time is the interval between a
-request's chunks, timed only while every request of the point is decoding (the median over the
-point's requests). An engine that speculates verifies γ+1 query tokens per sequence and emits τ
+Every stream connects first and all send together, so that a point's requests join one batch. An
+engine streams one chunk per request per step, so the step time is the interval between a request's
+chunks, timed only while every request of the point is decoding (a robust slope per request, the
+median over the requests); a point whose requests never all decoded at once is run again with a
+longer decode, then refused, rather than filed as a batch it was not.
+
+An engine that speculates verifies γ+1 query tokens per sequence and emits τ
 tokens per step: its speculative counters (vLLM's `spec_decode_num_*`) give both, and its TPOT is
 step/τ. A plain engine has one query token and one token per step.
 
@@ -146,13 +150,27 @@ def _first(metrics: dict[str, float], names: Sequence[str], suffix: str = "") ->
     return next((metrics[n + suffix] for n in names if n + suffix in metrics), None)
 
 
+class NotTogetherError(ConfigError):
+    """A point's requests never all decoded in one batch (so its step is not that batch's)."""
+
+
 @dataclass
 class _Stream:
     arrivals: list[float] = field(default_factory=list)  # times of the chunks that carry tokens
 
 
-def _stream_one(engine: Engine, prompt: list[int], tokens: int, out: _Stream, errors: list[str]) -> None:
-    """One streaming completion, recording when each token-carrying chunk arrives."""
+def _stream_one(
+    engine: Engine,
+    prompt: list[int],
+    tokens: int,
+    out: _Stream,
+    errors: list[str],
+    start: threading.Barrier,
+) -> None:
+    """One streaming completion, recording when each token-carrying chunk arrives. The connection
+    is opened first and the request sent only when every stream of the point is connected: threads
+    and connections take a while to start, and requests trickling in would decode in smaller
+    batches (at high concurrency, the first would finish before the last had joined)."""
     body = json.dumps(
         {
             "model": engine.served_model,
@@ -166,6 +184,17 @@ def _stream_one(engine: Engine, prompt: list[int], tokens: int, out: _Stream, er
     )
     conn = engine.connection()
     try:
+        try:
+            conn.connect()
+        except OSError as exc:
+            errors.insert(0, f"connect: {exc}")
+            start.abort()  # the others must not wait for a stream that will never start
+            return
+        try:
+            start.wait()
+        except threading.BrokenBarrierError:
+            errors.append(f"not every stream connected within {engine.timeout:g} s")
+            return
         conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
         resp = conn.getresponse()
         if resp.status != 200:
@@ -197,6 +226,7 @@ def measure(
     before = engine.metrics() if engine.has_metrics else None
     streams = [_Stream() for _ in range(concurrency)]
     errors: list[str] = []
+    start = threading.Barrier(concurrency, timeout=engine.timeout)
     threads = [
         threading.Thread(
             target=_stream_one,
@@ -206,6 +236,7 @@ def measure(
                 output_tokens,
                 st,
                 errors,
+                start,
             ),
             daemon=True,
         )
@@ -236,9 +267,21 @@ def measure(
     steps = []
     for a in full:
         inside = [t for t in a if lo <= t <= hi]
-        if len(inside) < 3:  # no common window: the whole decode of this request
-            inside = a[1:]
-        steps.append((inside[-1] - inside[0]) / (len(inside) - 1))
+        if len(inside) < 3:
+            # No common window: the batch this request decoded in was never the point's. A number
+            # from it would be a smaller batch's step filed under this one.
+            raise NotTogetherError(
+                f"{engine.base}: at concurrency {concurrency}, prompt {prompt_tokens}: the requests "
+                f"never all decoded together (the first finished before the last had joined: the engine "
+                f"caps its batch, e.g. vLLM's --max-num-seqs, or the decode is too short); accepted: a "
+                f"concurrency within the engine's batch limit, or more --output-tokens ({output_tokens} here)"
+            )
+        # The median of the slopes across half the window: a chunk that arrives late (the engine's
+        # or this host's scheduler) shifts one slope in a dozen, not the end point of the only one.
+        half = len(inside) // 2
+        steps.append(
+            statistics.median((inside[i + half] - inside[i]) / half for i in range(len(inside) - half))
+        )
     step = statistics.median(steps)
     after = engine.metrics() if engine.has_metrics else None
     query, tau = _speculation(before, after)
@@ -256,6 +299,30 @@ def measure(
         kv_usage=max(kv) if kv else None,
         requests=len(full),
     )
+
+
+def _measure_together(
+    engine: Engine,
+    concurrency: int,
+    prompt_tokens: int,
+    output_tokens: int,
+    rng: random.Random,
+    progress: TextIO,
+) -> Point:
+    """`measure`, with the decode doubled (twice at most) when the requests did not all join before
+    the first finished: a busy client or engine host staggers their start."""
+    for attempt in range(3):
+        try:
+            return measure(engine, concurrency, prompt_tokens, output_tokens << attempt, rng)
+        except NotTogetherError:
+            if attempt == 2:
+                raise
+            print(
+                f"\nprofile: concurrency {concurrency}, prompt {prompt_tokens}: the requests did not all "
+                f"decode together; again with {output_tokens << (attempt + 1)} output tokens",
+                file=progress,
+            )
+    raise AssertionError("unreachable")
 
 
 def _speculation(before: dict[str, float] | None, after: dict[str, float] | None) -> tuple[float, float]:
@@ -301,7 +368,8 @@ def run(
             break
         # Each point `repeats` times, the median kept: a hiccup of the host spoils one run, not the point.
         runs = sorted(
-            (measure(engine, c, p, output_tokens, rng) for _ in range(repeats)), key=lambda x: x.step_ms
+            (_measure_together(engine, c, p, output_tokens, rng, progress) for _ in range(repeats)),
+            key=lambda x: x.step_ms,
         )
         point = runs[len(runs) // 2]
         points.append(point)

@@ -10,6 +10,7 @@ work of handing tokens out does not add to the step time clients see.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import queue
 import threading
@@ -36,8 +37,10 @@ class StandInEngine:
         model: str = "stand-in-model",
         kv_capacity_tokens: float = 1e7,
         prefill_time: Callable[[int], float] = lambda tokens: 0.005,
+        max_running: int = 1 << 30,  # vLLM's --max-num-seqs: the rest wait
     ):
         self.step_time, self.model, self.kv_capacity = step_time, model, kv_capacity_tokens
+        self.max_running = max_running
         self.prefill_time = prefill_time
         self._waiting: queue.Queue[_Request] = queue.Queue()
         self._running: list[_Request] = []
@@ -128,13 +131,13 @@ class StandInEngine:
         deadline = time.perf_counter()
         while not self._stop.is_set():
             new: list[_Request] = []
-            while True:
+            with self._lock:
+                running = list(self._running)
+            while len(running) + len(new) < self.max_running:
                 try:
                     new.append(self._waiting.get_nowait())
                 except queue.Empty:
                     break
-            with self._lock:
-                running = list(self._running)
             if not new and not running:
                 time.sleep(0.0005)
                 deadline = time.perf_counter()
@@ -163,3 +166,37 @@ class StandInEngine:
         self._stop.set()
         self._server.shutdown()
         self._server.server_close()
+
+
+class StandInProcess:
+    """A StandInEngine in a forked process of its own, as a real engine is: its threads then do not
+    share the interpreter lock with the client's, and a busy client does not slow its steps."""
+
+    def __init__(self, step_time: StepTime, **kwargs: object):
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("fork")  # the step-time closure is inherited, not pickled
+        parent, child = ctx.Pipe()
+        self._process = ctx.Process(target=self._serve, args=(child, step_time, kwargs), daemon=True)
+        self._process.start()
+        if not parent.poll(30):
+            self._process.kill()
+            raise RuntimeError("the stand-in engine did not start within 30 s")
+        self.port: int = parent.recv()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._pipe = parent
+
+    @staticmethod
+    def _serve(pipe: object, step_time: StepTime, kwargs: dict[str, object]) -> None:
+        engine = StandInEngine(step_time, **kwargs)  # type: ignore[arg-type]
+        pipe.send(engine.port)  # type: ignore[attr-defined]
+        with contextlib.suppress(EOFError):  # anything, or EOF when the parent goes
+            pipe.recv()  # type: ignore[attr-defined]
+        engine.close()
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._pipe.send("stop")
+        self._process.join(10)
+        if self._process.is_alive():
+            self._process.kill()
