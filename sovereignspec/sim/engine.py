@@ -83,6 +83,9 @@ class Replica:
     alpha_est: float = 0.6
     switched_off: bool = False  # for acceptance-threshold policies
     predicted_tpot_s: float | None = None  # what the placing policy predicted (until TPOT is measured)
+    # Its requests' TPOT as the engine's histogram shows it (prefill stalls and all), a running mean
+    # over finished requests: what the operator reads from Prometheus. None until one finishes.
+    tpot_measured_s: float | None = None
 
 
 @dataclass(slots=True)
@@ -347,6 +350,10 @@ class Simulator:
             g.regamma.add(req.replica)
         self.routers[replica.tenant].release(replica)
         g.ctx_sum -= req.prompt + req.output / 2
+        if req.output > 1:
+            tpot = (when - req.t_first) / (req.output - 1)
+            m = replica.tpot_measured_s
+            replica.tpot_measured_s = tpot if m is None else 0.9 * m + 0.1 * tpot
         if req.drafts:
             # What vLLM's per-position counters give: the first drafted token's acceptance is α.
             replica.alpha_est = 0.9 * replica.alpha_est + 0.1 * req.first_accepted / req.drafts

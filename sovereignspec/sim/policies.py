@@ -234,15 +234,13 @@ class SovereignSpec(SimPolicy):
                 continue
             headroom = sim.true_headroom(g) if self.know_truth else sim.reading(g, sim.now)
             ratio, binding = math.inf, None
-            step = sim.step_time(g)
             for rid in g.replicas:
                 r = sim.replicas[rid]
                 t = sim.scenario.tenants[r.tenant]
-                if step and r.active:
-                    tpot = step / float(tau(r.alpha_est, r.current))  # what vLLM's TPOT histogram shows
-                elif r.predicted_tpot_s:
-                    tpot = r.predicted_tpot_s  # no traffic yet: the prediction made when it was placed
-                else:
+                # As the operator reads it: the engine's measured TPOT (the world's, not the
+                # policy's model of it), else the prediction made when it was placed.
+                tpot = r.tpot_measured_s or r.predicted_tpot_s
+                if not tpot:
                     continue
                 if t.tpot_slo_ms / 1e3 / tpot < ratio:
                     ratio, binding = t.tpot_slo_ms / 1e3 / tpot, t.name

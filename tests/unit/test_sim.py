@@ -136,6 +136,28 @@ def test_the_simulated_world_is_not_the_policies_model() -> None:
     assert measured != pytest.approx(own, rel=1e-3)
 
 
+def test_the_neighbour_bound_reads_the_engines_measured_tpot_not_the_policys_model() -> None:
+    # What the operator reads from Prometheus is the engine's TPOT histogram: the world's steps,
+    # prefill stalls included. A policy judged on its own model's TPOT would be judged too kindly.
+    # A third engine slot per GPU, so that the view (which lists only GPUs with a free slot) has them.
+    scenario = load("shared-engine").model_copy(update={"duration_s": 60.0, "replicas_per_gpu": 3})
+    sim, _ = run_policy(scenario, load_profiles(), "sovereignspec")
+    done = [q for q in sim.requests if q.t_finish == q.t_finish and q.output > 1]
+    for r in sim.replicas:
+        mine = [(q.t_finish - q.t_first) / (q.output - 1) for q in done if q.replica == r.id]
+        assert r.tpot_measured_s is not None and min(mine) <= r.tpot_measured_s <= max(mine)
+    voice = next(r for r in sim.replicas if scenario.tenants[r.tenant].name == "voice")
+    assert voice.predicted_tpot_s and voice.tpot_measured_s != pytest.approx(voice.predicted_tpot_s, rel=0.02)
+    view = sim.policy._view(sim, [])  # type: ignore[attr-defined]
+    gpu = next(
+        g for g in view.gpus if (g.node, g.index) == (sim.gpus[voice.gpu].node, sim.gpus[voice.gpu].index)
+    )
+    # The tightest neighbour on the voice replica's GPU is the voice tenant, at its measured TPOT
+    # (before the policy's ledger load and margin are applied).
+    assert gpu.binding_neighbour == "voice"
+    assert gpu.slo_ratio == pytest.approx(13e-3 / voice.tpot_measured_s, rel=1e-9)
+
+
 def test_the_report_states_the_world_and_the_models_error() -> None:
     text = report.table(load("idle"), results("idle"), "measured", {"H100-SXM": (0.1, -0.2, -0.05)})
     assert "World: measured step times" in text and "H100-SXM RMS 10 %, worst -20 %, mean -5 %" in text
