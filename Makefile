@@ -76,7 +76,7 @@ simulate: venv
 # Admission latency (500 Jobs, SovereignSpec vs a trivial check) and operator memory, on the local
 # control plane with 2,000 simulated GPUs.
 bench-operator: venv binaries
-	$(BIN)/python -m benchmarks.operator
+	$(BIN)/python -m benchmarks.operator $(ARGS)
 
 clean:
 	rm -rf $(VENV) $(OUT) .mypy_cache .ruff_cache .pytest_cache .hypothesis

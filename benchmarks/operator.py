@@ -6,11 +6,18 @@ identical ClusterQueues over them, one with the SovereignSpec AdmissionCheck, on
 check answered by this benchmark itself (a watch that writes Ready by server-side apply as soon as
 quota is reserved). 500 Jobs go to each queue, interleaved. For every Workload the benchmark
 notes, from its own watch, when QuotaReserved and when Admitted became true, and reports the
-median and p99 of the difference per queue and their ratio, and the operator's peak RSS.
+median and p99 of the difference per queue and their ratio, the operator's peak RSS and CPU
+seconds, and the API server's requests during the burst by verb and resource, per decided workload
+(`apiserver_request_total` before and after: every client's requests, Kueue's and this benchmark's
+too; only the operator LISTs per decision).
+
+`--jobs N` (per queue) and `--gpus N` (8 per node) size it: `make bench-operator ARGS="--jobs 5000"`.
 """
 
 from __future__ import annotations
 
+import argparse
+import math
 import secrets
 import statistics
 import sys
@@ -19,6 +26,7 @@ import time
 from typing import Any, cast
 
 from kubernetes import client, watch
+from prometheus_client.parser import text_string_to_metric_families
 
 from sovereignspec.localdev import controlplane
 from sovereignspec.localdev import kueue as k
@@ -37,6 +45,22 @@ OURS = "sovereignspec.io/bench"
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def api_requests(api: client.ApiClient) -> dict[tuple[str, str], float]:
+    """The API server's request counters so far: (verb, resource) -> requests, over every code."""
+    text = api.call_api(
+        *api.param_serialize(method="GET", resource_path="/metrics", auth_settings=["BearerToken"])
+    ).read()
+    counts: dict[tuple[str, str], float] = {}
+    for family in text_string_to_metric_families(text.decode()):
+        if family.name != "apiserver_request":
+            continue
+        for sample in family.samples:
+            if sample.name == "apiserver_request_total":
+                key = (sample.labels.get("verb", ""), sample.labels.get("resource", ""))
+                counts[key] = counts.get(key, 0.0) + sample.value
+    return counts
 
 
 def job(name: str, namespace: str, queue: str, i: int) -> dict[str, Any]:
@@ -111,7 +135,19 @@ class TrivialCheck:
                     break
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.operator", description=__doc__.split("\n")[0])
+    parser.add_argument("--jobs", type=int, default=JOBS, help=f"Jobs per queue (default {JOBS})")
+    parser.add_argument(
+        "--gpus",
+        type=int,
+        default=NODES * GPUS_PER_NODE,
+        help=f"GPUs, {GPUS_PER_NODE} per node (default 2000)",
+    )
+    args = parser.parse_args(argv)
+    if args.jobs < 1 or args.gpus < 1:
+        parser.error("--jobs and --gpus: accepted: positive integers")
+    jobs, nodes = args.jobs, math.ceil(args.gpus / GPUS_PER_NODE)
     controlplane.up()
     api = controlplane.api_client()
     install(api)
@@ -119,9 +155,9 @@ def main() -> int:
     telemetry = SyntheticTelemetry()
     prometheus = LocalPrometheus(scrape_interval="2s").start()
     prometheus.set_targets("synthetic", [telemetry.target])
-    print(f"creating {NODES} nodes x {GPUS_PER_NODE} GPUs ...", flush=True)
+    print(f"creating {nodes} nodes x {GPUS_PER_NODE} GPUs ...", flush=True)
     products = ["NVIDIA-H100-80GB-HBM3", "NVIDIA-A100-SXM4-80GB", "NVIDIA-H200", "NVIDIA-GeForce-RTX-4090"]
-    for i in range(NODES):
+    for i in range(nodes):
         name = f"bench-{token}-{i:03d}"
         cap = {"cpu": "128", "memory": "1Ti", "pods": "110", "nvidia.com/gpu": str(GPUS_PER_NODE)}
         labels = {
@@ -134,7 +170,7 @@ def main() -> int:
         apply_node(api, {**node, "status": {"capacity": cap, "allocatable": cap}})
         for g in range(GPUS_PER_NODE):
             telemetry.set_headroom(name, g, ((i * GPUS_PER_NODE + g) % 20) / 20)
-    while len(prometheus.query("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE")) < NODES * GPUS_PER_NODE:
+    while len(prometheus.query("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE")) < nodes * GPUS_PER_NODE:
         time.sleep(1)
 
     flavor, ours_check, trivial_check = f"bench-{token}", f"bench-ours-{token}", f"bench-trivial-{token}"
@@ -148,7 +184,7 @@ def main() -> int:
     namespaces = {}
     for label, check in (("ours", ours_check), ("trivial", trivial_check)):
         name = f"bench-{label}-{token}"
-        k.apply(api, k.cluster_queue(name, {flavor: NODES * GPUS_PER_NODE}, [check], cpu="100000"), "bench")
+        k.apply(api, k.cluster_queue(name, {flavor: nodes * GPUS_PER_NODE}, [check], cpu="100000"), "bench")
         client.CoreV1Api(api).create_namespace(cast(Any, {"metadata": {"name": name}}))
         k.apply(api, k.local_queue("q", name, name), "bench")
         namespaces[label] = name
@@ -157,16 +193,19 @@ def main() -> int:
     trivial = TrivialCheck(api, namespaces["trivial"], trivial_check)
     recorder = Recorder(api, dict.fromkeys(namespaces.values(), "q"))
     time.sleep(2)
-    print(f"submitting {JOBS} jobs to each queue ...", flush=True)
+    print(f"submitting {jobs} jobs to each queue ...", flush=True)
+    requests_before, cpu_before = api_requests(api), operator.cpu_seconds()
     started = time.monotonic()
-    for i in range(JOBS):
+    for i in range(jobs):
         for label in ("ours", "trivial"):
             server_side_apply(api, job(f"j{i:03d}", namespaces[label], "q", i), "bench")
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline and len(recorder.admitted) < 2 * JOBS:
+    deadline = time.monotonic() + max(600.0, 0.5 * jobs)
+    while time.monotonic() < deadline and len(recorder.admitted) < 2 * jobs:
         time.sleep(1)
     elapsed = time.monotonic() - started
     peak = operator.peak_rss_bytes()
+    cpu = operator.cpu_seconds() - cpu_before
+    requests_after = api_requests(api)
     recorder.stop.set()
     trivial.stop.set()
     operator.stop()
@@ -181,7 +220,7 @@ def main() -> int:
             if k.startswith(ns + "/") and k in recorder.reserved
         ]
         results[label] = waits
-    print(f"\n{JOBS} Jobs per queue over {NODES * GPUS_PER_NODE} GPUs; all admitted in {elapsed:.1f} s")
+    print(f"\n{jobs} Jobs per queue over {nodes * GPUS_PER_NODE} GPUs; all admitted in {elapsed:.1f} s")
     print(f"{'queue':<28} {'admitted':>8} {'median s':>9} {'p99 s':>8}")
     for label, waits in results.items():
         name = "SovereignSpec check" if label == "ours" else "trivial always-Ready check"
@@ -189,8 +228,18 @@ def main() -> int:
     ratio_med = statistics.median(results["ours"]) / statistics.median(results["trivial"])
     ratio_p99 = pct(results["ours"], 0.99) / pct(results["trivial"], 0.99)
     print(f"ratio SovereignSpec / trivial: median {ratio_med:.2f}, p99 {ratio_p99:.2f}")
-    print(f"operator peak RSS: {peak / 2**20:.1f} MiB")
-    return 0 if all(len(w) == JOBS for w in results.values()) else 1
+    print(f"operator peak RSS: {peak / 2**20:.1f} MiB; CPU during the burst: {cpu:.1f} s")
+    decided = max(len(results["ours"]), 1)
+    delta = {
+        key: n - requests_before.get(key, 0.0)
+        for key, n in requests_after.items()
+        if n - requests_before.get(key, 0.0) > 0 and key[0] != "WATCH"
+    }
+    print(f"API requests during the burst (every client), per workload SovereignSpec decided ({decided}):")
+    print(f"{'verb':<8} {'resource':<32} {'requests':>9} {'per workload':>13}")
+    for (verb, resource), n in sorted(delta.items(), key=lambda item: -item[1]):
+        print(f"{verb:<8} {resource or '-':<32} {n:>9.0f} {n / decided:>13.3f}")
+    return 0 if all(len(w) == jobs for w in results.values()) else 1
 
 
 if __name__ == "__main__":

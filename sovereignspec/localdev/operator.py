@@ -133,6 +133,13 @@ class OperatorProcess:
                 return int(line.split()[1]) * 1024
         return 0
 
+    def cpu_seconds(self) -> float:
+        """User plus system CPU time the operator process has used so far."""
+        assert self.proc is not None
+        # /proc/PID/stat: fields 14 and 15 (utime, stime) in clock ticks, after the ")" of the name.
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def peak_rss_bytes(self) -> int:
         assert self.proc is not None
         for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
