@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from sovereignspec.core.decision import DecisionRecord
-from sovereignspec.core.placement import Placement, Placer
+from sovereignspec.core.placement import Placement, Placer, spec_request
 from sovereignspec.core.specs import ProfileSet
 from sovereignspec.engines import engine_config, handoff
 from sovereignspec.operator import annotations as ann
@@ -148,11 +148,9 @@ def decision_notes(
     }
     drafter = profiles.drafters.get(req.drafter) if req.drafter else None
     table = None
-    # The workload's own limits on speculation hold for the table too: a bad annotation (plain for
-    # speed reasons), its gamma-max.
-    gamma_max = (
-        0 if req.force_plain else min(spec.gamma_max, req.gamma_max if req.gamma_max is not None else 99)
-    )
+    # The workload's own limits on speculation hold for the table too (a bad annotation's plain, its
+    # gamma-max): the optimiser's view of the request already combines them with the policy's.
+    gamma_max = spec_request(profiles, placer_policy(spec), req)[0].gamma_max
     if handoff_allowed and record.headroom is not None and gamma_max > 0:
         # The engine's per-batch budget, judged at the chosen GPU's load and neighbours' bound: it
         # may speculate at light batches even where γ* at the declared batch is 0.
