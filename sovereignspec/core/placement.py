@@ -32,9 +32,10 @@ tick puts alike workloads next to each other, so most placements recompute one G
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import NDArray
@@ -703,29 +704,55 @@ def _first_min(primary: NDArray[np.float64], *then: NDArray[np.float64]) -> int:
     return int(np.argmax(best))
 
 
+# What a GPU's placements imply for its headroom, by (GPU type, its placements in order).
+LedgerMemo = dict[tuple[Any, ...], float]
+
+
 def with_ledger_load(
-    cluster: ClusterView, placed: list[tuple[WorkloadRequest, str, int, int]], profiles: ProfileSet
+    cluster: ClusterView,
+    placed: list[tuple[WorkloadRequest, str, int, int]],
+    profiles: ProfileSet,
+    memo: LedgerMemo | None = None,
 ) -> ClusterView:
     """Headroom = the lower of what telemetry reads and what the placements already made imply.
 
     A placement shows in GPU telemetry only once its server runs (image pull and model load take
     minutes), so a fresh reading can still miss it; the placements are known at once. What they
     imply is computed by accounting every one of them on an otherwise idle GPU. `placed` holds
-    (workload, node, GPU index, γ)."""
+    (workload, node, GPU index, γ).
+
+    A GPU's implied headroom depends only on its type and its own placements, so `memo` (kept by
+    the caller between views, pruned here to the GPUs of this one) spares accounting again the
+    GPUs whose placements did not change."""
     if not placed:
         return cluster
-    idle = ClusterView(
-        [NodeState(n.name, n.labels, 10**6) for n in cluster.nodes],
-        [GpuState(g.node, g.index, g.gpu_type, 1.0) for g in cluster.gpus],
-    )
-    ledger = Placer(profiles, idle)
+    on_gpu: dict[tuple[str, int], list[tuple[WorkloadRequest, int]]] = defaultdict(list)
     for w, node, gpu, gamma in placed:
-        ledger.account(w, node, gpu, gamma)
-    implied = {(g.node, g.index): float(h) for g, h in zip(ledger.gpus, ledger.headroom, strict=True)}
-    gpus = [
-        replace(g, stale_estimate=implied[(g.node, g.index)])
+        on_gpu[(node, gpu)].append((w, gamma))
+    types = {(g.node, g.index): g.gpu_type for g in cluster.gpus}
+    keys = {slot: (types[slot], tuple(ws)) for slot, ws in on_gpu.items() if slot in types}
+    memo = {} if memo is None else memo
+    todo = {slot for slot, k in keys.items() if k not in memo}
+    if todo:
+        nodes = {node for node, _ in todo}
+        idle = ClusterView(
+            [NodeState(n.name, n.labels, 10**6) for n in cluster.nodes if n.name in nodes],
+            [GpuState(g.node, g.index, g.gpu_type, 1.0) for g in cluster.gpus if (g.node, g.index) in todo],
+        )
+        ledger = Placer(profiles, idle)
+        for w, node, gpu, gamma in placed:
+            if (node, gpu) in todo:
+                ledger.account(w, node, gpu, gamma)
+        for g, h in zip(ledger.gpus, ledger.headroom, strict=True):
+            memo[keys[(g.node, g.index)]] = float(h)
+    wanted = set(keys.values())
+    for k in [k for k in memo if k not in wanted]:
+        del memo[k]
+    implied = {slot: memo[k] for slot, k in keys.items()}
+    gpus = [  # a GPU with no placement implies an idle one (1.0)
+        replace(g, stale_estimate=implied.get((g.node, g.index), 1.0))
         if g.headroom is None
-        else replace(g, headroom=min(g.headroom, implied[(g.node, g.index)]))
+        else replace(g, headroom=min(g.headroom, implied.get((g.node, g.index), 1.0)))
         for g in cluster.gpus
     ]
     return ClusterView(cluster.nodes, gpus)

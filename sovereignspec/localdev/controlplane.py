@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import signal
 import ssl
 import subprocess
+import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,3 +115,43 @@ def ports() -> dict[str, int]:
     )
     out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True).stdout
     return {k: int(v) for k, v in (line.split("=") for line in out.split())}
+
+
+def _started_at(pid: int) -> str:
+    """Field 22 of /proc/PID/stat, as cluster-lib.sh records it beside the PID."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()[19]
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"  # a zombie has exited; nobody may have reaped it yet
+
+
+def restart_apiserver(down_seconds: float = 2.0, timeout: float = 120.0) -> None:
+    """Stop kube-apiserver (SIGTERM, then SIGKILL) and start it again with the same command line,
+    as an upgrade or a crash would: every watch and connection breaks. The PID files are updated,
+    so `make cluster-down` stops the new process."""
+    pid_file = state_dir() / "pids" / "kube-apiserver.pid"
+    pid = int(pid_file.read_text().strip())
+    argv = [a.decode() for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 30
+    while _running(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if _running(pid):
+        os.kill(pid, signal.SIGKILL)
+    time.sleep(down_seconds)
+    with (state_dir() / "logs" / "kube-apiserver.log").open("ab") as log:
+        proc = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+        )
+    pid_file.write_text(f"{proc.pid}\n")
+    (state_dir() / "pids" / "kube-apiserver.start").write_text(f"{_started_at(proc.pid)}\n")
+    deadline = time.monotonic() + timeout
+    while not is_ready():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"kube-apiserver did not come back (exit {proc.poll()})")
+        time.sleep(0.5)

@@ -1,12 +1,16 @@
-"""One decision tick: read everything from the API, decide with the core, write our entries.
+"""One decision tick: read the watch-fed caches, decide with the core, write our entries.
 
-    tick = check AdmissionChecks (Active) → list Workloads, Nodes, ResourceFlavors, Namespaces,
-           bound GPU Pods (and Jobs' metadata when something waits) → for each policy: telemetry
-           snapshot → view (cluster-wide ledger + pending) → plan → writes + Events
+    tick = check AdmissionCheck (Active) → Workloads, Nodes, ResourceFlavors, Namespaces, bound
+           GPU Pods and Jobs' metadata from the caches (informer.py; no LIST after start-up) →
+           for each policy: telemetry snapshot → view (cluster-wide ledger + pending) → plan →
+           writes + Events
 
-Ticks run one at a time (the kopf handlers only wake the loop), so decisions are sequential and
-every tick starts from what is already written to the API. A policy group, a telemetry source or
-an object that fails, fails alone: the tick goes on with the rest and says what failed.
+Ticks run one at a time (the watches only wake the loop), so decisions are sequential. Every
+write is guarded by the resourceVersion it was decided on, and its response goes into the cache,
+so every tick starts from at least what this controller has written: a stale cache can cost a
+conflict (the workload is then left until the watch brings a newer version) and never a second
+placement on a GPU already given away. A policy group, a telemetry source or an object that
+fails, fails alone: the tick goes on with the rest and says what failed.
 """
 
 from __future__ import annotations
@@ -22,8 +26,10 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from sovereignspec.core.placement import LedgerMemo
 from sovereignspec.core.specs import ProfileSet
 from sovereignspec.operator import metrics
+from sovereignspec.operator.informer import ClusterCache, rv_int
 from sovereignspec.operator.plan import EventNote, Write, drift_writes, plan
 from sovereignspec.operator.policy import GROUP, KIND, PLURAL, VERSION, PolicySpec, parse_policy
 from sovereignspec.operator.view import View, World, build, condition, job_name, our_entry
@@ -42,6 +48,9 @@ class Settings:
     field_manager: str = "sovereignspec-controller"
     write_workers: int = 8
     telemetry_cache_seconds: float = 1.0
+    # A cache that cannot be listed or watched for this long fails the tick (and, repeated, the
+    # liveness probe); shorter gaps (an API server restart) only pause the decisions.
+    unsynced_grace_seconds: float = 60.0
 
 
 @dataclass
@@ -92,7 +101,6 @@ class TelemetryCache:
 
 
 DECISION_REASONS = frozenset({"SpeculativeDecode", "PlainDecode"})
-PARTIAL_METADATA = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
 
 
 class Controller:
@@ -107,13 +115,19 @@ class Controller:
         self._drift_reported: dict[str, str] = {}
         self._loss_reported: set[str] = set()  # workloads told that their speculation is a net loss
         self._events_checked = False  # decisions' Events re-posted once after start-up
+        self.cache = ClusterCache(api, f"/apis/{GROUP}/{VERSION}/{PLURAL}")
+        self._unsynced_since: float | None = None
+        # Workloads whose write conflicted, at the resourceVersion that conflicted: not decided
+        # again until the watch brings a newer one (re-deciding the same stale copy cannot succeed).
+        self._conflicted: dict[str, int | None] = {}
+        self._ledger_memo: LedgerMemo = {}  # GPUs' implied load, from one tick to the next
 
     # -- reading ---------------------------------------------------------------------------------
 
     def _list(
         self, path: str, query: list[tuple[str, str]] | None = None, accept: str | None = None
     ) -> list[dict[str, Any]]:
-        """A raw LIST (JSON, no model classes: much faster and gentler on memory at scale)."""
+        """A raw LIST (JSON, no model classes), for what is read once: our Events after start-up."""
         resp = self.api.call_api(
             *self.api.param_serialize(
                 method="GET",
@@ -140,8 +154,8 @@ class Controller:
     def reconcile_checks(self) -> tuple[dict[str, tuple[str, PolicySpec]], dict[str, PolicySpec]]:
         """Keep Active right on every AdmissionCheck we own. Returns the active ones with their
         policy, and every one of ours whose policy can be read (for the cluster-wide ledger)."""
-        checks = self._list(f"/apis/{KUEUE_GROUP}/{KUEUE_VERSION}/admissionchecks")
-        policies = {p["metadata"]["name"]: p for p in self._list(f"/apis/{GROUP}/{VERSION}/{PLURAL}")}
+        checks = self.cache.checks.items()
+        policies = {p["metadata"]["name"]: p for p in self.cache.policies.items()}
         active: dict[str, tuple[str, PolicySpec]] = {}
         known: dict[str, PolicySpec] = {}
         for ac in checks:
@@ -178,7 +192,9 @@ class Controller:
                 or current.get("observedGeneration") != generation
             ):
                 try:
-                    self.writer.admission_check_active(name, ok, reason, message, generation)
+                    self.cache.checks.put(
+                        self.writer.admission_check_active(name, ok, reason, message, generation)
+                    )
                 except ApiException as exc:
                     log.warning("could not set Active on AdmissionCheck %s: %s", name, exc.reason)
                     continue
@@ -212,21 +228,18 @@ class Controller:
     # -- the tick ------------------------------------------------------------------------------
 
     def read_world(self, known: dict[str, PolicySpec]) -> World:
-        workloads = self._list(f"/apis/{KUEUE_GROUP}/{KUEUE_VERSION}/workloads")
-        nodes = self._list("/api/v1/nodes")
+        c = self.cache
+        workloads = c.workloads.items()
+        nodes = c.nodes.items()
         flavors, tolerations = {}, {}
-        for f in self._list(f"/apis/{KUEUE_GROUP}/{KUEUE_VERSION}/resourceflavors"):
+        for f in c.flavors.items():
             labels = (f.get("spec") or {}).get("nodeLabels") or {}
             flavors[f["metadata"]["name"]] = {str(k): str(v) for k, v in labels.items()}
             tolerations[f["metadata"]["name"]] = list((f.get("spec") or {}).get("tolerations") or [])
         namespaces = {
-            n["metadata"]["name"]: dict(n["metadata"].get("labels") or {})
-            for n in self._list("/api/v1/namespaces")
+            n["metadata"]["name"]: dict(n["metadata"].get("labels") or {}) for n in c.namespaces.items()
         }
-        pods = self._list(
-            "/api/v1/pods",
-            [("fieldSelector", "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed")],
-        )
+        pods = c.pods.items()
         waiting = {
             (wl["metadata"].get("namespace", ""), job_name(wl))
             for wl in workloads
@@ -235,17 +248,31 @@ class Controller:
             and condition(wl, "QuotaReserved")
         }
         owners: dict[tuple[str, str], dict[str, str]] = {}
-        if waiting:  # only the Jobs' metadata, to tell a user whose keys sit on the Job itself
-            for job in self._list("/apis/batch/v1/jobs", accept=PARTIAL_METADATA):
-                meta = job.get("metadata") or {}
-                key = (meta.get("namespace", ""), meta.get("name", ""))
-                if key in waiting and meta.get("annotations"):
-                    owners[key] = dict(meta["annotations"])
+        for namespace, name in waiting:  # the Jobs' metadata: a user's keys may sit on the Job
+            job = c.jobs.get(f"{namespace}/{name}")
+            notes = ((job or {}).get("metadata") or {}).get("annotations")
+            if notes:
+                owners[(namespace, name)] = dict(notes)
         return World(workloads, nodes, flavors, namespaces, pods, owners, known, tolerations)
 
     def tick(self) -> TickReport:
         started = time.monotonic()
         report = TickReport()
+        if not self.cache.synced():  # never decide from a cache that is not listed and watching
+            waiting = ", ".join(self.cache.not_synced())
+            if self._unsynced_since is None:
+                self._unsynced_since = started
+                log.info("no decisions until the caches are listed and watching: %s", waiting)
+            report.reevaluate_after = 0.5
+            denied = self.cache.denied()
+            if denied:  # refused by the API server (RBAC, credentials): say so at once
+                report.failures.append(f"the API server refuses our reads: {'; '.join(denied)}")
+            elif started - self._unsynced_since > self.settings.unsynced_grace_seconds:
+                report.failures.append(
+                    f"caches not in sync for {started - self._unsynced_since:.0f}s: {waiting}"
+                )
+            return report
+        self._unsynced_since = None
         active, known = self.reconcile_checks()
         if not known:
             return report
@@ -261,7 +288,7 @@ class Controller:
         for policy_name, (spec, checks) in sorted(groups.items()):
             try:
                 snapshot = self.telemetry.get(spec)
-                view = build(world, checks, spec, self.profiles, snapshot, now)
+                view = build(world, checks, spec, self.profiles, snapshot, now, self._ledger_memo)
                 self._observe(view, spec, checks)
                 pending_total += len(view.pending)
                 self._carry_out(drift_writes(_only(view, checks), spec, self._drift_reported), report)
@@ -271,6 +298,7 @@ class Controller:
                 if not self._events_checked:  # once: the ledger is the same in every group's view
                     self._events_checked = True
                     self._repost_events(view)
+                view = self._without_conflicted(view)
                 if not view.pending:
                     continue
                 if report.decided:  # the previous policy group wrote decisions this tick: re-read first
@@ -284,6 +312,18 @@ class Controller:
         metrics.PENDING.set(pending_total)
         metrics.TICK_SECONDS.observe(time.monotonic() - started)
         return report
+
+    def _without_conflicted(self, view: View) -> View:
+        """Leave out workloads whose write conflicted until the watch brings a newer version."""
+        if not self._conflicted:
+            return view
+        pending = []
+        for p in view.pending:
+            if p.key in self._conflicted and self._conflicted[p.key] == rv_int(p.workload):
+                continue
+            self._conflicted.pop(p.key, None)
+            pending.append(p)
+        return replace(view, pending=pending)
 
     def _observe(self, view: View, spec: PolicySpec, checks: set[str]) -> None:
         metrics.LEDGER.set(len(view.committed))
@@ -379,7 +419,7 @@ class Controller:
     def _write(self, w: Write) -> str:
         wl = w.workload
         try:
-            self.writer.check_state(
+            written = self.writer.check_state(
                 wl,
                 w.check,
                 w.state,
@@ -390,11 +430,13 @@ class Controller:
             )
         except ConflictError:
             metrics.CONFLICTS.inc()
-            log.info("workload %s changed while deciding; deciding again next tick", w.key)
+            self._conflicted[w.key] = rv_int(wl)
+            log.info("workload %s changed while deciding; deciding again from its next version", w.key)
             return "conflict"
         except ApiException as exc:
             log.warning("writing the decision for %s failed: %s %s", w.key, exc.status, exc.reason)
             return "error"
+        self.cache.workloads.put(written)  # the next tick's ledger holds this decision
         for note in w.events:
             self._event(wl, note)
         if w.outcome == "drift":

@@ -1,8 +1,9 @@
-"""kopf registration: thin. Watches only wake the decision loop; every decision is made in
-`controller.Controller.tick`, one tick at a time, from a fresh read of the API.
+"""kopf registration: thin. kopf runs the process (login, start-up, liveness); the controller's
+own watch-fed caches (informer.py) only wake the decision loop, and every decision is made in
+`controller.Controller.tick`, one tick at a time, from those caches.
 
-kopf is used without progress storage: handlers are `on.event` only, so kopf never annotates or
-finalizes Kueue's objects (they are not ours to touch).
+kopf registers no resource handlers, so it never annotates or finalizes Kueue's objects (they are
+not ours to touch) and keeps no per-object state of its own.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import kopf
 
 from sovereignspec.operator import metrics
 from sovereignspec.operator.controller import Controller
-from sovereignspec.operator.policy import GROUP, PLURAL, VERSION
 
 log = logging.getLogger("sovereignspec.operator")
 
@@ -73,32 +73,14 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     _Runtime.wake.set()
 
 
-@kopf.on.event("kueue.x-k8s.io", "v1beta2", "workloads")
-def workload_event(event: kopf.RawEvent, **_: Any) -> None:
-    status = (event.get("object") or {}).get("status") or {}
-    if event.get("type") != "DELETED" and status.get("admissionChecks"):
-        _poke()
-
-
-@kopf.on.event("kueue.x-k8s.io", "v1beta2", "admissionchecks")
-def admission_check_event(**_: Any) -> None:
-    _poke()
-
-
-@kopf.on.event(GROUP, VERSION, PLURAL)
-def policy_event(**_: Any) -> None:
-    _poke()
-
-
-@kopf.on.event("", "v1", "nodes")
-def node_event(event: kopf.RawEvent, **_: Any) -> None:
-    if event.get("type") in ("ADDED", "DELETED"):
-        _poke()
-
-
 @kopf.on.probe(id="decisions")
 def probe(**_: Any) -> dict[str, Any]:
     state = dict(_Runtime.state)
+    if _Runtime.controller is not None:
+        cache = _Runtime.controller.cache
+        state["cache"] = {
+            i.name: {"objects": len(i), "lists": i.lists, "synced": i.synced.is_set()} for i in cache.all
+        }
     if state["failing_ticks"] >= UNHEALTHY_AFTER:
         raise kopf.PermanentError(f"{state['failing_ticks']} ticks in a row failed: {state['last_error']}")
     return state
@@ -111,7 +93,21 @@ def _run_tick() -> Any:
 
 @kopf.on.startup()
 async def start_loop(memo: kopf.Memo, **_: Any) -> None:
+    assert _Runtime.controller is not None
+    loop = asyncio.get_running_loop()
+
+    def wake_from_a_watch() -> None:  # informers run in threads; the loop is asyncio's
+        loop.call_soon_threadsafe(_poke)
+
+    _Runtime.controller.cache.on_wake = wake_from_a_watch
+    _Runtime.controller.cache.start()
     memo.loop_task = asyncio.create_task(decision_loop())
+
+
+@kopf.on.cleanup()
+async def stop_caches(**_: Any) -> None:
+    if _Runtime.controller is not None:
+        _Runtime.controller.cache.stop()
 
 
 async def decision_loop() -> None:

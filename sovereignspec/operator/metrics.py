@@ -64,3 +64,13 @@ NET_LOSS = Gauge(
     "sovereignspec_speculation_net_loss_workloads",
     "Running workloads whose speculation has become a net loss for their GPU at today's load",
 )
+# The watch-fed caches the ticks read from (informer.py).
+CACHE_OBJECTS = Gauge("sovereignspec_cache_objects", "Objects in the watch-fed cache", ["resource"])
+CACHE_LISTS = Counter(
+    "sovereignspec_cache_lists_total",
+    "Full LISTs of a resource: one at start-up, one more per watch that could not be resumed",
+    ["resource"],
+)
+WATCH_ERRORS = Counter(
+    "sovereignspec_watch_errors_total", "Watches that broke (each resumed, or listed again)", ["resource"]
+)

@@ -32,6 +32,7 @@ from typing import Any
 from sovereignspec.core.placement import (
     ClusterView,
     GpuState,
+    LedgerMemo,
     NodeState,
     Policy,
     WorkloadRequest,
@@ -97,6 +98,8 @@ def parse_quantity(text: object) -> Fraction:
 
 def gpu_quantity(value: object, where: str) -> int:
     """A GPU count: a whole, non-negative quantity (extended resources cannot be split)."""
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 9:
+        return int(value)  # the common case, "1" or "8", without the general parser
     try:
         q = parse_quantity(value)
     except UnreadableFieldError as exc:
@@ -400,14 +403,19 @@ def _admits(node: Mapping[str, Any], tolerations: list[Any]) -> bool:
     )
 
 
+PoolMemo = dict[tuple[Any, ...], frozenset[str]]
+
+
 def node_pool(
     wl: dict[str, Any],
     nodes: list[dict[str, Any]],
     flavors: dict[str, dict[str, str]],
     tolerations_of: Mapping[str, list[Any]] | None = None,
+    memo: PoolMemo | None = None,
 ) -> tuple[frozenset[str], str | None]:
     """Nodes the workload's assigned flavor and its own nodeSelector allow, and whose lasting taints
-    it tolerates (the flavor's tolerations count, as Kueue adds them to the pods)."""
+    it tolerates (the flavor's tolerations count, as Kueue adds them to the pods). `memo` shares
+    the answer between workloads that ask the same (one tick's nodes: most workloads do)."""
     assignments = (wl.get("status") or {}).get("admission", {}).get("podSetAssignments") or []
     flavor = None
     for a in assignments:
@@ -419,11 +427,16 @@ def node_pool(
     pod_spec = template(wl).get("spec") or {}
     selector.update(pod_spec.get("nodeSelector") or {})
     tolerations = list(pod_spec.get("tolerations") or []) + list((tolerations_of or {}).get(flavor or "", []))
-    names = frozenset(
-        n["metadata"]["name"]
-        for n in nodes
-        if _matches(n["metadata"].get("labels") or {}, selector) and _admits(n, tolerations)
-    )
+    key = (tuple(sorted((str(k), str(v)) for k, v in selector.items())), repr(tolerations))
+    names = memo.get(key) if memo is not None else None
+    if names is None:
+        names = frozenset(
+            n["metadata"]["name"]
+            for n in nodes
+            if _matches(n["metadata"].get("labels") or {}, selector) and _admits(n, tolerations)
+        )
+        if memo is not None:
+            memo[key] = names
     return names, flavor
 
 
@@ -481,9 +494,11 @@ def build(
     profiles: ProfileSet,
     snapshot: Snapshot,
     now: float,
+    ledger_memo: LedgerMemo | None = None,
 ) -> View:
     """The view for one policy group (`checks`): its pending workloads, and the cluster-wide
-    ledger (every check this controller serves)."""
+    ledger (every check this controller serves). `ledger_memo`, kept by the caller from one view
+    to the next, spares recomputing the load of GPUs whose placements did not change."""
     ours = frozenset(world.policies) | frozenset(checks)
     errors: list[str] = []
     hostnames = {}
@@ -504,6 +519,7 @@ def build(
     committed: list[Committed] = []
     pending: list[PendingWorkload] = []
     missing_nodes: dict[str, Committed] = {}
+    pools: PoolMemo = {}
     for wl in world.workloads:
         try:
             entry = our_entry(wl, ours)
@@ -512,7 +528,7 @@ def build(
             state = entry.get("state")
             if state == "Ready":
                 spec = world.policies.get(str(entry.get("name")), policy)
-                pool, _ = node_pool(wl, world.nodes, world.flavors, world.flavor_tolerations)
+                pool, _ = node_pool(wl, world.nodes, world.flavors, world.flavor_tolerations, pools)
                 done = _committed(wl, entry, spec, profiles, snapshot, pool, by_host, tenancy, world, errors)
                 if done is not None:
                     committed.append(done)
@@ -524,7 +540,7 @@ def build(
                 and condition(wl, "QuotaReserved")
                 and (wl.get("spec") or {}).get("active", True)
             ):
-                pending.append(_pending(wl, entry, policy, profiles, snapshot, world, tenancy))
+                pending.append(_pending(wl, entry, policy, profiles, snapshot, world, tenancy, pools))
         except Exception as exc:  # one unreadable object fails alone
             errors.append(f"Workload {_safe_key(wl)}: {type(exc).__name__}: {exc}")
             if isinstance(wl, dict) and isinstance(wl.get("metadata"), dict) and "name" in wl["metadata"]:
@@ -539,6 +555,7 @@ def build(
         cluster,
         [(c.request, c.node, c.gpu_index, c.gamma) for c in committed if c.node in hostnames],
         profiles,
+        ledger_memo,
     )
     drift = _drift(committed, cluster, policy, missing_nodes)
     aging = _aging(committed, cluster, headroom, world, policy, profiles)
@@ -577,9 +594,10 @@ def _pending(
     snapshot: Snapshot,
     world: World,
     tenancy: TenancyOf,
+    pools: PoolMemo | None = None,
 ) -> PendingWorkload:
     meta = wl["metadata"]
-    pool, flavor = node_pool(wl, world.nodes, world.flavors, world.flavor_tolerations)
+    pool, flavor = node_pool(wl, world.nodes, world.flavors, world.flavor_tolerations, pools)
     owner = world.owners.get((meta["namespace"], job_name(wl)))
     tpl = template(wl)
     rejection = None

@@ -98,7 +98,7 @@ class Writer:
 
     def admission_check_active(
         self, name: str, active: bool, reason: str, message: str, generation: int = 0
-    ) -> None:
+    ) -> dict[str, Any]:
         """The Active condition, for the generation it was judged at (`kubectl wait --for
         condition=Active` ignores a condition whose observedGeneration is older than the object)."""
         body = {
@@ -118,7 +118,7 @@ class Writer:
                 ]
             },
         }
-        self._apply(f"/apis/{KUEUE}/admissionchecks/{name}/status", body)
+        return self._apply(f"/apis/{KUEUE}/admissionchecks/{name}/status", body)
 
     def event(self, obj: dict[str, Any], kind: str, reason: str, message: str, warning: bool = False) -> None:
         """A core/v1 Event on `obj`; failures are logged, never raised (an Event is a courtesy)."""

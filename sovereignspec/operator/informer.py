@@ -1,0 +1,373 @@
+"""Watch-fed caches of the objects a tick reads: one LIST at start-up, then a WATCH from its
+resourceVersion; a LIST again only when a watch cannot be resumed (410 Gone, or an error).
+
+Why our own and not kopf's indices: a kopf re-list after a broken watch replays the objects it
+finds but never drops the ones deleted in the gap, so a vanished Workload would hold its GPU in the
+ledger until a restart; kopf watches without server-side field selectors or metadata-only reads
+(every Pod in the cluster, whole Jobs); and the tick reads from a worker thread. kopf still runs
+the process: login, start-up, liveness.
+
+A cache must never show the ledger older than what this controller itself wrote, or the next tick
+would place a second workload on a GPU it just gave away. So a write's response goes into the
+cache at once (`put`), and an object in the cache is never replaced by an older resourceVersion
+(a watch event that was already on its way).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import urllib3
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from sovereignspec.operator import metrics
+
+log = logging.getLogger(__name__)
+
+Obj = dict[str, Any]
+PAGE = 500  # objects per LIST page: bounds the memory of one response
+WATCH_SECONDS = 300  # the server ends a watch after this (jittered); it is resumed from its RV
+
+
+class GoneError(Exception):
+    """The watch's resourceVersion is too old for the server: a LIST is needed."""
+
+
+def key(obj: Obj) -> str:
+    meta = obj.get("metadata") or {}
+    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+
+
+def rv_int(obj: Obj | None) -> int | None:
+    text = ((obj or {}).get("metadata") or {}).get("resourceVersion")
+    return int(text) if isinstance(text, str) and text.isdigit() else None
+
+
+def newer_or_same(candidate: Obj, current: Obj | None) -> bool:
+    """Whether `candidate` may replace `current` (resourceVersions compared as etcd's integers;
+    one that is not an integer is taken as newer: Kubernetes calls them opaque)."""
+    a, b = rv_int(candidate), rv_int(current)
+    return a is None or b is None or a >= b
+
+
+def strip(obj: Obj) -> Obj:
+    """Drop what no decision reads and what weighs most (managedFields)."""
+    meta = obj.get("metadata")
+    if isinstance(meta, dict):
+        meta.pop("managedFields", None)
+    return obj
+
+
+def strip_node(obj: Obj) -> Obj:
+    strip(obj)
+    status = obj.get("status")
+    if isinstance(status, dict):
+        status.pop("images", None)  # a real node lists every image it holds
+    return obj
+
+
+def strip_pod(obj: Obj) -> Obj:
+    """Only what the ledger reads of a bound Pod: owner, node, GPU requests, phase."""
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    containers = [
+        {"resources": c.get("resources") or {}} for c in spec.get("containers") or [] if isinstance(c, dict)
+    ]
+    return {
+        "apiVersion": obj.get("apiVersion", "v1"),
+        "kind": obj.get("kind", "Pod"),
+        "metadata": {
+            k: meta[k]
+            for k in ("name", "namespace", "uid", "resourceVersion", "ownerReferences")
+            if k in meta
+        },
+        "spec": {"nodeName": spec.get("nodeName"), "containers": containers},
+        "status": {"phase": (obj.get("status") or {}).get("phase")},
+    }
+
+
+@dataclass
+class Informer:
+    """One resource's objects, kept current by a watch, readable from any thread."""
+
+    api: client.ApiClient
+    path: str
+    name: str
+    query: list[tuple[str, str]] = field(default_factory=list)
+    accept: str = "application/json"
+    watch_accept: str = "application/json"
+    transform: Callable[[Obj], Obj] = strip
+    wake: Callable[[str, Obj], bool] = lambda _type, _obj: False  # does this event call for a tick?
+    on_wake: Callable[[], None] = lambda: None
+    watch_seconds: int = WATCH_SECONDS
+
+    def __post_init__(self) -> None:
+        self._lock = threading.Lock()
+        self._store: dict[str, Obj] = {}
+        self._stop = threading.Event()
+        self.synced = threading.Event()  # a LIST has completed and the watch is open
+        self.lists = 0  # full LISTs so far: 1 at start-up, one more per watch that could not resume
+        self.watch_errors = 0
+        self.last_error = ""
+        self.denied = False  # the last try was refused (401/403): no wait will mend that
+        self._rv: str | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    def items(self) -> list[Obj]:
+        with self._lock:
+            return list(self._store.values())
+
+    def get(self, k: str) -> Obj | None:
+        with self._lock:
+            return self._store.get(k)
+
+    def __len__(self) -> int:
+        return len(self._store)
+
+    def put(self, obj: Obj) -> None:
+        """An object as the API server returned it to one of our writes (read-your-writes)."""
+        obj = self.transform(obj)
+        with self._lock:
+            if newer_or_same(obj, self._store.get(key(obj))):
+                self._store[key(obj)] = obj
+
+    # -- running ---------------------------------------------------------------------------------
+
+    def start(self) -> Informer:
+        """Start watching (again, after `stop`: from where it stopped, no LIST if it can resume)."""
+        if self._thread is None or not self._thread.is_alive():
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._run, name=f"informer-{self.name}", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self, wait: float = 0.0) -> bool:
+        """Stop at the next event (or the end of the current watch); True if stopped within `wait`."""
+        self._stop.set()
+        if self._thread is not None and wait > 0:
+            self._thread.join(wait)
+        return self._thread is None or not self._thread.is_alive()
+
+    def _run(self) -> None:
+        backoff = 0.2
+        while not self._stop.is_set():
+            try:
+                if self._rv is None:
+                    self._rv = self._relist()
+                self._watch()
+                backoff = 0.2  # the server closed a healthy watch: resume from its RV
+            except GoneError:
+                log.info("watch of %s: resourceVersion too old; listing again", self.name)
+                self.synced.clear()  # no decisions from this cache until it is listed again
+                self._rv = None
+            except (ApiException, urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
+                self.synced.clear()  # until the watch (or a LIST) is open again
+                self.denied = isinstance(exc, ApiException) and exc.status in (401, 403)
+                self.watch_errors += 1
+                self.last_error = f"{type(exc).__name__}: {exc}"[:300]
+                metrics.WATCH_ERRORS.labels(resource=self.name).inc()
+                log.warning("watch of %s failed (%s); retrying in %.1fs", self.name, self.last_error, backoff)
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 10.0)
+
+    def _request(self, query: list[tuple[str, str]], accept: str, timeout: tuple[float, float]) -> Any:
+        resp = self.api.call_api(
+            *self.api.param_serialize(
+                method="GET",
+                resource_path=self.path,
+                query_params=query,
+                header_params={"Accept": accept},
+                auth_settings=["BearerToken"],  # a ServiceAccount token is sent only so
+            ),
+            _request_timeout=timeout,
+        )
+        return resp.response  # urllib3's response, not read yet
+
+    def _relist(self) -> str:
+        """Replace the store with a fresh LIST (in pages); returns its resourceVersion."""
+        fresh: dict[str, Obj] = {}
+        cont, rv = "", ""
+        while True:
+            query = [*self.query, ("limit", str(PAGE))] + ([("continue", cont)] if cont else [])
+            raw = self._request(query, self.accept, (10, 120))
+            try:
+                data = raw.read()
+                if raw.status == 410 and cont:
+                    cont = ""  # the continue token expired mid-list: start the list again
+                    fresh.clear()
+                    continue
+                if raw.status >= 400:
+                    raise ApiException(status=raw.status, reason=data.decode(errors="replace")[:300])
+            finally:
+                raw.release_conn()
+            doc = json.loads(data)
+            kind = str(doc.get("kind", "")).removesuffix("List")
+            version = doc.get("apiVersion")
+            for item in doc.get("items") or []:
+                if isinstance(item, dict) and isinstance(item.get("metadata"), dict):
+                    item.setdefault("kind", kind)
+                    item.setdefault("apiVersion", version)
+                    fresh[key(item)] = self.transform(item)
+            meta = doc.get("metadata") or {}
+            rv, cont = str(meta.get("resourceVersion", "")), str(meta.get("continue") or "")
+            if not cont:
+                break
+        with self._lock:
+            listed_at = int(rv) if rv.isdigit() else None
+            for k, obj in self._store.items():  # our own writes that the LIST predates stay
+                mine = rv_int(obj)
+                newer = mine is not None and listed_at is not None and mine > listed_at
+                if newer and k in fresh and newer_or_same(obj, fresh[k]):
+                    fresh[k] = obj
+            self._store = fresh
+        self.lists += 1
+        self.denied = False
+        metrics.CACHE_LISTS.labels(resource=self.name).inc()
+        metrics.CACHE_OBJECTS.labels(resource=self.name).set(len(fresh))
+        self.synced.set()
+        self.on_wake()
+        return rv
+
+    def _watch(self) -> None:
+        seconds = int(self.watch_seconds * random.uniform(0.8, 1.2))
+        query = [
+            *self.query,
+            ("watch", "true"),
+            ("allowWatchBookmarks", "true"),
+            ("resourceVersion", self._rv or ""),
+            ("timeoutSeconds", str(seconds)),
+        ]
+        raw = self._request(query, self.watch_accept, (10, seconds + 30))
+        try:
+            if raw.status == 410:
+                raise GoneError
+            if raw.status >= 400:
+                raise ApiException(status=raw.status, reason=raw.read().decode(errors="replace")[:300])
+            self.synced.set()
+            self.denied = False
+            for line in _lines(raw):
+                if self._stop.is_set():
+                    return
+                self._event(json.loads(line))
+        finally:
+            raw.release_conn()
+
+    def _event(self, event: Obj) -> None:
+        kind, obj = event.get("type"), event.get("object") or {}
+        if kind == "ERROR":
+            if obj.get("code") == 410:
+                raise GoneError
+            raise ValueError(f"watch error event: {str(obj.get('message', obj))[:200]}")
+        rv = (obj.get("metadata") or {}).get("resourceVersion")
+        if kind == "BOOKMARK":
+            self._rv = rv or self._rv
+            return
+        if kind not in ("ADDED", "MODIFIED", "DELETED") or not isinstance(obj.get("metadata"), dict):
+            return
+        obj = self.transform(obj)
+        k = key(obj)
+        with self._lock:
+            if kind == "DELETED":
+                self._store.pop(k, None)
+            elif newer_or_same(obj, self._store.get(k)):
+                self._store[k] = obj
+        self._rv = rv or self._rv
+        metrics.CACHE_OBJECTS.labels(resource=self.name).set(len(self._store))
+        if self.wake(str(kind), obj):
+            self.on_wake()
+
+
+def _lines(raw: Any) -> Iterator[bytes]:
+    """Newline-delimited JSON from a chunked watch response, as each chunk arrives."""
+    pending = b""
+    for chunk in raw.stream(65536, decode_content=False):
+        pending += chunk
+        *complete, pending = pending.split(b"\n")
+        for line in complete:
+            if line.strip():
+                yield line
+    if pending.strip():
+        yield pending
+
+
+KUEUE = "/apis/kueue.x-k8s.io/v1beta2"
+PARTIAL = "application/json;as=PartialObjectMetadata{};g=meta.k8s.io;v=v1,application/json"
+
+
+def _has_checks(kind: str, obj: Obj) -> bool:
+    return bool((obj.get("status") or {}).get("admissionChecks")) or kind == "DELETED"
+
+
+class ClusterCache:
+    """Every resource a tick reads, each in its own watch-fed Informer."""
+
+    def __init__(self, api: client.ApiClient, policies_path: str) -> None:
+        self.on_wake: Callable[[], None] = lambda: None  # set by the decision loop
+
+        def informer(path: str, name: str, **kw: Any) -> Informer:
+            # Each watch on a client (connection pool) of its own, so that a long watch never
+            # holds a connection the writes need; the configuration (and its token) is shared.
+            return Informer(client.ApiClient(api.configuration), path, name, on_wake=self._wake, **kw)
+
+        always = lambda _k, _o: True  # noqa: E731
+        self.workloads = informer(f"{KUEUE}/workloads", "workloads", wake=_has_checks)
+        self.checks = informer(f"{KUEUE}/admissionchecks", "admissionchecks", wake=always)
+        self.policies = informer(policies_path, "speculationpolicies", wake=always)
+        self.flavors = informer(f"{KUEUE}/resourceflavors", "resourceflavors", wake=always)
+        self.nodes = informer(
+            "/api/v1/nodes", "nodes", transform=strip_node, wake=lambda k, _o: k in ("ADDED", "DELETED")
+        )
+        self.namespaces = informer("/api/v1/namespaces", "namespaces")
+        self.pods = informer(
+            "/api/v1/pods",
+            "pods",
+            query=[("fieldSelector", "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed")],
+            transform=strip_pod,
+        )
+        # Only the Jobs' metadata: to tell a user whose keys sit on the Job itself.
+        self.jobs = informer(
+            "/apis/batch/v1/jobs", "jobs", accept=PARTIAL.format("List"), watch_accept=PARTIAL.format("")
+        )
+        self.all = [
+            self.workloads,
+            self.checks,
+            self.policies,
+            self.flavors,
+            self.nodes,
+            self.namespaces,
+            self.pods,
+            self.jobs,
+        ]
+
+    def _wake(self) -> None:
+        self.on_wake()
+
+    def start(self) -> ClusterCache:
+        for i in self.all:
+            i.start()
+        return self
+
+    def stop(self) -> None:
+        for i in self.all:
+            i.stop()
+
+    def synced(self) -> bool:
+        return all(i.synced.is_set() for i in self.all)
+
+    def denied(self) -> list[str]:
+        return [f"{i.name}: {i.last_error}" for i in self.all if i.denied]
+
+    def not_synced(self) -> list[str]:
+        return [f"{i.name} ({i.last_error or 'listing'})" for i in self.all if not i.synced.is_set()]
+
+    def lists(self) -> int:
+        return sum(i.lists for i in self.all)

@@ -1,0 +1,122 @@
+"""The watch-fed cache's own rules, on events as the API server sends them (no server: the store's
+logic only; tests/cluster/test_watch_cache.py runs it against a real one)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from sovereignspec.operator.informer import GoneError, Informer, _lines, strip_pod
+from sovereignspec.operator.policy import PolicySpec
+from sovereignspec.operator.view import World, build
+from sovereignspec.profiles import load_profiles
+from sovereignspec.telemetry.snapshot import Snapshot
+
+
+def obj(name: str, rv: int, **extra: Any) -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": "ns", "resourceVersion": str(rv)}, **extra}
+
+
+@pytest.fixture
+def informer() -> Informer:
+    woken: list[str] = []
+    i = Informer(client.ApiClient(), "/apis/x/v1/things", "things", wake=lambda kind, _o: kind != "BOOKMARK")
+    i.on_wake = lambda: woken.append("tick")
+    i.woken = woken  # type: ignore[attr-defined]
+    return i
+
+
+def test_a_watch_event_older_than_our_own_write_does_not_replace_it(informer):
+    informer.put(obj("a", 105, status={"admissionChecks": [{"name": "c", "state": "Ready"}]}))
+    informer._event({"type": "MODIFIED", "object": obj("a", 100, status={"admissionChecks": []})})
+    assert informer.get("ns/a")["metadata"]["resourceVersion"] == "105"
+    informer._event({"type": "MODIFIED", "object": obj("a", 107)})
+    assert informer.get("ns/a")["metadata"]["resourceVersion"] == "107"
+
+
+def test_a_write_older_than_what_the_watch_brought_is_not_stored(informer):
+    informer._event({"type": "ADDED", "object": obj("a", 110)})
+    informer.put(obj("a", 108))
+    assert informer.get("ns/a")["metadata"]["resourceVersion"] == "110"
+
+
+def test_deleted_objects_leave_the_cache_and_wake_the_loop(informer):
+    informer._event({"type": "ADDED", "object": obj("a", 1)})
+    informer._event({"type": "DELETED", "object": obj("a", 2)})
+    assert informer.get("ns/a") is None and informer.items() == []
+    assert informer.woken == ["tick", "tick"]
+
+
+def test_a_bookmark_moves_the_resume_point_and_wakes_nothing(informer):
+    informer._event({"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "900"}}})
+    assert informer._rv == "900" and informer.woken == [] and informer.items() == []
+
+
+def test_an_expired_resource_version_asks_for_a_list_and_other_errors_fail_the_watch(informer):
+    with pytest.raises(GoneError):
+        informer._event({"type": "ERROR", "object": {"code": 410, "message": "too old resource version"}})
+    with pytest.raises(ValueError, match="internal error"):
+        informer._event({"type": "ERROR", "object": {"code": 500, "message": "internal error"}})
+
+
+def test_managed_fields_are_not_kept(informer):
+    body = obj("a", 3)
+    body["metadata"]["managedFields"] = [{"manager": "kueue"}]
+    informer._event({"type": "ADDED", "object": body})
+    assert "managedFields" not in informer.get("ns/a")["metadata"]
+
+
+class Chunks:
+    def __init__(self, chunks: list[bytes]) -> None:
+        self.chunks = chunks
+
+    def stream(self, _amt: int, decode_content: bool = False) -> Any:
+        return iter(self.chunks)
+
+
+def test_watch_lines_are_split_across_chunk_boundaries():
+    chunks = [b'{"type":"ADD', b'ED"}\n{"type":"MODIFIED"}\n{"ty', b'pe":"DELETED"}\n', b"\n"]
+    assert list(_lines(Chunks(chunks))) == [
+        b'{"type":"ADDED"}',
+        b'{"type":"MODIFIED"}',
+        b'{"type":"DELETED"}',
+    ]
+
+
+def test_a_stripped_pod_holds_the_ledger_as_the_whole_pod_does():
+    """The Pods cache keeps only what the ledger reads; the view built from it is the same."""
+    profiles = load_profiles(None)
+    node = {
+        "metadata": {"name": "n1", "labels": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}},
+        "status": {"allocatable": {"nvidia.com/gpu": "8"}},
+    }
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "p",
+            "namespace": "other-tenant",
+            "uid": "u1",
+            "resourceVersion": "5",
+            "labels": {"app": "x"},
+            "annotations": {"big": "x" * 1000},
+            "ownerReferences": [{"kind": "Job", "name": "j"}],
+            "managedFields": [{"manager": "kubelet"}],
+        },
+        "spec": {
+            "nodeName": "n1",
+            "volumes": [{"name": "v"}],
+            "containers": [{"name": "c", "image": "i", "resources": {"limits": {"nvidia.com/gpu": "3"}}}],
+        },
+        "status": {"phase": "Running", "podIP": "10.0.0.1"},
+    }
+    spec = PolicySpec()
+
+    def free(pods: list[dict[str, Any]]) -> tuple[int, frozenset[str]]:
+        world = World([], [node], {}, pods=pods)
+        n = build(world, {"c"}, spec, profiles, Snapshot(fetched_at=0.0), 0.0).cluster.nodes[0]
+        return n.free_gpus, n.tenants
+
+    assert free([strip_pod(pod)]) == free([pod]) == (5, frozenset({"other-tenant"}))
