@@ -211,8 +211,10 @@ def main(argv: list[str] | None = None) -> int:
     for i in range(jobs):
         for label in ("ours", "trivial"):
             server_side_apply(api, job(f"j{i:03d}", namespaces[label], "q", i), "bench")
+    # Jobs never finish here (no kubelet), so each queue admits at most its GPU quota.
+    admissible = min(jobs, nodes * GPUS_PER_NODE)
     deadline = time.monotonic() + max(600.0, 0.5 * jobs)
-    while time.monotonic() < deadline and len(recorder.admitted) < 2 * jobs:
+    while time.monotonic() < deadline and len(recorder.admitted) < 2 * admissible:
         time.sleep(1)
     elapsed = time.monotonic() - started
     peak = operator.peak_rss_bytes()
@@ -233,7 +235,10 @@ def main(argv: list[str] | None = None) -> int:
             if k.startswith(ns + "/") and k in recorder.reserved
         ]
         results[label] = waits
-    print(f"\n{jobs} Jobs per queue over {nodes * GPUS_PER_NODE} GPUs; all admitted in {elapsed:.1f} s")
+    print(
+        f"\n{jobs} Jobs per queue over {nodes * GPUS_PER_NODE} GPUs ({admissible} per queue can be admitted: "
+        f"the quota, as Jobs never finish here); admitted in {elapsed:.1f} s"
+    )
     print(f"{'queue':<28} {'admitted':>8} {'median s':>9} {'p99 s':>8}")
     for label, waits in results.items():
         name = "SovereignSpec check" if label == "ours" else "trivial always-Ready check"
@@ -258,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         f"LIST during the burst: {lists:.0f} ({100 * lists / decided:.2f} per 100 decided workloads); "
         f"the operator's own cache LISTs: {cache_lists:.0f}; GET: {gets / decided:.3f} per decided workload"
     )
-    return 0 if all(len(w) == jobs for w in results.values()) else 1
+    return 0 if all(len(w) == admissible for w in results.values()) else 1
 
 
 if __name__ == "__main__":
