@@ -39,7 +39,6 @@ from sovereignspec.telemetry.prometheus import PrometheusReader
 from sovereignspec.telemetry.snapshot import Snapshot
 
 log = logging.getLogger(__name__)
-KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta2"
 
 
 @dataclass(frozen=True)

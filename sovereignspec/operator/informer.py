@@ -24,7 +24,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import urllib3
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
@@ -129,7 +128,6 @@ class Informer:
         self._stop = threading.Event()
         self.synced = threading.Event()  # a LIST has completed and the watch is open
         self.lists = 0  # full LISTs so far: 1 at start-up, one more per watch that could not resume
-        self.watch_errors = 0
         self.last_error = ""
         self.denied = False  # the last try was refused (401/403): no wait will mend that
         self._rv: str | None = None
@@ -188,12 +186,14 @@ class Informer:
                 log.info("watch of %s: resourceVersion too old; listing again", self.name)
                 self.synced.clear()  # no decisions from this cache until it is listed again
                 self._rv = None
-            except (ApiException, urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
+            except Exception as exc:
+                # Whatever it is, the thread must not die: a dead informer would leave its cache
+                # marked in sync and silently stale; this leaves it out of sync (no decisions)
+                # until a retry succeeds.
                 if self._stop.is_set():
                     break  # stopped on purpose: the read was cut short
                 self.synced.clear()  # until the watch (or a LIST) is open again
                 self.denied = isinstance(exc, ApiException) and exc.status in (401, 403)
-                self.watch_errors += 1
                 self.last_error = f"{type(exc).__name__}: {exc}"[:300]
                 metrics.WATCH_ERRORS.labels(resource=self.name).inc()
                 log.warning("watch of %s failed (%s); retrying in %.1fs", self.name, self.last_error, backoff)
