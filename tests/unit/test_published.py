@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from sovereignspec.core.roofline import roofline_for
-from sovereignspec.core.speedup import tau
 
 MEASUREMENTS = Path(__file__).resolve().parents[2] / "profiles" / "measurements"
 
@@ -63,12 +62,16 @@ def test_a100_verification_over_plain_step_is_within_0_10_of_magicdec(
 
 
 # EAGLE-3 (Li et al., arXiv 2503.01840), Table 4: SGLang on one H100, Llama-3.1-8B-Instruct, MT-bench,
-# batch 1: 158.34 tokens/s plain, 373.25 tokens/s with EAGLE-3 (2.357x). Table 1 gives the only
-# published mean acceptance length of this pair on MT-bench, tau = 6.13 (HF backend, tree depth 8);
-# Appendix A: 60 draft tokens verified per step.
+# batch 1, without speculation: 158.34 tokens/s. The EAGLE-3 run with its acceptance length is the one
+# that integrated EAGLE-3 into SGLang (sgl-project/sglang#4247, 2025-03-10, CUDA graphs, MT-bench's 80
+# questions, `--speculative-num-steps 8`): 378.57 tokens/s at a mean acceptance length of 5.39 (the
+# EAGLE authors give it as "~380 tokens/s on a single H100", hemingkx/Spec-Bench#22; the paper's
+# 373.25 is the same setup). The paper's own tau for this pair, 6.13, is the HF backend on an RTX 3090
+# (Table 1), not this engine. The run verifies a top-k tree of 60 drafted tokens (Appendix A) at depth
+# 8; at batch 1 the verified count barely matters (64 instead of 60 changes the model by 0.6 %).
 SGLANG_PLAIN_TOKENS_PER_S = 158.34
-SGLANG_EAGLE3_SPEEDUP = 373.25 / 158.34
-EAGLE3_TAU, EAGLE3_DEPTH, EAGLE3_VERIFIED = 6.13, 8, 60
+SGLANG_EAGLE3_TOKENS_PER_S, SGLANG_EAGLE3_TAU = 378.57, 5.39
+EAGLE3_DEPTH, EAGLE3_VERIFIED = 8, 60
 
 
 def test_h100_batch_1_plain_decode_is_within_15_percent_of_sglang(profiles):
@@ -77,25 +80,13 @@ def test_h100_batch_1_plain_decode_is_within_15_percent_of_sglang(profiles):
     assert tokens_per_s == pytest.approx(SGLANG_PLAIN_TOKENS_PER_S, rel=0.15)
 
 
-def _alpha_for_tau(target, gamma):
-    lo, hi = 0.0, 1.0
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if float(tau(mid, gamma)) < target else (lo, mid)
-    return lo
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="the model prices a chain; SGLang's run is a top-k tree whose H100 acceptance is not "
-    "published: with the paper's HF tau (6.13) the model gives about 3.2x against 2.36x (docs/model.md)",
-)
 def test_h100_batch_1_eagle3_speedup_is_within_20_percent_of_sglang(profiles):
+    # The model prices a chain of `depth` drafting passes verified in one step; given the engine's
+    # measured acceptance length it need not know the tree's shape, only what it drafts and verifies.
     roof = roofline_for(profiles.gpus["H100-SXM"], profiles.models["llama-3.1-8b"])
     drafter = profiles.drafters["eagle3"]
     c, o = drafter.cost_for("llama-3.1-8b"), drafter.spec_overhead
-    alpha = _alpha_for_tau(EAGLE3_TAU, EAGLE3_DEPTH)
     plain = float(roof.step_time(1, 1, 512))
     step = float(roof.step_time(EAGLE3_VERIFIED, 1, 512)) + (EAGLE3_DEPTH * c + o) * plain
-    speedup = float(tau(alpha, EAGLE3_DEPTH)) * plain / step
-    assert speedup == pytest.approx(SGLANG_EAGLE3_SPEEDUP, rel=0.20)
+    speedup = SGLANG_EAGLE3_TAU * plain / step
+    assert speedup == pytest.approx(SGLANG_EAGLE3_TOKENS_PER_S / SGLANG_PLAIN_TOKENS_PER_S, rel=0.20)
