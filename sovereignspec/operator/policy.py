@@ -121,7 +121,7 @@ class PolicySpec(_Model):
     gamma_max: int = Field(8, alias="gammaMax", ge=0, le=32, description="an integer in 0..32")
     self_benefit_margin: float = Field(0.02, alias="selfBenefitMargin", ge=0, le=1, description="in [0, 1]")
     externality: bool = Field(True, description="true or false")
-    neighbour_slo_margin: float = Field(0.1, alias="neighbourSloMargin", ge=0, le=1, description="in [0, 1]")
+    neighbour_slo_margin: float = Field(0.2, alias="neighbourSloMargin", ge=0, le=1, description="in [0, 1]")
     defaults: Defaults = Field(default_factory=Defaults)
     sovereignty: Sovereignty = Field(default_factory=Sovereignty)
     tenancy: TenancyConfig = Field(default_factory=TenancyConfig)

@@ -101,10 +101,11 @@ def test_in_the_shared_engine_scenario_the_externality_check_is_what_protects_th
     runs = results("shared-engine")
     unchecked, ours = runs["sovereignspec-no-externality"], runs["sovereignspec"]
     # Without the check the coder's speculation pushes the voice tenant past its TPOT SLO often;
-    # with it, rarely: the check is judged on the profile's model, the world runs on measured
-    # step times, and a few voice requests still miss (see docs/simulator.md).
+    # with it, never: the check is judged on the profile's model while the world runs on measured
+    # step times, and the default neighbour margin (0.2) covers that error and the prefill stalls
+    # (at 0.1, 7 voice requests missed; see docs/simulator.md).
     assert unchecked.violations_from_others > 500
-    assert ours.violations_from_others <= 0.02 * unchecked.violations_from_others
+    assert ours.violations_from_others == 0
     assert ours.speedup > 1.5  # the coder still speculates, as far as its neighbour allows
     assert ours.goodput_tokens_per_s > unchecked.goodput_tokens_per_s
 
