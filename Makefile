@@ -66,7 +66,7 @@ bench: venv
 	$(BIN)/python -m benchmarks
 
 # The simulator's hot modules compiled by mypyc into build/sim-native/ (loaded only while they
-# match their sources; same results, about twice as fast).
+# match their sources; same results, 1.5-2.5x as fast).
 SIM_NATIVE_SOURCES := sovereignspec/sim/engine.py sovereignspec/sim/truth.py sovereignspec/sim/worlds.py
 build/sim-native/sources.json: $(SIM_NATIVE_SOURCES) hack/build_sim_native.py $(VENV)/.installed
 	mkdir -p build

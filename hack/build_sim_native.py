@@ -5,7 +5,7 @@
 Writes OUT/lib/sovereignspec/sim/*.so and OUT/sources.json (each compiled source's SHA-256 and
 the interpreter's tag). `sovereignspec.sim` loads these only while both still match, so an edit to
 a source falls back to the interpreted module instead of running stale code. Results are the
-same either way (tests/unit/test_sim_native.py compares them); the compiled engine is 1.7-2.5x
+same either way (tests/unit/test_sim_native.py compares them); the compiled engine is 1.5-2.5x
 faster (`make bench-sim` prints both).
 """
 

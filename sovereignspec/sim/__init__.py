@@ -40,6 +40,8 @@ def _native_dir() -> Path | None:
                 f"{NATIVE_ENV}={setting}: no compiled simulator there", RuntimeWarning, stacklevel=2
             )
         return None
+    if not isinstance(manifest, dict):  # a mangled manifest is a stale build, not an import error
+        manifest = {}
     if manifest.get("python") != sys.implementation.cache_tag or manifest.get("sources") != source_digests():
         warnings.warn(
             f"the compiled simulator in {root} was built from other sources (or another Python): "

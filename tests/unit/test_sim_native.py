@@ -93,3 +93,10 @@ def test_the_compiled_simulator_reports_exactly_what_the_interpreted_one_does(tm
         assert compiled["engine"].endswith(".so") and compiled["engine"].startswith(str(tmp_path))
         assert interpreted["engine"].endswith("engine.py")
         assert compiled["runs"] == interpreted["runs"], scenario
+
+
+def test_a_mangled_manifest_is_treated_as_a_stale_build(tmp_path):
+    (tmp_path / "sources.json").write_text("[1, 2, 3]")
+    out = _python(WHERE, str(tmp_path))
+    assert out.stdout.split()[0] == "None"
+    assert "built from other sources" in out.stderr
