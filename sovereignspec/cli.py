@@ -206,10 +206,26 @@ def build_parser() -> argparse.ArgumentParser:
         "--kubeconfig", help="kubeconfig file (default: in-cluster, then $KUBECONFIG / ~/.kube/config)"
     )
     op.add_argument(
-        "--controller-name", default="sovereignspec.io/speculation", help="AdmissionCheck controllerName"
+        "--role",
+        choices=("worker", "dispatcher"),
+        default="worker",
+        help="worker: place on nodes (a cluster that runs the work); dispatcher: nominate MultiKueue "
+        "worker clusters (the manager cluster)",
     )
     op.add_argument(
-        "--field-manager", default="sovereignspec-controller", help="server-side apply field manager"
+        "--controller-name",
+        help="AdmissionCheck controllerName (default: sovereignspec.io/speculation for the worker role, "
+        "sovereignspec.io/dispatcher for the dispatcher)",
+    )
+    op.add_argument(
+        "--field-manager",
+        help="server-side apply field manager (default: sovereignspec-controller, sovereignspec-dispatcher)",
+    )
+    op.add_argument(
+        "--nominate",
+        type=_bounded_int("--nominate", 1, 20),
+        default=1,
+        help="dispatcher role: worker clusters nominated per workload, best first (default 1)",
     )
     op.add_argument("--bind", default="0.0.0.0", help="address for the metrics and liveness endpoints")
     op.add_argument("--metrics-port", type=_bounded_int("--metrics-port", 0, 65535), default=8080)

@@ -50,6 +50,7 @@ class Settings:
     # A cache that cannot be listed or watched for this long fails the tick (and, repeated, the
     # liveness probe); shorter gaps (an API server restart) only pause the decisions.
     unsynced_grace_seconds: float = 60.0
+    nominate: int = 1  # dispatcher role: worker clusters nominated per workload (the best first)
 
 
 @dataclass

@@ -74,3 +74,8 @@ CACHE_LISTS = Counter(
 WATCH_ERRORS = Counter(
     "sovereignspec_watch_errors_total", "Watches that broke (each resumed, or listed again)", ["resource"]
 )
+DISPATCHES = Counter(
+    "sovereignspec_dispatch_decisions_total",
+    "Dispatcher role: decisions written, by outcome (nominate, wait, hold, reject, kept) and worker",
+    ["outcome", "worker"],
+)

@@ -13,8 +13,11 @@ from prometheus_client import start_http_server
 
 from sovereignspec.operator import main as handlers
 from sovereignspec.operator.controller import Controller, Settings
+from sovereignspec.operator.dispatcher import DISPATCHER_NAME, DispatchController
 from sovereignspec.operator.identity import operator_identity
 from sovereignspec.profiles import load_profiles
+
+WORKER_NAME = "sovereignspec.io/speculation"
 
 
 def api_client(kubeconfig: str | None) -> client.ApiClient:
@@ -35,12 +38,18 @@ def run(args: argparse.Namespace) -> int:
     )
     logging.getLogger("kopf").setLevel(logging.WARNING)
     profiles = load_profiles(args.profiles)
+    role = getattr(args, "role", "worker")
+    dispatcher = role == "dispatcher"
     settings = Settings(
-        controller_name=args.controller_name,
-        field_manager=args.field_manager,
+        controller_name=args.controller_name or (DISPATCHER_NAME if dispatcher else WORKER_NAME),
+        field_manager=args.field_manager
+        or ("sovereignspec-dispatcher" if dispatcher else "sovereignspec-controller"),
         write_workers=args.write_workers,
+        nominate=getattr(args, "nominate", 1),
     )
-    handlers.configure(Controller(api_client(args.kubeconfig), profiles, settings))
+    kind = DispatchController if dispatcher else Controller
+    handlers.configure(kind(api_client(args.kubeconfig), profiles, settings))
+    logging.getLogger("sovereignspec").info("role %s, controllerName %s", role, settings.controller_name)
     if args.metrics_port:
         start_http_server(args.metrics_port, addr=args.bind)
     liveness = f"http://{args.bind}:{args.liveness_port}/healthz" if args.liveness_port else None

@@ -69,8 +69,10 @@ class Writer:
         previous: dict[str, Any] | None,
         pod_set_updates: list[dict[str, Any]] | None = None,
         requeue_after: int | None = None,
+        extra_status: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
-        """Set our entry of status.admissionChecks (and nothing else)."""
+        """Set our entry of status.admissionChecks (and nothing else but `extra_status`: the
+        dispatcher's nominatedClusterNames, applied in the same request as its Ready entry)."""
         meta = workload["metadata"]
         changed = previous is None or previous.get("state") != state
         entry: dict[str, Any] = {
@@ -91,7 +93,7 @@ class Writer:
                 "namespace": meta["namespace"],
                 "resourceVersion": meta["resourceVersion"],
             },
-            "status": {"admissionChecks": [entry]},
+            "status": {"admissionChecks": [entry], **(extra_status or {})},
         }
         path = f"/apis/{KUEUE}/namespaces/{meta['namespace']}/workloads/{meta['name']}/status"
         return self._apply(path, body)

@@ -1,0 +1,420 @@
+"""The dispatcher role: SovereignSpec on a MultiKueue manager cluster.
+
+Kueue's MultiKueue, with `multiKueue.dispatcherName` set to an external name, dispatches a
+Workload only to the workers listed in its `status.nominatedClusterNames`, and only once every
+admission check of the manager's ClusterQueue other than MultiKueue's own is Ready
+(kueue v0.19.2: pkg/controller/admissionchecks/multikueue/workload.go). So a SovereignSpec check
+on the manager's ClusterQueue is a gate: nothing is dispatched before it says Ready, and it says
+Ready only together with a nomination it has judged, in one server-side apply to /status whose
+body holds our check entry and `nominatedClusterNames`:
+
+    tick = AdmissionChecks (ours: Active) → MultiKueueConfigs, MultiKueueClusters (labels, Active)
+           → each worker's telemetry → for each Workload with QuotaReserved, our entry Pending and
+           no clusterName: core.dispatch (sovereignty, then the model) → apply {entry, nominated}
+
+Kueue clears `nominatedClusterNames` when a worker admits the Workload or it is evicted, through
+its MutatingAdmissionPolicy `clear-nominated-cluster-names` (config/components/map; Kubernetes
+1.36+), which rewrites the field in Kueue's own request whoever owns it. After an eviction Kueue
+resets every check to Pending and we nominate again. We never write the field on a Workload that
+has a clusterName, and never replace a nomination someone else wrote: one we may not stand behind
+(across a boundary, an unknown worker) keeps our check Pending, so MultiKueue cannot dispatch it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from sovereignspec.core.dispatch import Dispatch, Dispatcher, Worker, WorkerGpu, admissible_nomination
+from sovereignspec.core.placement import WorkloadRequest
+from sovereignspec.core.roofline import headroom_from_tensor_activity
+from sovereignspec.core.specs import ProfileSet
+from sovereignspec.errors import describe
+from sovereignspec.operator import annotations as ann
+from sovereignspec.operator import metrics
+from sovereignspec.operator.controller import Controller, Settings, TickReport
+from sovereignspec.operator.informer import KUEUE, Informer, _has_checks, rv_int
+from sovereignspec.operator.policy import GROUP, PLURAL, VERSION, PolicySpec
+from sovereignspec.operator.view import (
+    UnreadableFieldError,
+    condition,
+    declared_request,
+    key_of,
+    our_entry,
+    placer_policy,
+    tenancy_of,
+)
+from sovereignspec.operator.writer import ConflictError
+from sovereignspec.telemetry.prometheus import PrometheusReader
+from sovereignspec.telemetry.snapshot import TENSOR_METRICS, Snapshot, blend_acceptance
+
+log = logging.getLogger(__name__)
+
+MULTIKUEUE_CONTROLLER = "kueue.x-k8s.io/multikueue"
+DISPATCHER_NAME = "sovereignspec.io/dispatcher"
+# What a cluster administrator sets on each MultiKueueCluster (a cluster-scoped object).
+WORKER_JURISDICTION = ann.PREFIX + "jurisdiction"  # label: the worker's jurisdiction
+WORKER_TENANT = ann.PREFIX + "tenant"  # label: the one tenant a worker is dedicated to
+WORKER_PROMETHEUS = ann.PREFIX + "prometheus-url"  # annotation: the worker's Prometheus
+WORKER_GPU_TYPE = ann.PREFIX + "gpu-type"  # annotation: the profile its GPUs are priced with
+
+
+class WorkerDescription(BaseModel):
+    """A MultiKueueCluster's labels and annotations, as the dispatcher accepts them."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    jurisdiction: str | None = Field(
+        None,
+        alias=WORKER_JURISDICTION,
+        pattern=f"^{ann.JURISDICTION_RE.pattern}$",
+        description="a jurisdiction code",
+    )
+    tenant: str | None = Field(
+        None, alias=WORKER_TENANT, pattern=f"^{ann.TENANT_RE.pattern}$", description="a DNS-1123 name"
+    )
+    prometheus_url: str | None = Field(
+        None, alias=WORKER_PROMETHEUS, pattern=r"https?://[^\s]{1,2000}", description="an http(s) URL"
+    )
+    gpu_type: str | None = Field(None, alias=WORKER_GPU_TYPE, max_length=64, description="a GPU profile name")
+
+
+def describe_worker(obj: dict[str, Any]) -> tuple[WorkerDescription, str | None]:
+    """The worker's description, or an empty one and what is wrong with it (fail closed)."""
+    meta = obj.get("metadata") or {}
+    fields = {**(meta.get("annotations") or {}), **(meta.get("labels") or {})}
+    try:
+        return WorkerDescription.model_validate(fields), None
+    except ValidationError as exc:
+        where = f"MultiKueueCluster {meta.get('name')}"
+        return WorkerDescription(), describe(exc, WorkerDescription, where=where).replace("\n", "; ")
+
+
+def connected(obj: dict[str, Any]) -> tuple[bool, str]:
+    for c in (obj.get("status") or {}).get("conditions") or []:
+        if c.get("type") == "Active":
+            return c.get("status") == "True", f"{c.get('reason', '')}: {c.get('message', '')}"[:200]
+    return False, "MultiKueue has not connected to it yet"
+
+
+class DispatchCache:
+    """What a dispatch tick reads, each resource in its own watch-fed Informer."""
+
+    def __init__(self, api: client.ApiClient, policies_path: str) -> None:
+        self.on_wake: Any = lambda: None
+
+        def informer(path: str, name: str, **kw: Any) -> Informer:
+            return Informer(client.ApiClient(api.configuration), path, name, on_wake=self._wake, **kw)
+
+        always = lambda _k, _o: True  # noqa: E731
+        self.workloads = informer(f"{KUEUE}/workloads", "workloads", wake=_has_checks)
+        self.checks = informer(f"{KUEUE}/admissionchecks", "admissionchecks", wake=always)
+        self.policies = informer(policies_path, "speculationpolicies", wake=always)
+        self.namespaces = informer("/api/v1/namespaces", "namespaces")
+        self.clusters = informer(f"{KUEUE}/multikueueclusters", "multikueueclusters", wake=always)
+        self.configs = informer(f"{KUEUE}/multikueueconfigs", "multikueueconfigs", wake=always)
+        self.all = [self.workloads, self.checks, self.policies, self.namespaces, self.clusters, self.configs]
+
+    def _wake(self) -> None:
+        self.on_wake()
+
+    def start(self) -> DispatchCache:
+        for i in self.all:
+            i.start()
+        return self
+
+    def stop(self) -> None:
+        for i in self.all:
+            i.stop()
+
+    def synced(self) -> bool:
+        return all(i.synced.is_set() for i in self.all)
+
+    def denied(self) -> list[str]:
+        return [f"{i.name}: {i.last_error}" for i in self.all if i.denied]
+
+    def not_synced(self) -> list[str]:
+        return [f"{i.name} ({i.last_error or 'listing'})" for i in self.all if not i.synced.is_set()]
+
+    def lists(self) -> int:
+        return sum(i.lists for i in self.all)
+
+
+class WorkerTelemetry:
+    """One snapshot per worker Prometheus, reused for `max_age` seconds; failures are not cached."""
+
+    def __init__(self, max_age: float) -> None:
+        self.max_age = max_age
+        self._cache: dict[tuple[str, str], Snapshot] = {}
+
+    def get(self, url: str, window: str) -> Snapshot:
+        cached = self._cache.get((url, window))
+        if cached is not None and not cached.error and time.time() - cached.fetched_at < self.max_age:
+            return cached
+        try:
+            snap = PrometheusReader(url, window=window).snapshot()
+        except Exception as exc:  # a worker's Prometheus answering nonsense is one that is down
+            snap = Snapshot(fetched_at=time.time(), error=f"{type(exc).__name__}: {exc}"[:200])
+        self._cache[(url, window)] = snap
+        metrics.TELEMETRY_UP.labels(source=url).set(0 if snap.error and not snap.gpus else 1)
+        return snap
+
+
+@dataclass(frozen=True)
+class _Decision:
+    wl: dict[str, Any]
+    check: str
+    entry: dict[str, Any]
+    state: str
+    message: str
+    nominated: tuple[str, ...] | None  # written with the entry; None: the field is left alone
+    event: tuple[str, str, bool] | None  # reason, message, warning
+    outcome: str
+
+
+def _decision(
+    wl: dict[str, Any],
+    entry: dict[str, Any],
+    state: str,
+    message: str,
+    outcome: str,
+    nominated: tuple[str, ...] | None = None,
+    event: tuple[str, str, bool] | None = None,
+) -> _Decision:
+    return _Decision(wl, str(entry["name"]), entry, state, message, nominated, event, outcome)
+
+
+class DispatchController(Controller):
+    """The dispatcher role: reuses the worker role's check reconciler, writer and thread pool."""
+
+    def __init__(self, api: client.ApiClient, profiles: ProfileSet, settings: Settings | None = None) -> None:
+        settings = settings or Settings(DISPATCHER_NAME, "sovereignspec-dispatcher")
+        super().__init__(api, profiles, settings)
+        self.cache = DispatchCache(api, f"/apis/{GROUP}/{VERSION}/{PLURAL}")  # type: ignore[assignment]
+        self.worker_telemetry = WorkerTelemetry(self.settings.telemetry_cache_seconds)
+        self._acceptance: dict[str, Snapshot] = {}  # worker -> its last snapshot (α learned there)
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    def _configs_by_check(self) -> dict[str, list[str]]:
+        """MultiKueue AdmissionCheck name -> the worker clusters its MultiKueueConfig lists."""
+        cache: DispatchCache = self.cache  # type: ignore[assignment]
+        configs = {c["metadata"]["name"]: c for c in cache.configs.items()}
+        out: dict[str, list[str]] = {}
+        for ac in self.cache.checks.items():
+            spec = ac.get("spec") or {}
+            if spec.get("controllerName") != MULTIKUEUE_CONTROLLER:
+                continue
+            params = spec.get("parameters") or {}
+            cfg = configs.get(str(params.get("name", "")))
+            clusters = ((cfg or {}).get("spec") or {}).get("clusters") or []
+            out[ac["metadata"]["name"]] = [str(c) for c in clusters if isinstance(c, str)]
+        return out
+
+    def _workers(self, spec: PolicySpec) -> dict[str, Worker]:
+        out: dict[str, Worker] = {}
+        window = spec.telemetry.acceptance.window
+        cache: DispatchCache = self.cache  # type: ignore[assignment]
+        for obj in cache.clusters.items():
+            name = obj["metadata"]["name"]
+            desc, problem = describe_worker(obj)
+            up, why = connected(obj)
+            gpus: tuple[WorkerGpu, ...] = ()
+            error: str | None = None
+            gpu_type = desc.gpu_type
+            if problem is None and desc.prometheus_url is None:
+                error = f"no {WORKER_PROMETHEUS} annotation"
+            elif problem is None and desc.prometheus_url is not None:
+                snap = self.worker_telemetry.get(desc.prometheus_url, window)
+                error = snap.error if not snap.gpus else None
+                gpus = self._gpus(snap, gpu_type, spec)
+                self._acceptance[name] = snap
+            out[name] = Worker(name, desc.jurisdiction, desc.tenant, up, why, problem, gpu_type, gpus, error)
+        return out
+
+    def _gpus(self, snap: Snapshot, gpu_type: str | None, spec: PolicySpec) -> tuple[WorkerGpu, ...]:
+        if gpu_type is None or gpu_type not in self.profiles.gpus:
+            return ()
+        efficiency = self.profiles.gpus[gpu_type].compute_efficiency
+        now = time.time()
+        out = []
+        for (node, index), reading in sorted(snap.gpus.items()):
+            headroom = None
+            if now - reading.observed_at <= spec.telemetry.staleness_seconds:
+                scale = efficiency if reading.metric in TENSOR_METRICS else 1.0
+                headroom = float(headroom_from_tensor_activity(reading.activity, scale))
+            out.append(WorkerGpu(node, index, headroom))
+        return tuple(out)
+
+    # -- the tick ------------------------------------------------------------------------------
+
+    def tick(self) -> TickReport:
+        started = time.monotonic()
+        report = TickReport()
+        if not self.cache.synced():
+            report.reevaluate_after = 0.5
+            denied = self.cache.denied()
+            if denied:
+                report.failures.append(f"the API server refuses our reads: {'; '.join(denied)}")
+            return report
+        active, _known = self.reconcile_checks()
+        if not active:
+            return report
+        cache: DispatchCache = self.cache  # type: ignore[assignment]
+        namespaces = {
+            n["metadata"]["name"]: dict(n["metadata"].get("labels") or {}) for n in cache.namespaces.items()
+        }
+        configs = self._configs_by_check()
+        by_policy: dict[str, tuple[PolicySpec, set[str]]] = {}
+        for check, (policy_name, spec) in active.items():
+            by_policy.setdefault(policy_name, (spec, set()))[1].add(check)
+        report.reevaluate_after = min(spec.reevaluation_seconds for spec, _ in by_policy.values())
+        waiting = 0
+        for policy_name, (spec, checks) in sorted(by_policy.items()):
+            try:
+                self._acceptance = {}
+                workers = self._workers(spec)
+                decisions = self._decide(spec, checks, workers, configs, namespaces)
+                waiting += sum(1 for d in decisions if d.outcome == "wait")
+                for outcome in self._pool.map(self._write_one, decisions):
+                    report.outcomes[outcome] += 1
+                    if outcome == "conflict":
+                        report.conflicts += 1
+                    elif outcome != "error":
+                        report.decided += 1
+            except Exception as exc:
+                report.failures.append(f"policy {policy_name}: {type(exc).__name__}: {exc}")
+                metrics.TICK_FAILURES.labels(part="policy").inc()
+                log.exception("dispatching for policy %s failed", policy_name)
+        if waiting:
+            report.reevaluate_after = min(report.reevaluate_after, 2.0)
+        metrics.PENDING.set(waiting)
+        metrics.TICK_SECONDS.observe(time.monotonic() - started)
+        return report
+
+    def _decide(
+        self,
+        spec: PolicySpec,
+        checks: set[str],
+        workers: dict[str, Worker],
+        configs: dict[str, list[str]],
+        namespaces: dict[str, dict[str, str]],
+    ) -> list[_Decision]:
+        policy = placer_policy(spec)
+        pending: list[tuple[dict[str, Any], dict[str, Any], list[str]]] = []
+        for wl in self.cache.workloads.items():
+            entry = our_entry(wl, checks)
+            if entry is None or entry.get("state") != "Pending" or not condition(wl, "QuotaReserved"):
+                continue
+            status = wl.get("status") or {}
+            if status.get("clusterName") or condition(wl, "Finished"):
+                continue
+            k = key_of(wl)
+            if k in self._conflicted and self._conflicted[k] == rv_int(wl):
+                continue
+            self._conflicted.pop(k, None)
+            names = [str(e.get("name")) for e in status.get("admissionChecks") or []]
+            pool = sorted({c for name in names if name in configs for c in configs[name]})
+            pending.append((wl, entry, pool))
+        if not pending:
+            return []
+        out: list[_Decision] = []
+        # Latency-sensitive, high-acceptance work first: it takes the headroom (as in a worker).
+        requests = []
+        for wl, entry, pool in pending:
+            ns = wl["metadata"]["namespace"]
+            try:
+                tenancy = tenancy_of(ns, namespaces.get(ns), spec)
+                if tenancy.problem:
+                    out.append(self._rejected(wl, entry, f"tenancy: {tenancy.problem}"))
+                    continue
+                declared, request, _ = declared_request(wl, spec, self.profiles, Snapshot(), None, tenancy)
+            except (UnreadableFieldError, KeyError, TypeError, ValueError) as exc:
+                out.append(self._rejected(wl, entry, f"the Workload cannot be read: {exc}"))
+                continue
+            if request is None:
+                problems = "; ".join(str(p) for p in declared.sovereignty_problems)
+                out.append(self._rejected(wl, entry, f"sovereignty input: {problems}"))
+                continue
+            requests.append((wl, entry, pool, request))
+        requests.sort(key=lambda t: (t[3].latency_class != "latency", -t[3].alpha, key_of(t[0])))
+        dispatchers: dict[tuple[str, ...], Dispatcher] = {}
+        for wl, entry, pool, request in requests:
+            if not pool:
+                out.append(self._wait(wl, entry, "no MultiKueue check of its ClusterQueue lists a worker"))
+                continue
+            nominated = [str(n) for n in (wl.get("status") or {}).get("nominatedClusterNames") or []]
+            if nominated:  # someone else nominated: stand behind it, or hold it back
+                why = admissible_nomination(request, nominated, workers, policy.jurisdiction_label)
+                kept = f"keeps the nomination {', '.join(nominated)}"
+                out.append(
+                    _decision(wl, entry, "Ready", kept, "kept") if why is None else self._hold(wl, entry, why)
+                )
+                continue
+            key = tuple(pool)
+            if key not in dispatchers:
+                listed = [workers[n] for n in pool if n in workers]
+                dispatchers[key] = Dispatcher(self.profiles, listed, policy)
+            d = dispatchers[key].dispatch(self._with_acceptance(request, spec), self.settings.nominate)
+            out.append(self._from_dispatch(wl, entry, d))
+        return out
+
+    def _with_acceptance(self, request: WorkloadRequest, spec: PolicySpec) -> WorkloadRequest:
+        # α learned where this namespace's engines already run, if any worker reports it.
+        ns = request.name.split("/", 1)[0]
+        for snap in self._acceptance.values():
+            observed = snap.acceptance.get((ns, request.model))
+            if observed and spec.telemetry.acceptance.learn:
+                weight = spec.telemetry.acceptance.prior_weight_tokens
+                tokens = observed[1] if observed[1] >= 0 else weight
+                return replace(request, alpha=blend_acceptance(request.alpha, (observed[0], tokens), weight))
+        return request
+
+    def _from_dispatch(self, wl: dict[str, Any], entry: dict[str, Any], d: Dispatch) -> _Decision:
+        text = d.summary()
+        if d.outcome == "nominate":
+            return _decision(wl, entry, "Ready", text, "nominate", d.nominated, ("Dispatched", text, False))
+        if d.outcome == "reject":
+            return _decision(wl, entry, "Rejected", text, "reject", None, ("NoWorkerCluster", text, True))
+        return self._wait(wl, entry, text)
+
+    def _wait(self, wl: dict[str, Any], entry: dict[str, Any], why: str) -> _Decision:
+        return _decision(wl, entry, "Pending", f"waiting: {why}", "wait")
+
+    def _hold(self, wl: dict[str, Any], entry: dict[str, Any], why: str) -> _Decision:
+        text = f"held back: {why}; SovereignSpec stays Pending so MultiKueue cannot dispatch it"
+        return _decision(wl, entry, "Pending", text, "hold", None, ("NominationRefused", text, True))
+
+    def _rejected(self, wl: dict[str, Any], entry: dict[str, Any], why: str) -> _Decision:
+        return _decision(wl, entry, "Rejected", why, "reject", None, ("NoWorkerCluster", why, True))
+
+    # -- writing -------------------------------------------------------------------------------
+
+    def _write_one(self, d: _Decision) -> str:
+        k = key_of(d.wl)
+        if d.state == "Pending" and d.entry.get("message") == d.message:
+            return "unchanged"  # a wait already said: no write, no Event
+        try:
+            written = self.writer.check_state(
+                d.wl, d.check, d.state, d.message, d.entry,
+                extra_status={"nominatedClusterNames": list(d.nominated)} if d.nominated else None,
+            )  # fmt: skip
+        except ConflictError:
+            metrics.CONFLICTS.inc()
+            self._conflicted[k] = rv_int(d.wl)
+            return "conflict"
+        except ApiException as exc:
+            log.warning("writing the dispatch of %s failed: %s %s", k, exc.status, exc.reason)
+            return "error"
+        self.cache.workloads.put(written)
+        metrics.DISPATCHES.labels(outcome=d.outcome, worker=(d.nominated or ("",))[0]).inc()
+        if d.event is not None:
+            reason, message, warning = d.event
+            self.writer.event(d.wl, "Workload", reason, message, warning)
+        log.info("%s: %s %s", k, d.state, d.message[:300])
+        return d.outcome
