@@ -216,6 +216,10 @@ clientConnection:
   qps: 200
   burst: 400
 YAML
+# More configuration for this cluster's role (a MultiKueue manager's multiKueue section: make multicluster-up).
+if [[ -n ${SOVEREIGNSPEC_KUEUE_CONFIG_EXTRA:-} ]]; then
+  cat "$SOVEREIGNSPEC_KUEUE_CONFIG_EXTRA" >>"$STATE_DIR/kueue/config.yaml"
+fi
 
 launch_kueue() {
   log "starting kueue manager $KUEUE_VERSION"

@@ -59,6 +59,9 @@ class Worker:
     gpu_type: str | None = None  # the profile its GPUs are priced with
     gpus: tuple[WorkerGpu, ...] = ()
     telemetry_error: str | None = None  # why its telemetry could not be read, if it could not
+    # GPUs of work already dispatched there (admitted or nominated, not finished): telemetry shows
+    # a workload's load only once its engine runs, so the dispatcher keeps its own ledger.
+    committed_gpus: int = 0
 
     @property
     def has_telemetry(self) -> bool:
@@ -126,7 +129,12 @@ def _view(worker: Worker, jurisdiction_label: str) -> ClusterView:
     by_node: dict[str, int] = {}
     for g in worker.gpus:
         by_node[g.node] = max(by_node.get(g.node, 0), g.index + 1)
-    nodes = [NodeState(n, labels, count, capacity=count) for n, count in sorted(by_node.items())]
+    nodes = []
+    taken = worker.committed_gpus
+    for n, count in sorted(by_node.items()):
+        used = min(taken, count)
+        taken -= used
+        nodes.append(NodeState(n, labels, count - used, capacity=count))
     assert worker.gpu_type is not None
     gpus = [GpuState(g.node, g.index, worker.gpu_type, g.headroom) for g in worker.gpus]
     return ClusterView(nodes, gpus)
@@ -186,10 +194,9 @@ class Dispatcher:
         placer = self._placers.get(best.worker)
         if placer is not None:
             placer.place(req, commit=True, explain=False)  # later workloads this tick see its load
+        reason = f"nominated {', '.join(chosen)}"
         if best.tpot_ms is None:
-            reason = f"nominated {', '.join(chosen)} (no admissible worker reports telemetry)"
-        else:
-            reason = f"nominated {', '.join(chosen)}: {best.note}"
+            reason += " (no admissible worker reports telemetry)"
         return Dispatch(req.name, "nominate", chosen, reason, ranking, excluded)
 
     def _score(self, req: WorkloadRequest, w: Worker) -> tuple[Ranked | None, tuple[float, ...], str]:
@@ -210,14 +217,16 @@ class Dispatcher:
         if r.outcome != "placed" or r.tpot_ms is None:
             return Ranked(w.name, None, None, 0, None, f"busy now ({r.reason})"), (1.0, 0.0, 0.0), ""
         headroom = r.headroom if r.headroom is not None else 0.0
+        free = 1.0 - min(w.committed_gpus / max(len(w.gpus), 1), 1.0)
         mode = f"speculative γ={r.gamma}" if r.mode == "speculative" else "plain"
         speedup = f", S_real {r.speedup:.2f}" if r.speedup is not None and r.mode == "speculative" else ""
         note = (
             f"{mode}{speedup}, TPOT {r.tpot_ms:.1f} ms on {r.node}/gpu{r.gpu_index} (headroom {headroom:.2f})"
         )
-        # Ties within the model's resolution go to headroom: quantize TPOT to 1 %.
+        # Ties within the model's resolution go to headroom, then to the worker with more GPUs
+        # not yet given away: quantize TPOT to 1 %.
         tpot_key = round(math.log(max(r.tpot_ms, 1e-6)) / math.log(1.01))
-        key = (0.0, float(tpot_key), -headroom)
+        key = (0.0, float(tpot_key), -round(headroom, 2), -round(free, 2))
         return Ranked(w.name, r.tpot_ms, r.speedup, r.gamma, r.headroom, note), key, ""
 
 

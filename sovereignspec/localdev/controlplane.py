@@ -8,6 +8,7 @@ import ssl
 import subprocess
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -130,11 +131,20 @@ def _running(pid: int) -> bool:
     return state != "Z"  # a zombie has exited; nobody may have reaped it yet
 
 
-def restart_apiserver(down_seconds: float = 2.0, timeout: float = 120.0) -> None:
+def restart_apiserver(
+    down_seconds: float = 2.0,
+    timeout: float = 120.0,
+    directory: Path | None = None,
+    while_down: Callable[[], None] | None = None,
+    ready: Callable[[], bool] | None = None,
+) -> None:
     """Stop kube-apiserver (SIGTERM, then SIGKILL) and start it again with the same command line,
     as an upgrade or a crash would: every watch and connection breaks. The PID files are updated,
-    so `make cluster-down` stops the new process."""
-    pid_file = state_dir() / "pids" / "kube-apiserver.pid"
+    so `make cluster-down` stops the new process. `directory`: another control plane's state
+    (a member of the local multi-cluster); `while_down` runs while it is stopped (after
+    `down_seconds`); `ready` says when it is back (default: /readyz of the local control plane)."""
+    state = directory or state_dir()
+    pid_file = state / "pids" / "kube-apiserver.pid"
     pid = int(pid_file.read_text().strip())
     argv = [a.decode() for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
     os.kill(pid, signal.SIGTERM)
@@ -144,14 +154,16 @@ def restart_apiserver(down_seconds: float = 2.0, timeout: float = 120.0) -> None
     if _running(pid):
         os.kill(pid, signal.SIGKILL)
     time.sleep(down_seconds)
-    with (state_dir() / "logs" / "kube-apiserver.log").open("ab") as log:
+    if while_down is not None:
+        while_down()
+    with (state / "logs" / "kube-apiserver.log").open("ab") as log:
         proc = subprocess.Popen(
             argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
         )
     pid_file.write_text(f"{proc.pid}\n")
-    (state_dir() / "pids" / "kube-apiserver.start").write_text(f"{_started_at(proc.pid)}\n")
+    (state / "pids" / "kube-apiserver.start").write_text(f"{_started_at(proc.pid)}\n")
     deadline = time.monotonic() + timeout
-    while not is_ready():
+    while not (ready or is_ready)():
         if proc.poll() is not None or time.monotonic() > deadline:
             raise RuntimeError(f"kube-apiserver did not come back (exit {proc.poll()})")
         time.sleep(0.5)

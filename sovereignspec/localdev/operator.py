@@ -149,20 +149,26 @@ class OperatorProcess:
 
 
 def service_account_kubeconfig(
-    api: client.ApiClient, namespace: str, name: str, cluster_role: str | None = "sovereignspec"
+    api: client.ApiClient,
+    namespace: str,
+    name: str,
+    cluster_role: str | None = "sovereignspec",
+    admin_kubeconfig: Path | None = None,
+    extra_roles: tuple[str, ...] = (),
 ) -> Path:
     """A kubeconfig that authenticates only with a ServiceAccount's bearer token (as a Pod's
-    projected token does), the account bound to `cluster_role` (None: no permissions at all)."""
+    projected token does), the account bound to `cluster_role` and `extra_roles` (None: no
+    permissions at all). `admin_kubeconfig` names the cluster (default: the local control plane)."""
     core = client.CoreV1Api(api)
     core.create_namespaced_service_account(
         namespace, client.V1ServiceAccount(metadata=client.V1ObjectMeta(name=name))
     )
-    if cluster_role is not None:
+    for role in (*([cluster_role] if cluster_role is not None else []), *extra_roles):
         binding = {
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "ClusterRoleBinding",
-            "metadata": {"name": f"{namespace}-{name}"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": cluster_role},
+            "metadata": {"name": f"{namespace}-{name}" + ("" if role == cluster_role else f"-{role}")},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
             "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}],
         }
         server_side_apply(api, binding, MANAGER)
@@ -170,7 +176,7 @@ def service_account_kubeconfig(
         spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600)
     )
     token = core.create_namespaced_service_account_token(name, namespace, request).status.token
-    admin = yaml.safe_load(controlplane.kubeconfig("admin").read_text())
+    admin = yaml.safe_load((admin_kubeconfig or controlplane.kubeconfig("admin")).read_text())
     cluster = admin["clusters"][0]
     doc = {
         "apiVersion": "v1",

@@ -48,6 +48,7 @@ from sovereignspec.operator.view import (
     key_of,
     our_entry,
     placer_policy,
+    requested_gpus,
     tenancy_of,
 )
 from sovereignspec.operator.writer import ConflictError
@@ -216,8 +217,28 @@ class DispatchController(Controller):
             out[ac["metadata"]["name"]] = [str(c) for c in clusters if isinstance(c, str)]
         return out
 
+    def _committed(self) -> dict[str, int]:
+        """GPUs per worker of the manager's Workloads dispatched there and not finished: admitted
+        there (clusterName) or nominated to it alone and waiting for its admission."""
+        out: dict[str, int] = {}
+        for wl in self.cache.workloads.items():
+            status = wl.get("status") or {}
+            if not condition(wl, "QuotaReserved") or condition(wl, "Finished"):
+                continue
+            nominated = status.get("nominatedClusterNames") or []
+            where = status.get("clusterName") or (nominated[0] if len(nominated) == 1 else None)
+            if not isinstance(where, str):
+                continue
+            try:
+                gpus = requested_gpus(wl)
+            except (UnreadableFieldError, KeyError, TypeError, ValueError):
+                continue
+            out[where] = out.get(where, 0) + gpus
+        return out
+
     def _workers(self, spec: PolicySpec) -> dict[str, Worker]:
         out: dict[str, Worker] = {}
+        committed = self._committed()
         window = spec.telemetry.acceptance.window
         cache: DispatchCache = self.cache  # type: ignore[assignment]
         for obj in cache.clusters.items():
@@ -234,7 +255,18 @@ class DispatchController(Controller):
                 error = snap.error if not snap.gpus else None
                 gpus = self._gpus(snap, gpu_type, spec)
                 self._acceptance[name] = snap
-            out[name] = Worker(name, desc.jurisdiction, desc.tenant, up, why, problem, gpu_type, gpus, error)
+            out[name] = Worker(
+                name,
+                desc.jurisdiction,
+                desc.tenant,
+                up,
+                why,
+                problem,
+                gpu_type,
+                gpus,
+                error,
+                committed.get(name, 0),
+            )
         return out
 
     def _gpus(self, snap: Snapshot, gpu_type: str | None, spec: PolicySpec) -> tuple[WorkerGpu, ...]:

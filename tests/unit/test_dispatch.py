@@ -89,7 +89,10 @@ def test_latency_sensitive_high_alpha_work_goes_to_the_worker_with_headroom() ->
 
 
 def test_a_worker_without_telemetry_is_ranked_after_every_worker_with_it() -> None:
-    workers = [Worker("blind", None, gpu_type="H100-SXM", telemetry_error="timeout"), worker("seen", None, 0.1)]
+    workers = [
+        Worker("blind", None, gpu_type="H100-SXM", telemetry_error="timeout"),
+        worker("seen", None, 0.1),
+    ]
     d = Dispatcher(PROFILES, workers).dispatch(request())
     assert [r.worker for r in d.ranking] == ["seen", "blind"]
     assert "no telemetry" in d.ranking[1].note
@@ -175,7 +178,9 @@ def test_a_worker_description_with_a_bad_label_names_the_field_and_what_is_accep
     obj = {"metadata": {"name": "kr-1", "labels": {"sovereignspec.io/jurisdiction": "Korea!"}}}
     _, problem = describe_worker(obj)
     assert problem is not None
-    assert "sovereignspec.io/jurisdiction" in problem and "Korea!" in problem and "jurisdiction code" in problem
+    assert (
+        "sovereignspec.io/jurisdiction" in problem and "Korea!" in problem and "jurisdiction code" in problem
+    )
     good = {
         "metadata": {
             "name": "kr-1",
@@ -192,3 +197,17 @@ def test_a_worker_is_connected_only_when_multikueue_says_active() -> None:
     up, why = connected({"status": {"conditions": [{"type": "Active", "status": "False", "reason": "X"}]}})
     assert not up and "X" in why
     assert not connected({})[0]
+
+
+def test_work_already_dispatched_to_a_worker_counts_against_it() -> None:
+    """Telemetry shows a workload only once its engine runs: the dispatcher's own ledger of what
+    it sent (and Kueue admitted) there fills a worker before the readings do."""
+    full = replace(worker("a", None, 1.0), committed_gpus=4)
+    d = Dispatcher(PROFILES, [full, worker("b", None, 1.0)]).dispatch(request())
+    assert d.nominated == ("b",)
+    assert "busy now" in d.ranking[1].note
+    half = replace(worker("a", None, 1.0), committed_gpus=2)
+    d = Dispatcher(PROFILES, [half, worker("b", None, 1.0)]).dispatch(request())
+    assert d.nominated == ("b",)  # equal readings: the worker with more GPUs not yet given away
+    alone = Dispatcher(PROFILES, [full]).dispatch(request())
+    assert alone.nominated == ("a",)  # busy is no boundary: the only admissible worker still gets it

@@ -1,0 +1,15 @@
+# The local multi-cluster (sourced by multicluster-up.sh and multicluster-down.sh): one MultiKueue
+# manager and two workers, each a control plane of its own (hack/cluster-up.sh with its own state
+# directory and ports), all on 127.0.0.1.
+MC_HACK_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+MC_DIR=${SOVEREIGNSPEC_MULTICLUSTER_DIR:-$(cd "$MC_HACK_DIR/.." && pwd)/.multicluster}
+# name:index; the index picks the ports (4379i etcd, 4380i peer, 3644i apiserver, 3808i/3845i/3945i Kueue).
+MC_MEMBERS=(manager:1 worker-eu:2 worker-kr:3)
+
+mc_env() { # INDEX NAME: the environment hack/cluster-up.sh and cluster-down.sh read for one member
+  local i=$1 name=$2
+  echo "SOVEREIGNSPEC_CLUSTER_DIR=$MC_DIR/$name" \
+    "SOVEREIGNSPEC_ETCD_PORT=4379$i" "SOVEREIGNSPEC_ETCD_PEER_PORT=4380$i" \
+    "SOVEREIGNSPEC_APISERVER_PORT=3644$i" "SOVEREIGNSPEC_KUEUE_HEALTH_PORT=3808$i" \
+    "SOVEREIGNSPEC_KUEUE_METRICS_PORT=3845$i" "SOVEREIGNSPEC_KUEUE_WEBHOOK_PORT=3945$i"
+}

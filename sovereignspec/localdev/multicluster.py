@@ -1,0 +1,408 @@
+"""A local MultiKueue multi-cluster: one manager and two workers in two jurisdictions.
+
+    python -m sovereignspec.localdev.multicluster up     # make multicluster-up
+    python -m sovereignspec.localdev.multicluster down   # make multicluster-down
+
+`up` starts three control planes (hack/multicluster-up.sh: etcd, kube-apiserver and Kueue each,
+on loopback; the manager's MultiKueue dispatcher set to SovereignSpec) and configures them as a
+cluster administrator would: on each worker, simulated GPU nodes in its jurisdiction, SovereignSpec's
+CRD, policy and check, the queues, and a ServiceAccount whose token MultiKueue uses; on the manager,
+the workers' kubeconfig Secrets, a MultiKueueCluster per worker (its jurisdiction as a label, its
+Prometheus and GPU type as annotations), the MultiKueueConfig, MultiKueue's AdmissionCheck and
+SovereignSpec's dispatch check, and the queues. Telemetry (a synthetic exporter and a real
+Prometheus per worker) and the operators are processes of whoever runs the multi-cluster
+(`Fleet.start`: the demo, the tests, the benchmark).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import client, config
+
+from sovereignspec.localdev import kueue as k
+from sovereignspec.localdev.gpunodes import apply_node, server_side_apply
+from sovereignspec.localdev.operator import (
+    MANAGER,
+    REPO,
+    OperatorProcess,
+    SyntheticTelemetry,
+    install,
+    policy,
+    service_account_kubeconfig,
+)
+from sovereignspec.localdev.prometheus import LocalPrometheus
+
+HACK = REPO / "hack"
+WORKERS = {"worker-eu": "eu", "worker-kr": "kr"}  # name -> jurisdiction
+INDEX = {"manager": 1, "worker-eu": 2, "worker-kr": 3}  # ports: hack/multicluster-lib.sh
+GPU_TYPE, PRODUCT, EFFICIENCY = "H100-SXM", "NVIDIA-H100-80GB-HBM3", 0.7
+NODE_JURISDICTION = "node-restriction.kubernetes.io/jurisdiction"
+# Tenants: one per jurisdiction, and one whose namespace is bound to none (both workers admissible).
+TENANTS = {"team-eu": "eu", "team-kr": "kr", "team-global": None}
+QUEUE = "serving"
+DISPATCH_CHECK, MULTIKUEUE_CHECK, WORKER_CHECK = "sovereignspec-dispatch", "multikueue", "sovereignspec"
+DISPATCHER_RULES = REPO / "charts" / "sovereignspec" / "files" / "clusterrole-rules-dispatcher.yaml"
+
+
+def state_dir() -> Path:
+    return Path(os.environ.get("SOVEREIGNSPEC_MULTICLUSTER_DIR", REPO / ".multicluster"))
+
+
+def kubeconfig(member: str, user: str = "admin") -> Path:
+    return state_dir() / member / f"{user}.kubeconfig"
+
+
+def api(member: str, user: str = "admin") -> client.ApiClient:
+    return config.new_client_from_config(config_file=str(kubeconfig(member, user)))
+
+
+def server(member: str) -> str:
+    return f"https://127.0.0.1:3644{INDEX[member]}"
+
+
+def is_up() -> bool:
+    return all(kubeconfig(m).exists() for m in INDEX) and all(_ready(m) for m in INDEX)
+
+
+def _ready(member: str) -> bool:
+    try:
+        client.CoreV1Api(api(member)).list_namespace(limit=1, _request_timeout=3)
+        return True
+    except Exception:
+        return False
+
+
+def _run(script: str) -> None:
+    proc = subprocess.run([str(HACK / script)], capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"hack/{script} failed ({proc.returncode}):\n{proc.stderr[-6000:]}")
+
+
+def member_env(member: str) -> dict[str, str]:
+    """The environment hack/cluster-up.sh reads for one member (restarting its Kueue, say)."""
+    i = INDEX[member]
+    return {
+        "SOVEREIGNSPEC_CLUSTER_DIR": str(state_dir() / member),
+        "SOVEREIGNSPEC_ETCD_PORT": f"4379{i}",
+        "SOVEREIGNSPEC_ETCD_PEER_PORT": f"4380{i}",
+        "SOVEREIGNSPEC_APISERVER_PORT": f"3644{i}",
+        "SOVEREIGNSPEC_KUEUE_HEALTH_PORT": f"3808{i}",
+        "SOVEREIGNSPEC_KUEUE_METRICS_PORT": f"3845{i}",
+        "SOVEREIGNSPEC_KUEUE_WEBHOOK_PORT": f"3945{i}",
+    }
+
+
+# -- configuration, as a cluster administrator does it ---------------------------------------------
+
+
+def _namespaces(a: client.ApiClient) -> None:
+    core = client.CoreV1Api(a)
+    existing = {n.metadata.name for n in core.list_namespace().items}
+    for ns, jurisdiction in TENANTS.items():
+        labels = {"sovereignspec.io/tenant": ns}
+        if jurisdiction:
+            labels["sovereignspec.io/jurisdiction"] = jurisdiction
+        if ns not in existing:
+            core.create_namespace({"metadata": {"name": ns, "labels": labels}})
+        k.apply(a, k.local_queue(QUEUE, ns, QUEUE))
+
+
+def _multikueue_account(a: client.ApiClient) -> str:
+    """A ServiceAccount on a worker that MultiKueue acts as: Jobs and Workloads, nothing else.
+    Returns its token."""
+    rules = [
+        {
+            "apiGroups": ["batch"],
+            "resources": ["jobs", "jobs/status"],
+            "verbs": ["create", "delete", "get", "list", "watch", "update", "patch"],
+        },
+        {
+            "apiGroups": ["kueue.x-k8s.io"],
+            "resources": ["workloads", "workloads/status"],
+            "verbs": ["create", "delete", "get", "list", "watch", "update", "patch"],
+        },
+    ]
+    role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": {"name": "multikueue-remote"},
+        "rules": rules,
+    }
+    server_side_apply(a, role, MANAGER)
+    core = client.CoreV1Api(a)
+    try:
+        core.create_namespaced_service_account("kueue-system", {"metadata": {"name": "multikueue"}})
+    except client.ApiException as exc:
+        if exc.status != 409:
+            raise
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": "multikueue-remote"},
+        "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "ClusterRole",
+            "name": "multikueue-remote",
+        },
+        "subjects": [{"kind": "ServiceAccount", "name": "multikueue", "namespace": "kueue-system"}],
+    }
+    server_side_apply(a, binding, MANAGER)
+    request = client.AuthenticationV1TokenRequest(
+        spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=86400)
+    )
+    return str(
+        core.create_namespaced_service_account_token("multikueue", "kueue-system", request).status.token
+    )
+
+
+def worker_kubeconfig(member: str, token: str) -> str:
+    """What MultiKueue accepts: the CA inline, a bearer token, no file paths."""
+    ca = (state_dir() / member / "pki" / "ca.crt").read_bytes()
+    doc = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": member,
+                "cluster": {
+                    "server": server(member),
+                    "certificate-authority-data": base64.b64encode(ca).decode(),
+                },
+            }
+        ],
+        "users": [{"name": "multikueue", "user": {"token": token}}],
+        "contexts": [{"name": member, "context": {"cluster": member, "user": "multikueue"}}],
+        "current-context": member,
+    }
+    return yaml.safe_dump(doc)
+
+
+def configure_worker(
+    member: str, prometheus_url: str, nodes: int = 4, gpus_per_node: int = 8, worker_check: bool = True
+) -> str:
+    """A worker: GPU nodes in its jurisdiction, SovereignSpec's policy and check on its queue.
+    Returns the kubeconfig MultiKueue uses for it."""
+    a = api(member)
+    jurisdiction = WORKERS[member]
+    install(a)
+    capacity = {"cpu": "256", "memory": "2Ti", "pods": "220", "nvidia.com/gpu": str(gpus_per_node)}
+    for i in range(nodes):
+        name = f"{member}-gpu-{i}"
+        labels = {
+            "kubernetes.io/hostname": name,
+            "nvidia.com/gpu.product": PRODUCT,
+            NODE_JURISDICTION: jurisdiction,
+        }
+        apply_node(
+            a,
+            {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {"name": name, "labels": labels},
+                "status": {"capacity": capacity, "allocatable": capacity},
+            },
+        )
+    k.apply(a, k.resource_flavor("gpu", {"nvidia.com/gpu.product": PRODUCT}))
+    checks = []
+    if worker_check:
+        server_side_apply(a, policy(WORKER_CHECK, prometheus_url), MANAGER)
+        params = {"apiGroup": "sovereignspec.io", "kind": "SpeculationPolicy", "name": WORKER_CHECK}
+        k.apply(a, k.admission_check(WORKER_CHECK, "sovereignspec.io/speculation", params))
+        checks = [WORKER_CHECK]
+    k.apply(a, k.cluster_queue(QUEUE, {"gpu": nodes * gpus_per_node}, checks, cpu="100000"))
+    _namespaces(a)
+    return worker_kubeconfig(member, _multikueue_account(a))
+
+
+def configure_manager(
+    worker_configs: dict[str, str],
+    prometheus_urls: dict[str, str],
+    dispatcher: bool = True,
+    gpus: int = 64,
+    extra_checks: tuple[str, ...] = (),
+) -> None:
+    """The manager: the workers as MultiKueueClusters, MultiKueue's check and (with `dispatcher`)
+    SovereignSpec's dispatch check on its one ClusterQueue."""
+    a = api("manager")
+    install(a)
+    rules = yaml.safe_load(DISPATCHER_RULES.read_text())
+    server_side_apply(
+        a,
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": "sovereignspec-dispatcher"},
+            "rules": rules,
+        },
+        MANAGER,
+    )
+    for member, text in worker_configs.items():
+        secret = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": member, "namespace": "kueue-system"},
+            "stringData": {"kubeconfig": text},
+        }
+        server_side_apply(a, secret, MANAGER)
+        mkc = {
+            "apiVersion": f"{k.GROUP}/{k.VERSION}",
+            "kind": "MultiKueueCluster",
+            "metadata": {
+                "name": member,
+                "labels": {"sovereignspec.io/jurisdiction": WORKERS[member]},
+                "annotations": {
+                    "sovereignspec.io/prometheus-url": prometheus_urls[member],
+                    "sovereignspec.io/gpu-type": GPU_TYPE,
+                },
+            },
+            "spec": {"clusterSource": {"kubeConfig": {"locationType": "Secret", "location": member}}},
+        }
+        k.apply(a, mkc)
+    k.apply(
+        a,
+        {
+            "apiVersion": f"{k.GROUP}/{k.VERSION}",
+            "kind": "MultiKueueConfig",
+            "metadata": {"name": "sovereign"},
+            "spec": {"clusters": sorted(worker_configs)},
+        },
+    )
+    mk_params = {"apiGroup": k.GROUP, "kind": "MultiKueueConfig", "name": "sovereign"}
+    k.apply(a, k.admission_check(MULTIKUEUE_CHECK, "kueue.x-k8s.io/multikueue", mk_params))
+    checks = [MULTIKUEUE_CHECK]
+    if dispatcher:
+        server_side_apply(a, policy(DISPATCH_CHECK, None), MANAGER)
+        params = {"apiGroup": "sovereignspec.io", "kind": "SpeculationPolicy", "name": DISPATCH_CHECK}
+        k.apply(a, k.admission_check(DISPATCH_CHECK, "sovereignspec.io/dispatcher", params))
+        checks = [DISPATCH_CHECK, MULTIKUEUE_CHECK]
+    k.apply(a, k.resource_flavor("gpu", {}))
+    k.apply(a, k.cluster_queue(QUEUE, {"gpu": gpus}, [*checks, *extra_checks], cpu="100000"))
+    _namespaces(a)
+
+
+# -- the running parts -------------------------------------------------------------------------
+
+
+@dataclass
+class Fleet:
+    """Telemetry per worker (a synthetic exporter behind a real Prometheus), the workers' operators
+    and the manager's dispatcher, as processes of the caller."""
+
+    nodes: int = 4
+    gpus_per_node: int = 16
+    telemetry: dict[str, SyntheticTelemetry] = field(default_factory=dict)
+    prometheus: dict[str, LocalPrometheus] = field(default_factory=dict)
+    operators: dict[str, OperatorProcess] = field(default_factory=dict)
+
+    def start_telemetry(self) -> dict[str, str]:
+        for member in WORKERS:
+            t = SyntheticTelemetry()
+            for i in range(self.nodes):
+                for g in range(self.gpus_per_node):
+                    t.set_headroom(f"{member}-gpu-{i}", g, 1.0, EFFICIENCY)
+            prom = LocalPrometheus().start()
+            prom.set_targets("dcgm", [t.target])
+            self.telemetry[member], self.prometheus[member] = t, prom
+        return {m: p.url for m, p in self.prometheus.items()}
+
+    def set_headroom(self, member: str, headroom: float) -> None:
+        for i in range(self.nodes):
+            for g in range(self.gpus_per_node):
+                self.telemetry[member].set_headroom(f"{member}-gpu-{i}", g, headroom, EFFICIENCY)
+
+    def start_operators(self, workers: bool = True, dispatcher: bool = True) -> None:
+        if workers:
+            for member in WORKERS:
+                self.operators[member] = OperatorProcess(
+                    "sovereignspec.io/speculation", kubeconfig=kubeconfig(member, "operator")
+                ).start()
+        if dispatcher:
+            sa = service_account_kubeconfig(
+                api("manager"),
+                "kueue-system",
+                f"sovereignspec-{int(time.time() * 1000) % 10**9}",
+                admin_kubeconfig=kubeconfig("manager"),
+                extra_roles=("sovereignspec-dispatcher",),
+            )
+            self.operators["manager"] = OperatorProcess(
+                "sovereignspec.io/dispatcher", extra=["--role", "dispatcher"], kubeconfig=sa
+            ).start()
+
+    def close(self) -> None:
+        for op in self.operators.values():
+            op.stop()
+        for prom in self.prometheus.values():
+            prom.close()
+        for t in self.telemetry.values():
+            t.close()
+
+
+def up(
+    dispatcher: bool = True,
+    worker_checks: bool = True,
+    extra_checks: tuple[str, ...] = (),
+    gpus_per_node: int = 16,
+) -> Fleet:
+    """Start (or reuse) the three control planes and configure them; start telemetry in a Fleet."""
+    if not is_up():
+        _run("multicluster-up.sh")
+    fleet = Fleet(gpus_per_node=gpus_per_node)
+    try:
+        urls = fleet.start_telemetry()
+        configs = {
+            m: configure_worker(m, urls[m], fleet.nodes, gpus_per_node, worker_check=worker_checks)
+            for m in WORKERS
+        }
+        gpus = len(WORKERS) * fleet.nodes * gpus_per_node
+        configure_manager(configs, urls, dispatcher=dispatcher, gpus=gpus, extra_checks=extra_checks)
+    except BaseException:
+        fleet.close()
+        raise
+    return fleet
+
+
+def down() -> None:
+    _run("multicluster-down.sh")
+
+
+def wait_connected(timeout: float = 90.0) -> None:
+    """Until MultiKueue reports every worker Active."""
+    custom = client.CustomObjectsApi(api("manager"))
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        items = custom.list_cluster_custom_object(k.GROUP, k.VERSION, "multikueueclusters")["items"]
+        last = {i["metadata"]["name"]: k.condition(i, "Active") for i in items}
+        if len(last) == len(WORKERS) and all(c and c["status"] == "True" for c in last.values()):
+            return
+        time.sleep(0.5)
+    raise RuntimeError(f"MultiKueue did not connect to every worker: {last}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sovereignspec.localdev.multicluster")
+    parser.add_argument("action", choices=("up", "down"))
+    args = parser.parse_args(argv)
+    if args.action == "down":
+        down()
+        return 0
+    if not is_up():
+        _run("multicluster-up.sh")
+    for member in INDEX:
+        print(f"{member:10s} {server(member)}  kubeconfig {kubeconfig(member)}")
+    print("configure and run it: make demo-multicluster (telemetry, operators, tenants' Jobs)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
