@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 OUT ?= out
 
-.PHONY: venv lint format typecheck test unit run demo regimes calibration-figure simulate bench bench-operator bench-sim sim-native clean binaries cluster-up cluster-down pod-e2e image
+.PHONY: venv lint format typecheck test unit run demo regimes calibration-figure simulate bench bench-operator bench-sim sim-native clean binaries cluster-up cluster-down pod-e2e image multicluster-up multicluster-down demo-multicluster bench-multicluster
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +46,22 @@ cluster-up: venv binaries
 
 cluster-down:
 	hack/cluster-down.sh
+
+# MultiKueue on loopback: a manager whose dispatcher is SovereignSpec and two workers (eu, kr), each
+# etcd + kube-apiserver + Kueue, configured, with simulated GPU nodes, telemetry and the operators.
+multicluster-up: venv binaries
+	$(BIN)/python -m sovereignspec.localdev.multicluster up
+
+multicluster-down: venv
+	$(BIN)/python -m sovereignspec.localdev.multicluster down
+
+# Tenants of both jurisdictions submit Jobs to the manager: where each was dispatched, and why.
+demo-multicluster: venv binaries
+	$(BIN)/python -m sovereignspec.localdev.multicluster demo
+
+# Dispatch latency, SovereignSpec's dispatcher against Kueue's AllAtOnce, on the same 200 Jobs.
+bench-multicluster: venv binaries
+	$(BIN)/python -m benchmarks.multicluster $(ARGS)
 
 # The main job: SovereignSpec admitting a mix of tenants' serving Jobs on the local control plane.
 demo: venv binaries

@@ -26,7 +26,7 @@ for member in "${MC_MEMBERS[@]}"; do
     "$MC_HACK_DIR/multicluster-down.sh" >&2 || true
     exit 1
   }
-  echo "[multicluster] $name up: https://127.0.0.1:3644$i (kubeconfig $MC_DIR/$name/admin.kubeconfig)" >&2
+  echo "[multicluster] $name up: https://127.0.0.1:1744$i (kubeconfig $MC_DIR/$name/admin.kubeconfig)" >&2
 done
 
 # Kueue clears nominatedClusterNames through this policy when a worker admits or the workload is

@@ -143,8 +143,21 @@ def restart_apiserver(
     so `make cluster-down` stops the new process. `directory`: another control plane's state
     (a member of the local multi-cluster); `while_down` runs while it is stopped (after
     `down_seconds`); `ready` says when it is back (default: /readyz of the local control plane)."""
+    restart("kube-apiserver", down_seconds, timeout, directory, while_down, ready or is_ready)
+
+
+def restart(
+    name: str,
+    down_seconds: float,
+    timeout: float,
+    directory: Path | None,
+    while_down: Callable[[], None] | None,
+    ready: Callable[[], bool],
+) -> None:
+    """Stop the component `name` that cluster-up.sh started and start it with the same command
+    line (see restart_apiserver)."""
     state = directory or state_dir()
-    pid_file = state / "pids" / "kube-apiserver.pid"
+    pid_file = state / "pids" / f"{name}.pid"
     pid = int(pid_file.read_text().strip())
     argv = [a.decode() for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
     os.kill(pid, signal.SIGTERM)
@@ -156,14 +169,14 @@ def restart_apiserver(
     time.sleep(down_seconds)
     if while_down is not None:
         while_down()
-    with (state / "logs" / "kube-apiserver.log").open("ab") as log:
+    with (state / "logs" / f"{name}.log").open("ab") as log:
         proc = subprocess.Popen(
             argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
         )
     pid_file.write_text(f"{proc.pid}\n")
-    (state / "pids" / "kube-apiserver.start").write_text(f"{_started_at(proc.pid)}\n")
+    (state / "pids" / f"{name}.start").write_text(f"{_started_at(proc.pid)}\n")
     deadline = time.monotonic() + timeout
-    while not (ready or is_ready)():
+    while not ready():
         if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"kube-apiserver did not come back (exit {proc.poll()})")
+            raise RuntimeError(f"{name} did not come back (exit {proc.poll()})")
         time.sleep(0.5)

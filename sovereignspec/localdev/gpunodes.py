@@ -87,7 +87,7 @@ def server_side_apply(api: client.ApiClient, doc: dict[str, Any], manager: str, 
     prefix = "/api/v1" if group_version == "v1" else f"/apis/{group_version}"
     ns = f"/namespaces/{meta['namespace']}" if meta.get("namespace") else ""
     path = f"{prefix}{ns}/{plural}/{meta['name']}" + (f"/{subresource}" if subresource else "")
-    return api.call_api(
+    resp = api.call_api(
         *api.param_serialize(
             method="PATCH",
             resource_path=path,
@@ -96,7 +96,11 @@ def server_side_apply(api: client.ApiClient, doc: dict[str, Any], manager: str, 
             body=doc,
             auth_settings=["BearerToken"],
         )
-    ).read()
+    )
+    data = resp.read()
+    if resp.status >= 400:  # call_api does not raise: a refused apply must not pass for done
+        raise client.ApiException(status=resp.status, reason=data.decode(errors="replace")[:800])
+    return data
 
 
 _PLURALS: dict[tuple[str, str], str] = {}

@@ -80,7 +80,12 @@ def cluster_queue(name: str, flavors: dict[str, int], checks: list[str], cpu: st
                     ],
                 }
             ],
-            "admissionChecksStrategy": {"admissionChecks": [{"name": c} for c in checks]},
+            # Kueue refuses an empty list: a queue without checks has no strategy at all.
+            **(
+                {"admissionChecksStrategy": {"admissionChecks": [{"name": c} for c in checks]}}
+                if checks
+                else {}
+            ),
         },
     }
 

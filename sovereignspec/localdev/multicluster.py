@@ -19,16 +19,21 @@ from __future__ import annotations
 import argparse
 import base64
 import os
+import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 from kubernetes import client, config
 
+from sovereignspec.localdev import controlplane
 from sovereignspec.localdev import kueue as k
 from sovereignspec.localdev.gpunodes import apply_node, server_side_apply
 from sovereignspec.localdev.operator import (
@@ -67,7 +72,7 @@ def api(member: str, user: str = "admin") -> client.ApiClient:
 
 
 def server(member: str) -> str:
-    return f"https://127.0.0.1:3644{INDEX[member]}"
+    return f"https://127.0.0.1:1744{INDEX[member]}"
 
 
 def is_up() -> bool:
@@ -93,12 +98,12 @@ def member_env(member: str) -> dict[str, str]:
     i = INDEX[member]
     return {
         "SOVEREIGNSPEC_CLUSTER_DIR": str(state_dir() / member),
-        "SOVEREIGNSPEC_ETCD_PORT": f"4379{i}",
-        "SOVEREIGNSPEC_ETCD_PEER_PORT": f"4380{i}",
-        "SOVEREIGNSPEC_APISERVER_PORT": f"3644{i}",
-        "SOVEREIGNSPEC_KUEUE_HEALTH_PORT": f"3808{i}",
-        "SOVEREIGNSPEC_KUEUE_METRICS_PORT": f"3845{i}",
-        "SOVEREIGNSPEC_KUEUE_WEBHOOK_PORT": f"3945{i}",
+        "SOVEREIGNSPEC_ETCD_PORT": f"2579{i}",
+        "SOVEREIGNSPEC_ETCD_PEER_PORT": f"2580{i}",
+        "SOVEREIGNSPEC_APISERVER_PORT": f"1744{i}",
+        "SOVEREIGNSPEC_KUEUE_HEALTH_PORT": f"1908{i}",
+        "SOVEREIGNSPEC_KUEUE_METRICS_PORT": f"1845{i}",
+        "SOVEREIGNSPEC_KUEUE_WEBHOOK_PORT": f"1945{i}",
     }
 
 
@@ -113,7 +118,7 @@ def _namespaces(a: client.ApiClient) -> None:
         if jurisdiction:
             labels["sovereignspec.io/jurisdiction"] = jurisdiction
         if ns not in existing:
-            core.create_namespace({"metadata": {"name": ns, "labels": labels}})
+            core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns, labels=labels)))
         k.apply(a, k.local_queue(QUEUE, ns, QUEUE))
 
 
@@ -141,7 +146,9 @@ def _multikueue_account(a: client.ApiClient) -> str:
     server_side_apply(a, role, MANAGER)
     core = client.CoreV1Api(a)
     try:
-        core.create_namespaced_service_account("kueue-system", {"metadata": {"name": "multikueue"}})
+        core.create_namespaced_service_account(
+            "kueue-system", client.V1ServiceAccount(metadata=client.V1ObjectMeta(name="multikueue"))
+        )
     except client.ApiException as exc:
         if exc.status != 409:
             raise
@@ -371,6 +378,35 @@ def up(
     return fleet
 
 
+def set_dispatcher(name: str | None) -> None:
+    """Restart the manager's Kueue with `multiKueue.dispatcherName` set to `name` (None: Kueue's
+    own AllAtOnce dispatcher), as an administrator changing its configuration would."""
+    path = state_dir() / "manager" / "kueue" / "config.yaml"
+    doc = yaml.safe_load(path.read_text())
+    section = doc.setdefault("multiKueue", {})
+    if name is None:
+        section.pop("dispatcherName", None)
+    else:
+        section["dispatcherName"] = name
+    path.write_text(yaml.safe_dump(doc))
+    env = member_env("manager")
+    port, webhook = env["SOVEREIGNSPEC_KUEUE_HEALTH_PORT"], int(env["SOVEREIGNSPEC_KUEUE_WEBHOOK_PORT"])
+
+    def ready() -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as resp:
+                if resp.status != 200:
+                    return False
+            socket.create_connection(("127.0.0.1", webhook), timeout=2).close()
+            return True
+        except OSError:
+            return False
+
+    controlplane.restart("kueue", 0.5, 120.0, state_dir() / "manager", None, ready)
+    # The webhook server comes up with the manager; a Job created before it would not be suspended.
+    wait_connected()
+
+
 def down() -> None:
     _run("multicluster-down.sh")
 
@@ -381,7 +417,10 @@ def wait_connected(timeout: float = 90.0) -> None:
     deadline = time.monotonic() + timeout
     last: Any = None
     while time.monotonic() < deadline:
-        items = custom.list_cluster_custom_object(k.GROUP, k.VERSION, "multikueueclusters")["items"]
+        listed = cast(
+            dict[str, Any], custom.list_cluster_custom_object(k.GROUP, k.VERSION, "multikueueclusters")
+        )
+        items = listed["items"]
         last = {i["metadata"]["name"]: k.condition(i, "Active") for i in items}
         if len(last) == len(WORKERS) and all(c and c["status"] == "True" for c in last.values()):
             return
@@ -389,18 +428,139 @@ def wait_connected(timeout: float = 90.0) -> None:
     raise RuntimeError(f"MultiKueue did not connect to every worker: {last}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sovereignspec.localdev.multicluster")
-    parser.add_argument("action", choices=("up", "down"))
-    args = parser.parse_args(argv)
-    if args.action == "down":
-        down()
-        return 0
+def _fleet_pid() -> Path:
+    return state_dir() / "fleet.pid"
+
+
+def stop_served_fleet() -> None:
+    """Stop a fleet that `up` left serving in the background (its operators and telemetry)."""
+    path = _fleet_pid()
+    if not path.exists():
+        return
+    pid = int(path.read_text().strip() or 0)
+    try:
+        os.killpg(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            os.killpg(pid, 0)
+            time.sleep(0.2)
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    path.unlink(missing_ok=True)
+
+
+def serve() -> int:
+    """Configure the multi-cluster and run its fleet until SIGTERM (the background part of `up`)."""
+    fleet = up()
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        wait_connected()
+        fleet.start_operators()
+        # The demo's readings: eu idle, kr at 40 % headroom.
+        fleet.set_headroom("worker-kr", 0.4)
+        (state_dir() / "fleet.ready").write_text("ready\n")
+        stop.wait()
+    finally:
+        fleet.close()
+    return 0
+
+
+def up_in_background(timeout: float = 300.0) -> None:
+    """`make multicluster-up`: the control planes, then the fleet in a process of its own."""
     if not is_up():
         _run("multicluster-up.sh")
+    stop_served_fleet()
+    ready = state_dir() / "fleet.ready"
+    ready.unlink(missing_ok=True)
+    log = (state_dir() / "fleet.log").open("ab")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sovereignspec.localdev.multicluster", "serve"],
+        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    _fleet_pid().write_text(f"{proc.pid}\n")
+    deadline = time.monotonic() + timeout
+    while not ready.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            tail = (state_dir() / "fleet.log").read_text(errors="replace")[-4000:]
+            raise RuntimeError(f"the multi-cluster's fleet did not start (exit {proc.poll()}):\n{tail}")
+        time.sleep(0.5)
+
+
+# (job, namespace, annotations) the demo submits to the manager.
+DEMO_JOBS: list[tuple[str, str, dict[str, str]]] = [
+    ("eu-legal-chat", "team-eu", {"acceptance-rate": "0.85", "latency-class": "latency"}),
+    (
+        "eu-batch-summaries",
+        "team-eu",
+        {"drafter": "ngram", "acceptance-rate": "0.5", "latency-class": "throughput"},
+    ),
+    ("kr-bank-assist", "team-kr", {"acceptance-rate": "0.8", "latency-class": "latency"}),
+    ("kr-gov-archive", "team-kr", {"drafter": "none", "latency-class": "throughput"}),
+    ("global-support-chat", "team-global", {"acceptance-rate": "0.9", "latency-class": "latency"}),
+    ("global-translation", "team-global", {"acceptance-rate": "0.7", "latency-class": "throughput"}),
+    ("global-in-japan", "team-global", {"jurisdiction": "jp"}),
+]
+
+
+def demo() -> int:
+    """`make demo-multicluster`: tenants of both jurisdictions (and one bound to none) submit Jobs
+    to the manager; print where each was dispatched and admitted, and why."""
+    up_in_background()
+    manager = api("manager")
+    token = f"{int(time.time()) % 100000}"
+    for job, ns, notes in DEMO_JOBS:
+        annotations = {"sovereignspec.io/model": "llama-3.1-8b", "sovereignspec.io/drafter": "eagle3"}
+        annotations.update({f"sovereignspec.io/{key}": v for key, v in notes.items()})
+        server_side_apply(manager, k.job(f"{job}-{token}", ns, QUEUE, annotations=annotations), MANAGER)
+    deadline = time.monotonic() + 120
+    rows: dict[str, tuple[str, str, str]] = {}
+    while time.monotonic() < deadline and len(rows) < len(DEMO_JOBS):
+        for _, ns, _ in DEMO_JOBS:
+            for wl in k.workloads(manager, ns):
+                job = next((r["name"] for r in wl["metadata"].get("ownerReferences", [])), "")
+                if not job.endswith(f"-{token}") or job in rows:
+                    continue
+                ours = k.check_state(wl, DISPATCH_CHECK) or {}
+                text = str(ours.get("message", ""))
+                cluster = (wl.get("status") or {}).get("clusterName")
+                admitted = (k.condition(wl, "Admitted") or {}).get("status") == "True"
+                if cluster and admitted:
+                    rows[job] = (ns, str(cluster), text)
+                elif ours.get("state") == "Rejected" or "Previously: Rejected" in text:
+                    rows[job] = (ns, "(rejected)", text)
+        time.sleep(1.0)
+    print(f"{'job':34s} {'namespace':12s} {'admitted on':12s} why (SovereignSpec's dispatch check)")
+    for job, (ns, where, text) in sorted(rows.items()):
+        print(f"{job:34s} {ns:12s} {where:12s} {text[:160]}")
+    missing = len(DEMO_JOBS) - len(rows)
+    if missing:
+        print(f"{missing} job(s) not decided within 120 s: see {state_dir() / 'fleet.log'}")
+    print(f"\nkubectl --kubeconfig {kubeconfig('manager')} get workloads -A   # the manager")
+    print(f"kubectl --kubeconfig {kubeconfig('worker-kr')} get jobs -A       # a worker")
+    print("make multicluster-down stops it all.")
+    return 1 if missing else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sovereignspec.localdev.multicluster")
+    parser.add_argument("action", choices=("up", "down", "serve", "demo"))
+    args = parser.parse_args(argv)
+    if args.action == "down":
+        stop_served_fleet()
+        down()
+        return 0
+    if args.action == "serve":
+        return serve()
+    if args.action == "demo":
+        return demo()
+    up_in_background()
     for member in INDEX:
         print(f"{member:10s} {server(member)}  kubeconfig {kubeconfig(member)}")
-    print("configure and run it: make demo-multicluster (telemetry, operators, tenants' Jobs)")
+    print(
+        f"fleet (telemetry, operators): log {state_dir() / 'fleet.log'}; make multicluster-down stops it all"
+    )
     return 0
 
 

@@ -62,6 +62,7 @@ class Audit:
 @pytest.fixture(scope="module")
 def fleet() -> Iterator[mc.Fleet]:
     reused = mc.is_up()
+    mc.stop_served_fleet()  # a fleet `make multicluster-up` left running would decide beside ours
     audit, f = None, None
     try:
         f = mc.up(extra_checks=(AUDIT,))

@@ -160,3 +160,31 @@ def test_the_chart_renders_as_a_dependency_of_a_parent_chart_with_global_values(
     assert out.returncode == 0, out.stderr
     kinds = {d["kind"] for d in yaml.safe_load_all(out.stdout) if d}
     assert {"Deployment", "ClusterRole", "AdmissionCheck"} <= kinds
+
+
+def test_the_dispatcher_role_renders_its_flag_controller_name_and_read_rights(helm):
+    docs = render(helm, "role=dispatcher", "dispatcher.nominate=2")
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--role=dispatcher" in args and "--nominate=2" in args
+    assert "--controller-name=sovereignspec.io/dispatcher" in args
+    assert "--field-manager=sovereignspec-dispatcher" in args
+    check = next(d for d in docs if d["kind"] == "AdmissionCheck")
+    assert check["spec"]["controllerName"] == "sovereignspec.io/dispatcher"
+    role = next(d for d in docs if d["kind"] == "ClusterRole")
+    extra = yaml.safe_load((CHART / "files/clusterrole-rules-dispatcher.yaml").read_text())
+    assert role["rules"] == yaml.safe_load((CHART / "files/clusterrole-rules.yaml").read_text()) + extra
+    # The worker role (the default) keeps its name and reads no MultiKueue objects.
+    worker = render(helm)
+    args = next(d for d in worker if d["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][0][
+        "args"
+    ]
+    assert "--role=worker" in args and "--controller-name=sovereignspec.io/speculation" in args
+    rules = next(d for d in worker if d["kind"] == "ClusterRole")["rules"]
+    assert not any("multikueueclusters" in r["resources"] for r in rules)
+
+
+def test_the_values_schema_refuses_an_unknown_role(helm):
+    args = [str(helm), "template", "t", str(CHART), "--set", "role=manager"]
+    result = subprocess.run(args, capture_output=True, text=True, check=False)
+    assert result.returncode != 0 and "role" in result.stderr

@@ -30,3 +30,20 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- default "default" .Values.serviceAccount.name -}}
 {{- end -}}
 {{- end -}}
+
+{{/* The dispatcher role serves its own controllerName and field manager unless they are set. */}}
+{{- define "sovereignspec.controllerName" -}}
+{{- if and (eq .Values.role "dispatcher") (eq .Values.controllerName "sovereignspec.io/speculation") -}}
+sovereignspec.io/dispatcher
+{{- else -}}
+{{- .Values.controllerName -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "sovereignspec.fieldManager" -}}
+{{- if and (eq .Values.role "dispatcher") (eq .Values.fieldManager "sovereignspec-controller") -}}
+sovereignspec-dispatcher
+{{- else -}}
+{{- .Values.fieldManager -}}
+{{- end -}}
+{{- end -}}
