@@ -1,0 +1,142 @@
+"""The dispatcher role's decisions from its caches, without a cluster: which Workloads it decides,
+what it writes, and that it never replaces a nomination someone else wrote."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from sovereignspec.operator.dispatcher import DispatchController
+from sovereignspec.operator.policy import parse_policy
+from sovereignspec.profiles import load_profiles
+
+CHECK, MK = "sovereignspec-dispatch", "multikueue"
+
+
+def worker(name: str, jurisdiction: str, active: bool = True) -> dict[str, Any]:
+    return {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "MultiKueueCluster",
+        "metadata": {
+            "name": name,
+            "resourceVersion": "1",
+            "labels": {"sovereignspec.io/jurisdiction": jurisdiction},
+        },
+        "status": {
+            "conditions": [{"type": "Active", "status": "True" if active else "False", "reason": "R"}]
+        },
+    }
+
+
+def workload(name: str, namespace: str, **status: Any) -> dict[str, Any]:
+    base = {
+        "conditions": [{"type": "QuotaReserved", "status": "True"}],
+        "admissionChecks": [
+            {"name": CHECK, "state": "Pending", "message": ""},
+            {"name": MK, "state": "Pending", "message": ""},
+        ],
+    }
+    base.update(status)
+    return {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "Workload",
+        "metadata": {"name": name, "namespace": namespace, "resourceVersion": "7", "uid": name},
+        "spec": {
+            "podSets": [
+                {
+                    "name": "main",
+                    "count": 1,
+                    "template": {
+                        "metadata": {"annotations": {"sovereignspec.io/drafter": "eagle3"}},
+                        "spec": {
+                            "containers": [{"name": "s", "resources": {"requests": {"nvidia.com/gpu": "1"}}}]
+                        },
+                    },
+                }
+            ]
+        },
+        "status": base,
+    }
+
+
+@pytest.fixture
+def controller() -> DispatchController:
+    c = DispatchController(client.ApiClient(client.Configuration()), load_profiles())
+    cache = c.cache
+    cache.checks.put({"metadata": {"name": MK, "resourceVersion": "1"},
+                      "spec": {"controllerName": "kueue.x-k8s.io/multikueue",
+                               "parameters": {"name": "sovereign"}}})  # fmt: skip
+    cache.configs.put({"metadata": {"name": "sovereign", "resourceVersion": "1"},  # type: ignore[attr-defined]
+                       "spec": {"clusters": ["worker-eu", "worker-kr"]}})  # fmt: skip
+    cache.clusters.put(worker("worker-eu", "eu"))  # type: ignore[attr-defined]
+    cache.clusters.put(worker("worker-kr", "kr"))  # type: ignore[attr-defined]
+    return c
+
+
+NAMESPACES = {
+    "team-kr": {"sovereignspec.io/jurisdiction": "kr"},
+    "team-eu": {"sovereignspec.io/jurisdiction": "eu"},
+}
+
+
+def decide(c: DispatchController, *wls: dict[str, Any]) -> dict[str, Any]:
+    for wl in wls:
+        c.cache.workloads.put(wl)
+    spec = parse_policy("p", {"telemetry": {"source": "none"}})
+    out = c._decide(spec, {CHECK}, c._workers(spec), c._configs_by_check(), NAMESPACES)
+    return {d.wl["metadata"]["name"]: d for d in out}
+
+
+def test_a_workload_is_nominated_to_its_jurisdiction_in_one_write_with_the_ready_entry(controller):
+    d = decide(controller, workload("a", "team-kr"))["a"]
+    assert (d.state, d.nominated, d.outcome) == ("Ready", ("worker-kr",), "nominate")
+    assert "worker-eu: jurisdiction" in d.message  # why the other was left out
+
+
+def test_a_nomination_someone_else_wrote_is_kept_when_admissible_and_never_rewritten(controller):
+    d = decide(controller, workload("a", "team-kr", nominatedClusterNames=["worker-kr"]))["a"]
+    assert (d.state, d.nominated, d.outcome) == ("Ready", None, "kept")  # None: the field is left alone
+
+
+def test_a_nomination_across_a_boundary_keeps_the_gate_closed(controller):
+    d = decide(controller, workload("a", "team-kr", nominatedClusterNames=["worker-eu"]))["a"]
+    assert (d.state, d.nominated, d.outcome) == ("Pending", None, "hold")
+    assert d.event is not None and d.event[0] == "NominationRefused" and d.event[2]
+
+
+@pytest.mark.parametrize(
+    "status",
+    [
+        {"clusterName": "worker-kr"},  # admitted through a worker: Kueue's now
+        {"conditions": []},  # no quota reserved yet
+        {"admissionChecks": [{"name": CHECK, "state": "Ready", "message": "nominated worker-kr"}]},
+    ],
+    ids=["has-a-cluster", "no-quota", "already-decided"],
+)
+def test_workloads_it_must_not_touch_are_left_alone(controller, status):
+    assert decide(controller, workload("a", "team-kr", **status)) == {}
+
+
+def test_only_a_disconnected_admissible_worker_means_wait_not_another_jurisdiction(controller):
+    down = worker("worker-kr", "kr", active=False)
+    down["metadata"]["resourceVersion"] = "2"
+    controller.cache.clusters.put(down)  # type: ignore[attr-defined]
+    d = decide(controller, workload("a", "team-kr"))["a"]
+    assert (d.state, d.nominated, d.outcome) == ("Pending", None, "wait")
+    assert "not-connected" in d.message
+
+
+def test_a_malformed_worker_label_excludes_that_worker_with_the_field_named(controller):
+    bad = worker("worker-kr", "KR!")
+    bad["metadata"]["resourceVersion"] = "3"
+    controller.cache.clusters.put(bad)  # type: ignore[attr-defined]
+    d = decide(controller, workload("a", "team-kr"))["a"]
+    assert d.outcome == "wait" and "sovereignspec.io/jurisdiction" in d.message and "KR!" in d.message
+
+
+def test_a_queue_without_a_multikueue_check_waits_with_the_reason(controller):
+    wl = workload("a", "team-kr", admissionChecks=[{"name": CHECK, "state": "Pending", "message": ""}])
+    d = decide(controller, wl)["a"]
+    assert d.outcome == "wait" and "MultiKueue" in d.message
