@@ -322,6 +322,20 @@ class Fleet:
             self.telemetry[member], self.prometheus[member] = t, prom
         return {m: p.url for m, p in self.prometheus.items()}
 
+    def wait_for_telemetry(self, timeout: float = 60.0) -> None:
+        """Until every worker's Prometheus serves all of its GPUs (decisions before that would rank
+        the worker as one without telemetry)."""
+        want = self.nodes * self.gpus_per_node
+        deadline = time.monotonic() + timeout
+        for member, prom in self.prometheus.items():
+            while len(prom.query("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE")) < want:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"{member}'s telemetry did not reach its Prometheus in {timeout:.0f} s"
+                    )
+                time.sleep(0.5)
+        time.sleep(1.2)  # the dispatcher reuses a worker's snapshot for 1 s
+
     def set_headroom(self, member: str, headroom: float) -> None:
         for i in range(self.nodes):
             for g in range(self.gpus_per_node):
@@ -460,6 +474,7 @@ def serve() -> int:
         fleet.start_operators()
         # The demo's readings: eu idle, kr at 40 % headroom.
         fleet.set_headroom("worker-kr", 0.4)
+        fleet.wait_for_telemetry()
         (state_dir() / "fleet.ready").write_text("ready\n")
         stop.wait()
     finally:
@@ -529,7 +544,11 @@ def demo() -> int:
                 if cluster and admitted:
                     rows[job] = (ns, str(cluster), text)
                 elif ours.get("state") == "Rejected" or "Previously: Rejected" in text:
-                    rows[job] = (ns, "(rejected)", text)
+                    # Kueue resets the entry after the deactivation; our reason is in the Event.
+                    events = client.CoreV1Api(manager).list_namespaced_event(ns).items
+                    why = next((e.message for e in events if e.reason == "NoWorkerCluster"
+                                and e.involved_object.name == wl["metadata"]["name"]), text)  # fmt: skip
+                    rows[job] = (ns, "(rejected)", str(why))
         time.sleep(1.0)
     print(f"{'job':34s} {'namespace':12s} {'admitted on':12s} why (SovereignSpec's dispatch check)")
     for job, (ns, where, text) in sorted(rows.items()):

@@ -67,6 +67,7 @@ def fleet() -> Iterator[mc.Fleet]:
     try:
         f = mc.up(extra_checks=(AUDIT,))
         mc.wait_connected()
+        f.wait_for_telemetry()
         f.start_operators()
         audit = Audit(mc.api("manager")).start()
         yield f
