@@ -39,7 +39,7 @@ from sovereignspec.errors import describe
 from sovereignspec.operator import annotations as ann
 from sovereignspec.operator import metrics
 from sovereignspec.operator.controller import Controller, Settings, TickReport
-from sovereignspec.operator.informer import KUEUE, Informer, _has_checks, rv_int
+from sovereignspec.operator.informer import KUEUE, InformerSet, _has_checks, always, rv_int
 from sovereignspec.operator.policy import GROUP, PLURAL, VERSION, PolicySpec
 from sovereignspec.operator.view import (
     UnreadableFieldError,
@@ -103,47 +103,17 @@ def connected(obj: dict[str, Any]) -> tuple[bool, str]:
     return False, "MultiKueue has not connected to it yet"
 
 
-class DispatchCache:
+class DispatchCache(InformerSet):
     """What a dispatch tick reads, each resource in its own watch-fed Informer."""
 
     def __init__(self, api: client.ApiClient, policies_path: str) -> None:
-        self.on_wake: Any = lambda: None
-
-        def informer(path: str, name: str, **kw: Any) -> Informer:
-            return Informer(client.ApiClient(api.configuration), path, name, on_wake=self._wake, **kw)
-
-        always = lambda _k, _o: True  # noqa: E731
-        self.workloads = informer(f"{KUEUE}/workloads", "workloads", wake=_has_checks)
-        self.checks = informer(f"{KUEUE}/admissionchecks", "admissionchecks", wake=always)
-        self.policies = informer(policies_path, "speculationpolicies", wake=always)
-        self.namespaces = informer("/api/v1/namespaces", "namespaces")
-        self.clusters = informer(f"{KUEUE}/multikueueclusters", "multikueueclusters", wake=always)
-        self.configs = informer(f"{KUEUE}/multikueueconfigs", "multikueueconfigs", wake=always)
-        self.all = [self.workloads, self.checks, self.policies, self.namespaces, self.clusters, self.configs]
-
-    def _wake(self) -> None:
-        self.on_wake()
-
-    def start(self) -> DispatchCache:
-        for i in self.all:
-            i.start()
-        return self
-
-    def stop(self) -> None:
-        for i in self.all:
-            i.stop()
-
-    def synced(self) -> bool:
-        return all(i.synced.is_set() for i in self.all)
-
-    def denied(self) -> list[str]:
-        return [f"{i.name}: {i.last_error}" for i in self.all if i.denied]
-
-    def not_synced(self) -> list[str]:
-        return [f"{i.name} ({i.last_error or 'listing'})" for i in self.all if not i.synced.is_set()]
-
-    def lists(self) -> int:
-        return sum(i.lists for i in self.all)
+        super().__init__(api)
+        self.workloads = self.informer(f"{KUEUE}/workloads", "workloads", wake=_has_checks)
+        self.checks = self.informer(f"{KUEUE}/admissionchecks", "admissionchecks", wake=always)
+        self.policies = self.informer(policies_path, "speculationpolicies", wake=always)
+        self.namespaces = self.informer("/api/v1/namespaces", "namespaces")
+        self.clusters = self.informer(f"{KUEUE}/multikueueclusters", "multikueueclusters", wake=always)
+        self.configs = self.informer(f"{KUEUE}/multikueueconfigs", "multikueueconfigs", wake=always)
 
 
 class WorkerTelemetry:

@@ -330,51 +330,25 @@ def _has_checks(kind: str, obj: Obj) -> bool:
     return bool((obj.get("status") or {}).get("admissionChecks")) or kind == "DELETED"
 
 
-class ClusterCache:
-    """Every resource a tick reads, each in its own watch-fed Informer."""
+class InformerSet:
+    """Informers read together by one tick: started, stopped and judged in sync as one."""
 
-    def __init__(self, api: client.ApiClient, policies_path: str) -> None:
+    def __init__(self, api: client.ApiClient) -> None:
+        self.api = api
         self.on_wake: Callable[[], None] = lambda: None  # set by the decision loop
+        self.all: list[Informer] = []
 
-        def informer(path: str, name: str, **kw: Any) -> Informer:
-            # Each watch on a client (connection pool) of its own, so that a long watch never
-            # holds a connection the writes need; the configuration (and its token) is shared.
-            return Informer(client.ApiClient(api.configuration), path, name, on_wake=self._wake, **kw)
-
-        always = lambda _k, _o: True  # noqa: E731
-        self.workloads = informer(f"{KUEUE}/workloads", "workloads", wake=_has_checks)
-        self.checks = informer(f"{KUEUE}/admissionchecks", "admissionchecks", wake=always)
-        self.policies = informer(policies_path, "speculationpolicies", wake=always)
-        self.flavors = informer(f"{KUEUE}/resourceflavors", "resourceflavors", wake=always)
-        self.nodes = informer(
-            "/api/v1/nodes", "nodes", transform=strip_node, wake=lambda k, _o: k in ("ADDED", "DELETED")
-        )
-        self.namespaces = informer("/api/v1/namespaces", "namespaces")
-        self.pods = informer(
-            "/api/v1/pods",
-            "pods",
-            query=[("fieldSelector", "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed")],
-            transform=strip_pod,
-        )
-        # Only the Jobs' metadata: to tell a user whose keys sit on the Job itself.
-        self.jobs = informer(
-            "/apis/batch/v1/jobs", "jobs", accept=PARTIAL.format("List"), watch_accept=PARTIAL.format("")
-        )
-        self.all = [
-            self.workloads,
-            self.checks,
-            self.policies,
-            self.flavors,
-            self.nodes,
-            self.namespaces,
-            self.pods,
-            self.jobs,
-        ]
+    def informer(self, path: str, name: str, **kw: Any) -> Informer:
+        # Each watch on a client (connection pool) of its own, so that a long watch never holds a
+        # connection the writes need; the configuration (and its token) is shared.
+        made = Informer(client.ApiClient(self.api.configuration), path, name, on_wake=self._wake, **kw)
+        self.all.append(made)
+        return made
 
     def _wake(self) -> None:
         self.on_wake()
 
-    def start(self) -> ClusterCache:
+    def start(self) -> InformerSet:
         for i in self.all:
             i.start()
         return self
@@ -394,3 +368,33 @@ class ClusterCache:
 
     def lists(self) -> int:
         return sum(i.lists for i in self.all)
+
+
+def always(_kind: str, _obj: Obj) -> bool:
+    return True
+
+
+class ClusterCache(InformerSet):
+    """Every resource a worker's tick reads, each in its own watch-fed Informer."""
+
+    def __init__(self, api: client.ApiClient, policies_path: str) -> None:
+        super().__init__(api)
+        informer = self.informer
+        self.workloads = informer(f"{KUEUE}/workloads", "workloads", wake=_has_checks)
+        self.checks = informer(f"{KUEUE}/admissionchecks", "admissionchecks", wake=always)
+        self.policies = informer(policies_path, "speculationpolicies", wake=always)
+        self.flavors = informer(f"{KUEUE}/resourceflavors", "resourceflavors", wake=always)
+        self.nodes = informer(
+            "/api/v1/nodes", "nodes", transform=strip_node, wake=lambda k, _o: k in ("ADDED", "DELETED")
+        )
+        self.namespaces = informer("/api/v1/namespaces", "namespaces")
+        self.pods = informer(
+            "/api/v1/pods",
+            "pods",
+            query=[("fieldSelector", "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed")],
+            transform=strip_pod,
+        )
+        # Only the Jobs' metadata: to tell a user whose keys sit on the Job itself.
+        self.jobs = informer(
+            "/apis/batch/v1/jobs", "jobs", accept=PARTIAL.format("List"), watch_accept=PARTIAL.format("")
+        )
