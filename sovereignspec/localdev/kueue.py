@@ -59,34 +59,28 @@ def set_check_active(api: client.ApiClient, name: str, manager: str, active: boo
 
 
 def cluster_queue(name: str, flavors: dict[str, int], checks: list[str], cpu: str = "1000") -> dict[str, Any]:
+    """A ClusterQueue over `flavors` (flavor -> GPUs) with `checks`. Kueue refuses empty lists:
+    a queue without flavors has no resource group, one without checks no strategy."""
+    spec: dict[str, Any] = {"namespaceSelector": {}}
+    if flavors:
+        quota = [
+            {
+                "name": f,
+                "resources": [
+                    {"name": "cpu", "nominalQuota": cpu},
+                    {"name": "nvidia.com/gpu", "nominalQuota": g},
+                ],
+            }
+            for f, g in flavors.items()
+        ]
+        spec["resourceGroups"] = [{"coveredResources": ["cpu", "nvidia.com/gpu"], "flavors": quota}]
+    if checks:
+        spec["admissionChecksStrategy"] = {"admissionChecks": [{"name": c} for c in checks]}
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "ClusterQueue",
         "metadata": {"name": name},
-        "spec": {
-            "namespaceSelector": {},
-            "resourceGroups": [
-                {
-                    "coveredResources": ["cpu", "nvidia.com/gpu"],
-                    "flavors": [
-                        {
-                            "name": f,
-                            "resources": [
-                                {"name": "cpu", "nominalQuota": cpu},
-                                {"name": "nvidia.com/gpu", "nominalQuota": gpus},
-                            ],
-                        }
-                        for f, gpus in flavors.items()
-                    ],
-                }
-            ],
-            # Kueue refuses an empty list: a queue without checks has no strategy at all.
-            **(
-                {"admissionChecksStrategy": {"admissionChecks": [{"name": c} for c in checks]}}
-                if checks
-                else {}
-            ),
-        },
+        "spec": spec,
     }
 
 

@@ -58,12 +58,13 @@ def make_pool(
     nodes: list[tuple[str, str, int, list[float]]],
     extra_checks: list[str] | None = None,
     fqdn: bool = False,
+    queue: str = "serving",
 ) -> Pool:
     """nodes: (gpu type, jurisdiction, gpu count, headroom per GPU). One flavor per GPU type, in
     the order given; a ClusterQueue with our check (and `extra_checks`) and a LocalQueue. With
     `fqdn`, Node names are FQDNs and their kubernetes.io/hostname labels the short names."""
     token = secrets.token_hex(3)
-    pool = Pool(env, namespace, token)
+    pool = Pool(env, namespace, token, queue=queue)
     flavors: dict[str, str] = {}
     for i, (gpu_type, jurisdiction, count, headrooms) in enumerate(nodes):
         host = f"t{token}-{gpu_type.lower()}-{jurisdiction}-{i}"
@@ -109,7 +110,7 @@ def make_pool(
     k.apply(
         env.api, k.cluster_queue(cq, dict.fromkeys(flavors.values(), 64), [env.check, *(extra_checks or [])])
     )
-    k.apply(env.api, k.local_queue(pool.queue, namespace, cq))
+    k.apply(env.api, k.local_queue(pool.queue, namespace, cq))  # a LocalQueue's ClusterQueue is immutable
     return pool
 
 

@@ -175,9 +175,7 @@ def test_a_telemetry_source_answering_nonsense_fails_only_its_own_policy(env, na
         params = {"apiGroup": "sovereignspec.io", "kind": "SpeculationPolicy", "name": name}
         k.apply(env.api, k.admission_check(check, env.controller, params))
         lied_to = make_pool(replace(env, check=check), namespace, [("H100-SXM", "eu", 2, [0.95, 0.95])])
-        healthy = make_pool(env, namespace, [("H100-SXM", "eu", 2, [0.95, 0.95])])
-        healthy = replace(healthy, queue="healthy")
-        k.apply(env.api, k.local_queue("healthy", namespace, f"t{healthy.token}"))
+        healthy = make_pool(env, namespace, [("H100-SXM", "eu", 2, [0.95, 0.95])], queue="healthy")
         submit(lied_to, "misled", **CHAT)
         submit(healthy, "unaffected", **CHAT)
         assert our_entry(healthy, decided(healthy, "unaffected"))["message"].startswith("speculative")
