@@ -13,8 +13,9 @@ dedicated to, if any) and as its telemetry reads (per-GPU headroom of one GPU ty
    a worker whose telemetry is missing is ranked after every worker that has it, never excluded
    for it, and never makes a worker across a boundary admissible.
 
-The result is one of: nominate (with the ranking and why), wait (an admissible worker exists but
-none is connected now), or reject (no worker can ever take it: every exclusion is permanent).
+The result is one of: nominate (with the ranking and why), wait (no worker can take it now, but one
+could: it reconnects, an administrator fixes its description), or reject (no worker can ever take
+it: every exclusion is permanent).
 Pure: plain data in, plain data out; the operator reads the API and writes the outcome.
 """
 
@@ -170,23 +171,22 @@ class Dispatcher:
                 return Dispatch(req.name, "wait", (), "no worker cluster is configured yet", (), excluded)
             if all(e.permanent for e in excluded.values()):
                 return Dispatch(req.name, "reject", (), "no worker cluster can ever take it", (), excluded)
-            return Dispatch(
-                req.name, "wait", (), "no admissible worker cluster is connected now", (), excluded
-            )
+            return Dispatch(req.name, "wait", (), "no worker cluster can take it now", (), excluded)
 
         scored: list[tuple[tuple[float, ...], Ranked]] = []
         for w in admissible:
             ranked, key, why_not = self._score(req, w)
             if ranked is None:
-                excluded[w.name] = Exclusion("no-gpu", why_not, True)
+                # A GPU type without a profile is an administrator's slip to fix (wait meanwhile);
+                # a model that fits no GPU of the worker never will.
+                unknown_type = w.gpu_type is not None and w.gpu_type not in self.profiles.gpus
+                excluded[w.name] = Exclusion("no-gpu", why_not, not unknown_type)
                 continue
             scored.append((key, ranked))
         if not scored:
             if all(e.permanent for e in excluded.values()):
                 return Dispatch(req.name, "reject", (), "no worker cluster can ever take it", (), excluded)
-            return Dispatch(
-                req.name, "wait", (), "no admissible worker cluster is connected now", (), excluded
-            )
+            return Dispatch(req.name, "wait", (), "no worker cluster can take it now", (), excluded)
         scored.sort(key=lambda item: item[0])
         ranking = tuple(r for _, r in scored)
         chosen = tuple(r.worker for r in ranking[: max(1, nominate)])

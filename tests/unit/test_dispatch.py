@@ -63,8 +63,10 @@ CASES = [
      {"jurisdiction": "kr"}, "wait", ()),
     ("no worker configured yet: wait",
      [], {}, "wait", ()),
-    ("a worker whose GPU type has no profile can never take it",
-     [Worker("kr", "kr", gpu_type="Z9000", gpus=gpus(1.0))], {"jurisdiction": "kr"}, "reject", ()),
+    ("a worker whose GPU type has no profile is excluded until an administrator fixes it: wait",
+     [Worker("kr", "kr", gpu_type="Z9000", gpus=gpus(1.0))], {"jurisdiction": "kr"}, "wait", ()),
+    ("a model that fits no GPU of the only admissible worker can never run: reject",
+     [worker("kr", "kr")], {"jurisdiction": "kr", "model": "llama-3.3-70b", "gpus": 64}, "reject", ()),
 ]  # fmt: skip
 
 
