@@ -16,6 +16,7 @@ dedicated to, if any) and as its telemetry reads (per-GPU headroom of one GPU ty
 The result is one of: nominate (with the ranking and why), wait (no worker can take it now, but one
 could: it reconnects, an administrator fixes its description), or reject (no worker can ever take
 it: every exclusion is permanent).
+
 Pure: plain data in, plain data out; the operator reads the API and writes the outcome.
 """
 
