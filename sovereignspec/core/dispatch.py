@@ -231,6 +231,11 @@ class Dispatcher:
         return Ranked(w.name, r.tpot_ms, r.speedup, r.gamma, r.headroom, note), key, ""
 
 
+def dispatch_order(req: WorkloadRequest) -> tuple[bool, float]:
+    """Sort key of a tick: latency-sensitive, high-acceptance work first (it takes the headroom)."""
+    return (req.latency_class != "latency", -req.alpha)
+
+
 def dispatch_all(
     profiles: ProfileSet,
     workers: Sequence[Worker],
@@ -240,9 +245,7 @@ def dispatch_all(
 ) -> list[Dispatch]:
     """Every request in order, latency-sensitive first (they take the headroom), as one tick."""
     d = Dispatcher(profiles, workers, policy)
-    order = sorted(
-        range(len(requests)), key=lambda i: (requests[i].latency_class != "latency", -requests[i].alpha, i)
-    )
+    order = sorted(range(len(requests)), key=lambda i: (dispatch_order(requests[i]), i))
     out: dict[int, Dispatch] = {i: d.dispatch(requests[i], nominate) for i in order}
     return [out[i] for i in range(len(requests))]
 

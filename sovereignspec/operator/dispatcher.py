@@ -31,9 +31,15 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from sovereignspec.core.dispatch import Dispatch, Dispatcher, Worker, WorkerGpu, admissible_nomination
+from sovereignspec.core.dispatch import (
+    Dispatch,
+    Dispatcher,
+    Worker,
+    WorkerGpu,
+    admissible_nomination,
+    dispatch_order,
+)
 from sovereignspec.core.placement import WorkloadRequest
-from sovereignspec.core.roofline import headroom_from_tensor_activity
 from sovereignspec.core.specs import ProfileSet
 from sovereignspec.errors import describe
 from sovereignspec.operator import annotations as ann
@@ -46,14 +52,16 @@ from sovereignspec.operator.view import (
     condition,
     declared_request,
     key_of,
+    learned_alpha,
     our_entry,
     placer_policy,
+    reading_headroom,
     requested_gpus,
     tenancy_of,
 )
 from sovereignspec.operator.writer import ConflictError
 from sovereignspec.telemetry.prometheus import PrometheusReader
-from sovereignspec.telemetry.snapshot import TENSOR_METRICS, Snapshot, blend_acceptance
+from sovereignspec.telemetry.snapshot import Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -243,15 +251,11 @@ class DispatchController(Controller):
         if gpu_type is None or gpu_type not in self.profiles.gpus:
             return ()
         efficiency = self.profiles.gpus[gpu_type].compute_efficiency
-        now = time.time()
-        out = []
-        for (node, index), reading in sorted(snap.gpus.items()):
-            headroom = None
-            if now - reading.observed_at <= spec.telemetry.staleness_seconds:
-                scale = efficiency if reading.metric in TENSOR_METRICS else 1.0
-                headroom = float(headroom_from_tensor_activity(reading.activity, scale))
-            out.append(WorkerGpu(node, index, headroom))
-        return tuple(out)
+        now, staleness = time.time(), spec.telemetry.staleness_seconds
+        return tuple(
+            WorkerGpu(node, index, reading_headroom(reading, efficiency, now, staleness))
+            for (node, index), reading in sorted(snap.gpus.items())
+        )
 
     # -- the tick ------------------------------------------------------------------------------
 
@@ -344,7 +348,7 @@ class DispatchController(Controller):
                 out.append(self._rejected(wl, entry, f"sovereignty input: {problems}"))
                 continue
             requests.append((wl, entry, pool, request))
-        requests.sort(key=lambda t: (t[3].latency_class != "latency", -t[3].alpha, key_of(t[0])))
+        requests.sort(key=lambda t: (dispatch_order(t[3]), key_of(t[0])))
         dispatchers: dict[tuple[str, ...], Dispatcher] = {}
         for wl, entry, pool, request in requests:
             if not pool:
@@ -370,11 +374,9 @@ class DispatchController(Controller):
         # α learned where this namespace's engines already run, if any worker reports it.
         ns = request.name.split("/", 1)[0]
         for snap in self._acceptance.values():
-            observed = snap.acceptance.get((ns, request.model))
-            if observed and spec.telemetry.acceptance.learn:
-                weight = spec.telemetry.acceptance.prior_weight_tokens
-                tokens = observed[1] if observed[1] >= 0 else weight
-                return replace(request, alpha=blend_acceptance(request.alpha, (observed[0], tokens), weight))
+            learned = learned_alpha(request.alpha, snap.acceptance.get((ns, request.model)), spec)
+            if learned is not None:
+                return replace(request, alpha=learned)
         return request
 
     def _from_dispatch(self, wl: dict[str, Any], entry: dict[str, Any], d: Dispatch) -> _Decision:

@@ -44,7 +44,7 @@ from sovereignspec.core.sovereignty import NodeTenancy, Requirement, check_node
 from sovereignspec.core.specs import ProfileSet
 from sovereignspec.operator import annotations as ann
 from sovereignspec.operator.policy import PolicySpec
-from sovereignspec.telemetry.snapshot import TENSOR_METRICS, Snapshot, blend_acceptance
+from sovereignspec.telemetry.snapshot import TENSOR_METRICS, GpuReading, Snapshot, blend_acceptance
 
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
@@ -311,10 +311,9 @@ def declared_request(
     alpha = prior
     # Observed in this namespace's own engines (see PrometheusReader.acceptance).
     observed = snapshot.acceptance.get((meta["namespace"], model))
-    if policy.telemetry.acceptance.learn and observed:
-        weight = policy.telemetry.acceptance.prior_weight_tokens
-        tokens = observed[1] if observed[1] >= 0 else weight  # SGLang reports a rate, not tokens
-        alpha = blend_acceptance(prior, (observed[0], tokens), weight)
+    learned = learned_alpha(prior, observed, policy)
+    if learned is not None and observed is not None:
+        alpha = learned
         source = f"{source} {prior:.2f} blended with {observed[0]:.2f} observed"
     problems = declared.performance_problems
     request = WorkloadRequest(
@@ -336,6 +335,25 @@ def declared_request(
         allowed_jurisdictions=declared.allowed_jurisdictions,
     )
     return declared, request, source
+
+
+def learned_alpha(prior: float, observed: tuple[float, float] | None, policy: PolicySpec) -> float | None:
+    """`prior` blended with what the engines observed, where the policy learns (None: nothing to learn)."""
+    if not policy.telemetry.acceptance.learn or not observed:
+        return None
+    weight = policy.telemetry.acceptance.prior_weight_tokens
+    tokens = observed[1] if observed[1] >= 0 else weight  # SGLang reports a rate, not tokens
+    return blend_acceptance(prior, (observed[0], tokens), weight)
+
+
+def reading_headroom(
+    reading: GpuReading | None, efficiency: float, now: float, staleness: float
+) -> float | None:
+    """A GPU's headroom from its activity reading (None: no reading, or one older than `staleness`)."""
+    if reading is None or now - reading.observed_at > staleness:
+        return None
+    scale = efficiency if reading.metric in TENSOR_METRICS else 1.0
+    return float(headroom_from_tensor_activity(reading.activity, scale))
 
 
 def _ms(value: float | None) -> float | None:
@@ -770,10 +788,7 @@ def _cluster(
         efficiency = profiles.gpus[gpu_type].compute_efficiency
         for gi in range(count):
             reading = None if stale_reason else snapshot.gpus.get((host, gi)) or snapshot.gpus.get((name, gi))
-            headroom = None
-            if reading is not None and now - reading.observed_at <= staleness:
-                scale = efficiency if reading.metric in TENSOR_METRICS else 1.0
-                headroom = float(headroom_from_tensor_activity(reading.activity, scale))
+            headroom = reading_headroom(reading, efficiency, now, staleness)
             headroom_out[(name, gi)] = headroom
             ratio, binding = math.inf, None
             for c in by_gpu.get((name, gi), []):
