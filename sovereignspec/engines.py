@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from sovereignspec.core.optimiser import SpecRequest, choose, gamma_table
+from sovereignspec.core.optimiser import GammaTable, SpecRequest, choose, gamma_table
 from sovereignspec.core.roofline import roofline_for
 from sovereignspec.core.specs import DrafterSpec, GpuSpec, ModelSpec
 
@@ -54,6 +54,8 @@ def budget_by_batch(
     background: float = 0.0,
     step_limit: float = math.inf,
     decided: tuple[float, int] | None = None,
+    co_load: bool = False,
+    caution: float = 0.0,
 ) -> Table:
     """γ* at each batch breakpoint, as contiguous inclusive ranges.
 
@@ -63,7 +65,11 @@ def budget_by_batch(
     largest batch (the cheaper end: γ* falls with the batch), capped at `cap` if given and made
     non-increasing in batch. With `decided` ((batch, γ) of the placement), the γ decided there
     bounds the declared batch and those above it, and every lighter batch runs at least that.
-    Equal neighbours merge."""
+
+    `co_load` (with `decided`): below the declared batch, whether a γ pays is judged beside the
+    background at the same fraction of it as the batch is of the declared one, and only the
+    neighbours' bound beside all of it. `caution` > 0: the shortest γ whose objective is within that
+    fraction of the best, not the best itself. Equal neighbours merge."""
     roof = roofline_for(gpu, model)
     # The GPU's judged load beside every batch: a light engine beside a busy GPU may not pay for
     # its drafting passes (they hold up everyone's step), and must keep the shared step within the
@@ -75,7 +81,15 @@ def budget_by_batch(
         req = SpecRequest(
             alpha, float(b), context, drafter.cost_for(model.name), drafter.spec_overhead, gamma_max, margin
         )
-        k = int(choose(gamma_table(roof, req, bg, q)).gamma[0])
+        table = gamma_table(roof, req, bg, q)
+        if co_load and decided is not None and b < decided[0]:
+            # Whether speculation pays is judged beside the others at the same fraction of their
+            # load as this engine is of its declared batch (co-located replicas see the same daily
+            # traffic); whether it keeps the neighbours within their SLOs, beside all of it.
+            light = np.full(1, float(background) * b / decided[0])
+            judged = gamma_table(roof, req, light, np.full(1, np.inf))
+            table = replace(judged, externality_ok=table.externality_ok)
+        k = _cautious(table, caution) if caution else int(choose(table).gamma[0])
         stars.append(min(k, cap) if cap is not None else k)
     ks: list[int] = []
     if decided is None:
@@ -128,7 +142,16 @@ def handoff(
     uncertainty worse is for the declared batch, and would invent load at every smaller one) and
     with no step longer than the neighbours' SLOs allow (`step_limit`: q × the step before the
     workload, at the decision); from the declared batch up it is never above the γ* `decided` there
-    ((batch, γ)). None when no batch pays, or the drafter does not draft for the model."""
+    ((batch, γ)). None when no batch pays, or the drafter does not draft for the model.
+
+    Two judgements differ from the placement's, because the table runs for the engine's whole life
+    without being looked at again. Below the declared batch the GPU's other work is taken at the
+    same fraction of its load (`co_load`: replicas that share a GPU mostly share the day's traffic;
+    judging a light batch beside everyone's declared peak would never let it speculate), while the
+    neighbours' SLO bound is still held beside all of it, so the guess can cost throughput but
+    never a neighbour's SLO. And a longer draft must beat a shorter one by the self-benefit margin,
+    as speculating at all must beat plain decode (`caution`): the margin covers the model's error,
+    which is largest where verification bends towards the compute roof."""
     if drafter is None or not drafter.supports(model.name) or gamma_max <= 0:
         return None
     background = float(roofline_for(gpu, model).seqs_for_headroom(headroom, context))
@@ -143,8 +166,16 @@ def handoff(
         background=background,
         step_limit=step_limit,
         decided=decided,
+        co_load=True,
+        caution=margin,
     )
     return table if any(k > 0 for _, _, k in table) else None
+
+
+def _cautious(table: GammaTable, caution: float) -> int:
+    """The shortest feasible γ whose objective is within `caution` (relative) of the best one."""
+    objective = np.where(table.feasible[:, 0], table.aggregate[:, 0], -np.inf)
+    return int(np.flatnonzero(objective * (1.0 + caution) >= objective.max())[0])
 
 
 def engine_config(drafter: DrafterSpec, model: str, gamma: int, table: Table | None = None) -> EngineConfig:

@@ -190,3 +190,49 @@ def test_no_batch_that_pays_is_plain_decode() -> None:
         handoff(gpu, model, PROFILES.drafters["eagle3"], 0.9, 1024.0, 0, 0.02, 1.0, math.inf, (8.0, 0))
         is None
     )
+
+
+def test_a_light_batch_beside_a_neighbour_declared_to_saturate_the_gpu_still_speculates() -> None:
+    from sovereignspec.engines import handoff
+
+    gpu, model, d = PROFILES.gpus["H100-SXM"], PROFILES.models["llama-3.1-8b"], PROFILES.drafters["eagle3"]
+    # The ledger reads the GPU full (headroom 0: a neighbour's declared 256 sequences). Judged beside
+    # all of it, no batch pays; beside the same fraction of it as this engine runs, light ones do.
+    table = handoff(gpu, model, d, 0.7, 144.0, 8, 0.02, 0.0, math.inf, (256.0, 0))
+    assert table is not None
+    vllm_table_is_valid(table)
+    assert table[0][2] > 0
+    assert all(k == 0 for _, hi, k in table if hi >= 256)
+
+
+def test_the_neighbours_bound_is_held_beside_their_whole_load_at_every_batch() -> None:
+    from sovereignspec.core.roofline import roofline_for
+    from sovereignspec.engines import handoff
+
+    gpu, model, d = PROFILES.gpus["H100-SXM"], PROFILES.models["llama-3.1-8b"], PROFILES.drafters["eagle3"]
+    roof = roofline_for(gpu, model)
+    background = float(roof.seqs_for_headroom(0.0, 144.0))
+    before = float(roof.step_time(background, background, 144.0))
+    # A neighbour already at its SLO: no step may grow at all. The light rows' optimism about the
+    # neighbours' load must not buy a single drafted token.
+    assert handoff(gpu, model, d, 0.7, 144.0, 8, 0.02, 0.0, before, (256.0, 0)) is None
+    # With 30 % of room the light batches speculate, with shorter drafts than with no bound.
+    some = handoff(gpu, model, d, 0.7, 144.0, 8, 0.02, 0.0, before * 1.3, (256.0, 0))
+    free = handoff(gpu, model, d, 0.7, 144.0, 8, 0.02, 0.0, math.inf, (256.0, 0))
+    assert some is not None and free is not None
+    assert some[0][2] > 0 and sum(k for _, _, k in some) < sum(k for _, _, k in free)
+
+
+def test_in_the_hand_off_a_longer_draft_must_beat_a_shorter_one_by_the_margin() -> None:
+    from sovereignspec.engines import budget_by_batch
+
+    gpu, model, d = PROFILES.gpus["H100-SXM"], PROFILES.models["llama-3.1-8b"], PROFILES.drafters["eagle3"]
+    best = budget_by_batch(gpu, model, d, 0.7, 144.0, 8, 0.02)
+    cautious = budget_by_batch(gpu, model, d, 0.7, 144.0, 8, 0.02, caution=0.02)
+
+    def at(table: list[list[int]], b: int) -> int:
+        return next(k for lo, hi, k in table if lo <= b <= hi)
+
+    assert all(at(cautious, b) <= at(best, b) for b in BATCH_BREAKPOINTS)
+    assert any(at(cautious, b) < at(best, b) for b in BATCH_BREAKPOINTS)
+    assert at(cautious, 1) > 0  # caution shortens drafts; it does not switch speculation off

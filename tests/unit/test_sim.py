@@ -122,7 +122,10 @@ def test_at_light_load_a_replica_declared_saturating_still_speculates() -> None:
     # table that speculates at light batches; before, it ran plain at every load.
     runs = _saturated_at(0.25)
     assert runs["sovereignspec"].speedup > 1.2
-    assert runs["sovereignspec"].speedup >= 0.8 * runs["oracle"].speedup
+    # Both tenants' engines speculate (the second placed on each GPU too, beside a neighbour whose
+    # declared peak saturates it): within 5 % of the oracle, which was 0.83 when they did not.
+    assert runs["sovereignspec"].speedup >= 0.95 * runs["oracle"].speedup
+    assert all(t.speedup > 1.2 for t in runs["sovereignspec"].tenants)
 
 
 def test_the_simulated_world_is_not_the_policies_model() -> None:
