@@ -54,7 +54,7 @@ def budget_by_batch(
     background: float = 0.0,
     step_limit: float = math.inf,
     decided: tuple[float, int] | None = None,
-    co_load: bool = False,
+    measured_background: float | None = None,
     caution: float = 0.0,
 ) -> Table:
     """γ* at each batch breakpoint, as contiguous inclusive ranges.
@@ -66,9 +66,10 @@ def budget_by_batch(
     non-increasing in batch. With `decided` ((batch, γ) of the placement), the γ decided there
     bounds the declared batch and those above it, and every lighter batch runs at least that.
 
-    `co_load` (with `decided`): below the declared batch, whether a γ pays is judged beside the
-    background at the same fraction of it as the batch is of the declared one, and only the
-    neighbours' bound beside all of it. `caution` > 0: the shortest γ whose objective is within that
+    `measured_background` (with `decided`; the part of `background` that telemetry measured, the
+    rest being what placements declare): below the declared batch, whether a γ pays is judged beside
+    the measured part and the declared part at the same fraction as the batch is of the declared
+    one; the neighbours' bound, beside all of it. `caution` > 0: the shortest γ whose objective is within that
     fraction of the best, not the best itself. Equal neighbours merge."""
     roof = roofline_for(gpu, model)
     # The GPU's judged load beside every batch: a light engine beside a busy GPU may not pay for
@@ -82,11 +83,13 @@ def budget_by_batch(
             alpha, float(b), context, drafter.cost_for(model.name), drafter.spec_overhead, gamma_max, margin
         )
         table = gamma_table(roof, req, bg, q)
-        if co_load and decided is not None and b < decided[0]:
-            # Whether speculation pays is judged beside the others at the same fraction of their
-            # load as this engine is of its declared batch (co-located replicas see the same daily
-            # traffic); whether it keeps the neighbours within their SLOs, beside all of it.
-            light = np.full(1, float(background) * b / decided[0])
+        if measured_background is not None and decided is not None and b < decided[0]:
+            # Whether speculation pays is judged beside the others' declared peaks at the same
+            # fraction as this engine is of its own (co-located replicas see the same daily
+            # traffic), and beside what is measured running now in full; whether it keeps the
+            # neighbours within their SLOs, beside all of it.
+            floor = min(float(measured_background), float(background))
+            light = np.full(1, floor + (float(background) - floor) * b / decided[0])
             judged = gamma_table(roof, req, light, np.full(1, np.inf))
             table = replace(judged, externality_ok=table.externality_ok)
         k = _cautious(table, caution) if caution else int(choose(table).gamma[0])
@@ -133,6 +136,7 @@ def handoff(
     headroom: float,
     step_limit: float,
     decided: tuple[float, int],
+    measured: float | None = None,
 ) -> Table | None:
     """The per-batch budget a placed workload's engine is handed, or None for plain decode.
 
@@ -145,16 +149,20 @@ def handoff(
     ((batch, γ)). None when no batch pays, or the drafter does not draft for the model.
 
     Two judgements differ from the placement's, because the table runs for the engine's whole life
-    without being looked at again. Below the declared batch the GPU's other work is taken at the
-    same fraction of its load (`co_load`: replicas that share a GPU mostly share the day's traffic;
-    judging a light batch beside everyone's declared peak would never let it speculate), while the
-    neighbours' SLO bound is still held beside all of it, so the guess can cost throughput but
-    never a neighbour's SLO. And a longer draft must beat a shorter one by the self-benefit margin,
+    without being looked at again. Below the declared batch the load the GPU's other placements
+    declare (`headroom` less the `measured` reading; their engines do not run yet, or run below
+    their peak) is taken at the same fraction as this batch is of its declared one: replicas that
+    share a GPU mostly share the day's traffic, and judging a light batch beside everyone's declared
+    peak would never let it speculate. What telemetry measures counts in full, and the neighbours'
+    SLO bound is held beside all of it, so the guess can cost throughput but never a neighbour's
+    SLO. And a longer draft must beat a shorter one by the self-benefit margin,
     as speculating at all must beat plain decode (`caution`): the margin covers the model's error,
     which is largest where verification bends towards the compute roof."""
     if drafter is None or not drafter.supports(model.name) or gamma_max <= 0:
         return None
-    background = float(roofline_for(gpu, model).seqs_for_headroom(headroom, context))
+    roof = roofline_for(gpu, model)
+    background = float(roof.seqs_for_headroom(headroom, context))
+    running = float(roof.seqs_for_headroom(headroom if measured is None else measured, context))
     table = budget_by_batch(
         gpu,
         model,
@@ -166,7 +174,7 @@ def handoff(
         background=background,
         step_limit=step_limit,
         decided=decided,
-        co_load=True,
+        measured_background=running,
         caution=margin,
     )
     return table if any(k > 0 for _, _, k in table) else None

@@ -26,7 +26,8 @@ class DecisionRecord:
     gpu_index: int | None = None
     gpu_type: str | None = None
     alpha: float | None = None  # as the scheduler used it
-    headroom: float | None = None  # observed reading; None when telemetry was missing
+    headroom: float | None = None  # observed reading, less what placements declare; None: no telemetry
+    headroom_measured: float | None = None  # the reading alone
     headroom_pessimistic: float | None = None
     background_seqs: float | None = None  # the load the reading maps to
     tau: float | None = None

@@ -119,6 +119,9 @@ class GpuState:
     binding_neighbour: str | None = None
     # Without telemetry, the load its known placements imply (for placing plain work); else 0.
     stale_estimate: float | None = None
+    # The telemetry reading itself where `headroom` also takes off the load that placements not yet
+    # running declare (`with_ledger_load`); None: `headroom` is the reading.
+    measured: float | None = None
 
 
 @dataclass(frozen=True)
@@ -259,6 +262,10 @@ class Placer:
         self.gpu_type = np.array([type_index[g.gpu_type] for g in gpus], dtype=np.int64)
         self.stale = np.array([g.headroom is None for g in gpus], dtype=np.bool_)
         self.headroom = np.array([_headroom(g) for g in gpus], dtype=np.float64)
+        # What telemetry measured, before declared placements (the ledger's, and this tick's).
+        self.measured = np.array(
+            [g.measured if g.measured is not None else _headroom(g) for g in gpus], dtype=np.float64
+        )
         self.slo_ratio = np.array([g.slo_ratio for g in gpus], dtype=np.float64) / (
             1.0 + self.policy.slo_margin
         )
@@ -636,6 +643,7 @@ class Placer:
             "candidates": n_candidates,
             # What the engine hand-off judges its per-batch table at (`engines.handoff`).
             "headroom": None if bool(self.stale[g]) else float(self.headroom[g]),
+            "headroom_measured": None if bool(self.stale[g]) else float(self.measured[g]),
             "background_seqs": float(s["bg_seqs"][g]),  # at the pessimistic reading
             "neighbour_slo_ratio": float(self.slo_ratio[g]),
             "step_before_ms": 1e3 * float(s["before"][g]),
@@ -754,7 +762,11 @@ def with_ledger_load(
     gpus = [  # a GPU with no placement implies an idle one (1.0)
         replace(g, stale_estimate=implied.get((g.node, g.index), 1.0))
         if g.headroom is None
-        else replace(g, headroom=min(g.headroom, implied.get((g.node, g.index), 1.0)))
+        else replace(
+            g,
+            headroom=min(g.headroom, implied.get((g.node, g.index), 1.0)),
+            measured=g.headroom if g.measured is None else g.measured,
+        )
         for g in cluster.gpus
     ]
     return ClusterView(cluster.nodes, gpus)

@@ -165,6 +165,7 @@ def decision_notes(
             record.headroom,
             record.step_limit_s,
             (float(req.seqs), record.gamma),
+            record.headroom_measured,
         )
     config = engine_config(drafter, req.model, record.gamma, table) if drafter is not None else None
     if config is not None and config.vllm:

@@ -286,6 +286,7 @@ class SovereignSpec(SimPolicy):
                     rec.headroom,
                     rec.step_limit_s if self.externality else math.inf,
                     (float(request.seqs), p.gamma),
+                    rec.headroom_measured,
                 )
             pending.append((g, request, p.gamma))
             tables.append(table or [[1, 10**9, 0]])

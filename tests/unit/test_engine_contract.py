@@ -196,13 +196,23 @@ def test_a_light_batch_beside_a_neighbour_declared_to_saturate_the_gpu_still_spe
     from sovereignspec.engines import handoff
 
     gpu, model, d = PROFILES.gpus["H100-SXM"], PROFILES.models["llama-3.1-8b"], PROFILES.drafters["eagle3"]
-    # The ledger reads the GPU full (headroom 0: a neighbour's declared 256 sequences). Judged beside
-    # all of it, no batch pays; beside the same fraction of it as this engine runs, light ones do.
-    table = handoff(gpu, model, d, 0.7, 144.0, 8, 0.02, 0.0, math.inf, (256.0, 0))
+    # Telemetry reads the GPU idle (1.0: the neighbour's engine is not running yet); the ledger reads
+    # it full (0.0: the neighbour's declared 256 sequences). Judged beside all of it, no batch pays;
+    # beside the same fraction of the declared load as this engine runs, light ones do.
+    table = handoff(gpu, model, d, 0.7, 144.0, 8, 0.02, 0.0, math.inf, (256.0, 0), measured=1.0)
     assert table is not None
     vllm_table_is_valid(table)
     assert table[0][2] > 0
     assert all(k == 0 for _, hi, k in table if hi >= 256)
+
+
+def test_load_that_telemetry_measures_counts_in_full_at_every_batch() -> None:
+    from sovereignspec.engines import handoff
+
+    gpu, model, d = PROFILES.gpus["H100-SXM"], PROFILES.models["llama-3.1-8b"], PROFILES.drafters["eagle3"]
+    # A GPU measured saturated is saturated whatever this engine's batch: no light-batch guess.
+    assert handoff(gpu, model, d, 0.7, 144.0, 8, 0.02, 0.0, math.inf, (256.0, 0), measured=0.0) is None
+    assert handoff(gpu, model, d, 0.7, 144.0, 8, 0.02, 0.0, math.inf, (8.0, 0)) is None
 
 
 def test_the_neighbours_bound_is_held_beside_their_whole_load_at_every_batch() -> None:
@@ -215,10 +225,10 @@ def test_the_neighbours_bound_is_held_beside_their_whole_load_at_every_batch() -
     before = float(roof.step_time(background, background, 144.0))
     # A neighbour already at its SLO: no step may grow at all. The light rows' optimism about the
     # neighbours' load must not buy a single drafted token.
-    assert handoff(gpu, model, d, 0.7, 144.0, 8, 0.02, 0.0, before, (256.0, 0)) is None
+    assert handoff(gpu, model, d, 0.7, 144.0, 8, 0.02, 0.0, before, (256.0, 0), measured=1.0) is None
     # With 30 % of room the light batches speculate, with shorter drafts than with no bound.
-    some = handoff(gpu, model, d, 0.7, 144.0, 8, 0.02, 0.0, before * 1.3, (256.0, 0))
-    free = handoff(gpu, model, d, 0.7, 144.0, 8, 0.02, 0.0, math.inf, (256.0, 0))
+    some = handoff(gpu, model, d, 0.7, 144.0, 8, 0.02, 0.0, before * 1.3, (256.0, 0), measured=1.0)
+    free = handoff(gpu, model, d, 0.7, 144.0, 8, 0.02, 0.0, math.inf, (256.0, 0), measured=1.0)
     assert some is not None and free is not None
     assert some[0][2] > 0 and sum(k for _, _, k in some) < sum(k for _, _, k in free)
 
