@@ -17,6 +17,7 @@ venv: $(VENV)/.installed
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 
 format: venv
 	$(BIN)/ruff format .

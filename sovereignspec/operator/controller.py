@@ -1,4 +1,4 @@
-"""One decision tick: read the watch-fed caches, decide with the core, write our entries.
+"""The worker role's tick: read the watch-fed caches, decide with the core, write our entries.
 
     tick = check AdmissionCheck (Active) → Workloads, Nodes, ResourceFlavors, Namespaces, bound
            GPU Pods and Jobs' metadata from the caches (informer.py; no LIST after start-up) →
@@ -15,12 +15,10 @@ fails, fails alone: the tick goes on with the rest and says what failed.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
-from collections import defaultdict
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from kubernetes import client
@@ -31,199 +29,42 @@ from sovereignspec.core.specs import ProfileSet
 from sovereignspec.operator import metrics
 from sovereignspec.operator.informer import ClusterCache, rv_int
 from sovereignspec.operator.plan import EventNote, Write, drift_writes, plan
-from sovereignspec.operator.policy import GROUP, KIND, PLURAL, VERSION, PolicySpec, parse_policy
+from sovereignspec.operator.policy import GROUP, PLURAL, VERSION, PolicySpec
+from sovereignspec.operator.role import Role, Settings, TickReport
+from sovereignspec.operator.telemetry_source import TelemetryCache
 from sovereignspec.operator.view import View, World, build, condition, job_name, our_entry
-from sovereignspec.operator.writer import ConflictError, Writer, now_rfc3339
-from sovereignspec.telemetry.dcgm import DcgmScraper
-from sovereignspec.telemetry.prometheus import PrometheusReader
-from sovereignspec.telemetry.snapshot import Snapshot
+from sovereignspec.operator.writer import ConflictError, now_rfc3339
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Settings:
-    controller_name: str = "sovereignspec.io/speculation"
-    field_manager: str = "sovereignspec-controller"
-    write_workers: int = 8
-    telemetry_cache_seconds: float = 1.0
-    # A cache that cannot be listed or watched for this long fails the tick (and, repeated, the
-    # liveness probe); shorter gaps (an API server restart) only pause the decisions.
-    unsynced_grace_seconds: float = 60.0
-    nominate: int = 1  # dispatcher role: worker clusters nominated per workload (the best first)
-
-
-@dataclass
-class TickReport:
-    decided: int = 0
-    conflicts: int = 0
-    more: bool = False  # another policy group still has pending work: tick again now
-    reevaluate_after: float = 10.0
-    outcomes: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-    failures: list[str] = field(default_factory=list)  # what failed alone this tick
-
-
-class TelemetryCache:
-    """One snapshot per telemetry configuration, reused for a second so that a burst of ticks does
-    not hammer Prometheus."""
-
-    def __init__(self, max_age: float) -> None:
-        self.max_age = max_age
-        self._cache: dict[tuple[object, ...], Snapshot] = {}
-
-    def get(self, spec: PolicySpec) -> Snapshot:
-        t = spec.telemetry
-        key = (t.source, t.prometheus_url, tuple(t.dcgm_endpoints), t.acceptance.window)
-        cached = self._cache.get(key)
-        if cached is not None and not cached.error and time.time() - cached.fetched_at < self.max_age:
-            return cached  # failures are not cached: the next tick tries again
-        try:
-            if t.source == "prometheus" and t.prometheus_url:
-                snap = PrometheusReader(t.prometheus_url, window=t.acceptance.window).snapshot()
-            elif t.source == "dcgm-exporter" and t.dcgm_endpoints:
-                snap = DcgmScraper(t.dcgm_endpoints).snapshot()
-            elif t.source == "none":
-                snap = Snapshot(fetched_at=time.time())
-            else:
-                snap = Snapshot(
-                    fetched_at=time.time(), error=f"telemetry source {t.source} has no endpoint configured"
-                )
-        except Exception as exc:  # a source that answers nonsense is a source that is down
-            log.warning("telemetry source %s failed: %s: %s", t.source, type(exc).__name__, exc)
-            snap = Snapshot(fetched_at=time.time(), error=f"telemetry source {t.source} failed: {exc}")
-        self._cache[key] = snap
-        metrics.TELEMETRY_UP.labels(source=t.source).set(0 if snap.error and not snap.gpus else 1)
-        if snap.error:
-            metrics.TELEMETRY_ERRORS.labels(source=t.source).inc()
-        for reason, count in snap.rejected.items():
-            metrics.TELEMETRY_REJECTED.labels(source=t.source, reason=reason).inc(count)
-        return snap
 
 
 DECISION_REASONS = frozenset({"SpeculativeDecode", "PlainDecode"})
 
 
-class Controller:
-    def __init__(self, api: client.ApiClient, profiles: ProfileSet, settings: Settings | None = None) -> None:
-        self.api = api
-        self.profiles = profiles
-        self.settings = settings or Settings()
-        self.writer = Writer(api, self.settings.field_manager)
-        self.custom = client.CustomObjectsApi(api)
-        self.telemetry = TelemetryCache(self.settings.telemetry_cache_seconds)
-        self._pool = ThreadPoolExecutor(self.settings.write_workers, thread_name_prefix="sovereignspec-write")
+class Controller(Role):
+    """The worker role: places the workloads our checks gate on this cluster's GPUs."""
+
+    def __init__(
+        self,
+        api: client.ApiClient,
+        profiles: ProfileSet,
+        settings: Settings | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        super().__init__(
+            api,
+            profiles,
+            settings or Settings(),
+            ClusterCache(api, f"/apis/{GROUP}/{VERSION}/{PLURAL}"),
+            clock,
+        )
+        self.cache: ClusterCache
+        self.telemetry = TelemetryCache(self.settings.telemetry_cache_seconds, clock)
         self._drift_reported: dict[str, str] = {}
         self._loss_reported: set[str] = set()  # workloads told that their speculation is a net loss
         self._events_checked = False  # decisions' Events re-posted once after start-up
-        self.cache = ClusterCache(api, f"/apis/{GROUP}/{VERSION}/{PLURAL}")
         self._unsynced_since: float | None = None
-        # Workloads whose write conflicted, at the resourceVersion that conflicted: not decided
-        # again until the watch brings a newer one (re-deciding the same stale copy cannot succeed).
-        self._conflicted: dict[str, int | None] = {}
         self._ledger_memo: LedgerMemo = {}  # GPUs' implied load, from one tick to the next
-
-    # -- reading ---------------------------------------------------------------------------------
-
-    def _list(
-        self, path: str, query: list[tuple[str, str]] | None = None, accept: str | None = None
-    ) -> list[dict[str, Any]]:
-        """A raw LIST (JSON, no model classes), for what is read once: our Events after start-up."""
-        resp = self.api.call_api(
-            *self.api.param_serialize(
-                method="GET",
-                resource_path=path,
-                query_params=query or [],
-                header_params={"Accept": accept or "application/json"},
-                # The client's own auth path: a bearer token (ServiceAccount, OIDC) is sent only so.
-                auth_settings=["BearerToken"],
-            )
-        )
-        data = resp.read()
-        if resp.status >= 400:
-            raise ApiException(status=resp.status, reason=data.decode(errors="replace")[:300])
-        doc = json.loads(data)
-        kind = doc.get("kind", "").removesuffix("List")
-        version = doc.get("apiVersion")
-        for item in doc.get("items") or []:
-            item.setdefault("kind", kind)
-            item.setdefault("apiVersion", version)
-        return list(doc.get("items") or [])
-
-    # -- admission checks ----------------------------------------------------------------------
-
-    def reconcile_checks(self) -> tuple[dict[str, tuple[str, PolicySpec]], dict[str, PolicySpec]]:
-        """Keep Active right on every AdmissionCheck we own. Returns the active ones with their
-        policy, and every one of ours whose policy can be read (for the cluster-wide ledger)."""
-        checks = self.cache.checks.items()
-        policies = {p["metadata"]["name"]: p for p in self.cache.policies.items()}
-        active: dict[str, tuple[str, PolicySpec]] = {}
-        known: dict[str, PolicySpec] = {}
-        for ac in checks:
-            if (ac.get("spec") or {}).get("controllerName") != self.settings.controller_name:
-                continue
-            name = ac["metadata"]["name"]
-            try:
-                ok, reason, message, resolved = self._resolve(ac, policies)
-            except Exception as exc:  # one odd check object fails alone
-                ok, reason, message, resolved = (
-                    False,
-                    "InvalidParameters",
-                    f"{type(exc).__name__}: {exc}",
-                    None,
-                )
-            known[name] = resolved[1] if resolved is not None else PolicySpec()
-            if resolved is not None:
-                active[name] = resolved
-            current = next(
-                (c for c in (ac.get("status") or {}).get("conditions") or [] if c.get("type") == "Active"),
-                None,
-            )
-            want = "True" if ok else "False"
-            generation = ac["metadata"].get("generation", 0)
-            generation = generation if isinstance(generation, int) else 0
-            seen = (
-                (current or {}).get("status"),
-                (current or {}).get("reason"),
-                (current or {}).get("message"),
-            )
-            if (
-                current is None
-                or seen != (want, reason, message)
-                or current.get("observedGeneration") != generation
-            ):
-                try:
-                    self.cache.checks.put(
-                        self.writer.admission_check_active(name, ok, reason, message, generation)
-                    )
-                except ApiException as exc:
-                    log.warning("could not set Active on AdmissionCheck %s: %s", name, exc.reason)
-                    continue
-                if not ok:
-                    self.writer.event(ac, "AdmissionCheck", reason, message, warning=True)
-                log.info("AdmissionCheck %s Active=%s (%s)", name, want, message)
-        return active, known
-
-    def _resolve(
-        self, ac: dict[str, Any], policies: dict[str, dict[str, Any]]
-    ) -> tuple[bool, str, str, tuple[str, PolicySpec] | None]:
-        params = (ac.get("spec") or {}).get("parameters")
-        if not params:
-            return False, "BadParametersRef", f"spec.parameters must name a {KIND} ({GROUP})", None
-        if params.get("apiGroup") != GROUP or params.get("kind") != KIND:
-            got = f"{params.get('apiGroup')}/{params.get('kind')}"
-            return False, "BadParametersRef", f"spec.parameters: got {got}; accepted: {GROUP}/{KIND}", None
-        name = params.get("name", "")
-        if name not in policies:
-            return False, "BadParametersRef", f"{KIND} {name!r} not found", None
-        try:
-            spec = parse_policy(name, policies[name].get("spec"))
-        except ValueError as exc:
-            return False, "InvalidParameters", str(exc), None
-        unknown = sorted(set(spec.profiles.gpu_products.values()) - set(self.profiles.gpus))
-        if unknown or spec.defaults.model not in self.profiles.models:
-            bad = unknown or [spec.defaults.model]
-            return False, "InvalidParameters", f"{KIND} {name}: unknown profile(s) {bad}", None
-        return True, "Active", f"uses {KIND} {name}", (name, spec)
 
     # -- the tick ------------------------------------------------------------------------------
 
@@ -282,7 +123,7 @@ class Controller:
             groups.setdefault(policy_name, (spec, set()))[1].add(check)
         if groups:
             report.reevaluate_after = min(spec.reevaluation_seconds for spec, _ in groups.values())
-        now = time.time()
+        now = self.clock()
         pending_total = 0
         aging_seen = False
         for policy_name, (spec, checks) in sorted(groups.items()):

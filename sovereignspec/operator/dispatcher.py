@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -44,9 +45,9 @@ from sovereignspec.core.specs import ProfileSet
 from sovereignspec.errors import describe
 from sovereignspec.operator import annotations as ann
 from sovereignspec.operator import metrics
-from sovereignspec.operator.controller import Controller, Settings, TickReport
-from sovereignspec.operator.informer import KUEUE, InformerSet, _has_checks, always, rv_int
+from sovereignspec.operator.informer import DispatchCache, rv_int
 from sovereignspec.operator.policy import GROUP, PLURAL, VERSION, PolicySpec
+from sovereignspec.operator.role import Role, Settings, TickReport
 from sovereignspec.operator.view import (
     UnreadableFieldError,
     condition,
@@ -111,34 +112,22 @@ def connected(obj: dict[str, Any]) -> tuple[bool, str]:
     return False, "MultiKueue has not connected to it yet"
 
 
-class DispatchCache(InformerSet):
-    """What a dispatch tick reads, each resource in its own watch-fed Informer."""
-
-    def __init__(self, api: client.ApiClient, policies_path: str) -> None:
-        super().__init__(api)
-        self.workloads = self.informer(f"{KUEUE}/workloads", "workloads", wake=_has_checks)
-        self.checks = self.informer(f"{KUEUE}/admissionchecks", "admissionchecks", wake=always)
-        self.policies = self.informer(policies_path, "speculationpolicies", wake=always)
-        self.namespaces = self.informer("/api/v1/namespaces", "namespaces")
-        self.clusters = self.informer(f"{KUEUE}/multikueueclusters", "multikueueclusters", wake=always)
-        self.configs = self.informer(f"{KUEUE}/multikueueconfigs", "multikueueconfigs", wake=always)
-
-
 class WorkerTelemetry:
     """One snapshot per worker Prometheus, reused for `max_age` seconds; failures are not cached."""
 
-    def __init__(self, max_age: float) -> None:
+    def __init__(self, max_age: float, clock: Callable[[], float] = time.time) -> None:
         self.max_age = max_age
+        self.clock = clock
         self._cache: dict[tuple[str, str], Snapshot] = {}
 
     def get(self, url: str, window: str) -> Snapshot:
         cached = self._cache.get((url, window))
-        if cached is not None and not cached.error and time.time() - cached.fetched_at < self.max_age:
+        if cached is not None and not cached.error and self.clock() - cached.fetched_at < self.max_age:
             return cached
         try:
             snap = PrometheusReader(url, window=window).snapshot()
         except Exception as exc:  # a worker's Prometheus answering nonsense is one that is down
-            snap = Snapshot(fetched_at=time.time(), error=f"{type(exc).__name__}: {exc}"[:200])
+            snap = Snapshot(fetched_at=self.clock(), error=f"{type(exc).__name__}: {exc}"[:200])
         self._cache[(url, window)] = snap
         metrics.TELEMETRY_UP.labels(source=url).set(0 if snap.error and not snap.gpus else 1)
         return snap
@@ -168,21 +157,29 @@ def _decision(
     return _Decision(wl, str(entry["name"]), entry, state, message, nominated, event, outcome)
 
 
-class DispatchController(Controller):
-    """The dispatcher role: reuses the worker role's check reconciler, writer and thread pool."""
+class DispatchController(Role):
+    """The dispatcher role: nominates worker clusters for the manager's MultiKueue workloads."""
 
-    def __init__(self, api: client.ApiClient, profiles: ProfileSet, settings: Settings | None = None) -> None:
+    def __init__(
+        self,
+        api: client.ApiClient,
+        profiles: ProfileSet,
+        settings: Settings | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         settings = settings or Settings(DISPATCHER_NAME, "sovereignspec-dispatcher")
-        super().__init__(api, profiles, settings)
-        self.cache = DispatchCache(api, f"/apis/{GROUP}/{VERSION}/{PLURAL}")  # type: ignore[assignment]
-        self.worker_telemetry = WorkerTelemetry(self.settings.telemetry_cache_seconds)
+        super().__init__(
+            api, profiles, settings, DispatchCache(api, f"/apis/{GROUP}/{VERSION}/{PLURAL}"), clock
+        )
+        self.cache: DispatchCache
+        self.worker_telemetry = WorkerTelemetry(self.settings.telemetry_cache_seconds, clock)
         self._acceptance: dict[str, Snapshot] = {}  # worker -> its last snapshot (α learned there)
 
     # -- reading ---------------------------------------------------------------------------------
 
     def _configs_by_check(self) -> dict[str, list[str]]:
         """MultiKueue AdmissionCheck name -> the worker clusters its MultiKueueConfig lists."""
-        cache: DispatchCache = self.cache  # type: ignore[assignment]
+        cache = self.cache
         configs = {c["metadata"]["name"]: c for c in cache.configs.items()}
         out: dict[str, list[str]] = {}
         for ac in self.cache.checks.items():
@@ -218,7 +215,7 @@ class DispatchController(Controller):
         out: dict[str, Worker] = {}
         committed = self._committed()
         window = spec.telemetry.acceptance.window
-        cache: DispatchCache = self.cache  # type: ignore[assignment]
+        cache = self.cache
         for obj in cache.clusters.items():
             name = obj["metadata"]["name"]
             desc, problem = describe_worker(obj)
@@ -251,7 +248,7 @@ class DispatchController(Controller):
         if gpu_type is None or gpu_type not in self.profiles.gpus:
             return ()
         efficiency = self.profiles.gpus[gpu_type].compute_efficiency
-        now, staleness = time.time(), spec.telemetry.staleness_seconds
+        now, staleness = self.clock(), spec.telemetry.staleness_seconds
         return tuple(
             WorkerGpu(node, index, reading_headroom(reading, efficiency, now, staleness))
             for (node, index), reading in sorted(snap.gpus.items())
@@ -271,7 +268,7 @@ class DispatchController(Controller):
         active, _known = self.reconcile_checks()
         if not active:
             return report
-        cache: DispatchCache = self.cache  # type: ignore[assignment]
+        cache = self.cache
         namespaces = {
             n["metadata"]["name"]: dict(n["metadata"].get("labels") or {}) for n in cache.namespaces.items()
         }

@@ -398,3 +398,16 @@ class ClusterCache(InformerSet):
         self.jobs = informer(
             "/apis/batch/v1/jobs", "jobs", accept=PARTIAL.format("List"), watch_accept=PARTIAL.format("")
         )
+
+
+class DispatchCache(InformerSet):
+    """What a dispatch tick reads, each resource in its own watch-fed Informer."""
+
+    def __init__(self, api: client.ApiClient, policies_path: str) -> None:
+        super().__init__(api)
+        self.workloads = self.informer(f"{KUEUE}/workloads", "workloads", wake=_has_checks)
+        self.checks = self.informer(f"{KUEUE}/admissionchecks", "admissionchecks", wake=always)
+        self.policies = self.informer(policies_path, "speculationpolicies", wake=always)
+        self.namespaces = self.informer("/api/v1/namespaces", "namespaces")
+        self.clusters = self.informer(f"{KUEUE}/multikueueclusters", "multikueueclusters", wake=always)
+        self.configs = self.informer(f"{KUEUE}/multikueueconfigs", "multikueueconfigs", wake=always)

@@ -1,6 +1,7 @@
 """kopf registration: thin. kopf runs the process (login, start-up, liveness); the controller's
 own watch-fed caches (informer.py) only wake the decision loop, and every decision is made in
-`controller.Controller.tick`, one tick at a time, from those caches.
+the role's tick (`controller.Controller`, `dispatcher.DispatchController`), one tick at a time,
+from those caches.
 
 kopf registers no resource handlers, so it never annotates or finalizes Kueue's objects (they are
 not ours to touch) and keeps no per-object state of its own.
@@ -16,7 +17,7 @@ from typing import Any
 import kopf
 
 from sovereignspec.operator import metrics
-from sovereignspec.operator.controller import Controller
+from sovereignspec.operator.role import Role
 
 log = logging.getLogger("sovereignspec.operator")
 
@@ -24,7 +25,7 @@ log = logging.getLogger("sovereignspec.operator")
 class _Runtime:
     """What the handlers share: the controller, the wake-up event, what the probe reports."""
 
-    controller: Controller | None = None
+    controller: Role | None = None
     wake: asyncio.Event | None = None
     state: dict[str, Any] = {"ticks": 0, "last_error": "", "failing_ticks": 0}  # noqa: RUF012 - one per process
 
@@ -34,7 +35,7 @@ class _Runtime:
 UNHEALTHY_AFTER = 5
 
 
-def configure(controller: Controller) -> None:
+def configure(controller: Role) -> None:
     _Runtime.controller = controller
 
 

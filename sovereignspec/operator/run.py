@@ -12,9 +12,10 @@ from kubernetes import client, config
 from prometheus_client import start_http_server
 
 from sovereignspec.operator import main as handlers
-from sovereignspec.operator.controller import Controller, Settings
+from sovereignspec.operator.controller import Controller
 from sovereignspec.operator.dispatcher import DISPATCHER_NAME, DispatchController
 from sovereignspec.operator.identity import operator_identity
+from sovereignspec.operator.role import Settings
 from sovereignspec.profiles import load_profiles
 
 WORKER_NAME = "sovereignspec.io/speculation"

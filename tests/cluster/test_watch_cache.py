@@ -15,7 +15,8 @@ from sovereignspec.localdev import controlplane
 from sovereignspec.localdev import kueue as k
 from sovereignspec.localdev.gpunodes import apply_node, server_side_apply
 from sovereignspec.localdev.operator import install, policy
-from sovereignspec.operator.controller import Controller, Settings
+from sovereignspec.operator.controller import Controller
+from sovereignspec.operator.role import Settings
 from sovereignspec.profiles import load_profiles
 from tests.cluster.conftest import wait_until
 from tests.cluster.operator_env import decided, make_pool, submit, workload_of

@@ -1,0 +1,54 @@
+"""The worker role's telemetry: one snapshot per source configuration of a SpeculationPolicy
+(Prometheus, DCGM exporters, none), reused briefly, its failures counted and never cached."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from sovereignspec.operator import metrics
+from sovereignspec.operator.policy import PolicySpec
+from sovereignspec.telemetry.dcgm import DcgmScraper
+from sovereignspec.telemetry.prometheus import PrometheusReader
+from sovereignspec.telemetry.snapshot import Snapshot
+
+log = logging.getLogger(__name__)
+
+
+class TelemetryCache:
+    """One snapshot per telemetry configuration, reused for a second so that a burst of ticks does
+    not hammer Prometheus."""
+
+    def __init__(self, max_age: float, clock: Callable[[], float] = time.time) -> None:
+        self.max_age = max_age
+        self.clock = clock
+        self._cache: dict[tuple[object, ...], Snapshot] = {}
+
+    def get(self, spec: PolicySpec) -> Snapshot:
+        t = spec.telemetry
+        key = (t.source, t.prometheus_url, tuple(t.dcgm_endpoints), t.acceptance.window)
+        cached = self._cache.get(key)
+        if cached is not None and not cached.error and self.clock() - cached.fetched_at < self.max_age:
+            return cached  # failures are not cached: the next tick tries again
+        try:
+            if t.source == "prometheus" and t.prometheus_url:
+                snap = PrometheusReader(t.prometheus_url, window=t.acceptance.window).snapshot()
+            elif t.source == "dcgm-exporter" and t.dcgm_endpoints:
+                snap = DcgmScraper(t.dcgm_endpoints).snapshot()
+            elif t.source == "none":
+                snap = Snapshot(fetched_at=self.clock())
+            else:
+                snap = Snapshot(
+                    fetched_at=self.clock(), error=f"telemetry source {t.source} has no endpoint configured"
+                )
+        except Exception as exc:  # a source that answers nonsense is a source that is down
+            log.warning("telemetry source %s failed: %s: %s", t.source, type(exc).__name__, exc)
+            snap = Snapshot(fetched_at=self.clock(), error=f"telemetry source {t.source} failed: {exc}")
+        self._cache[key] = snap
+        metrics.TELEMETRY_UP.labels(source=t.source).set(0 if snap.error and not snap.gpus else 1)
+        if snap.error:
+            metrics.TELEMETRY_ERRORS.labels(source=t.source).inc()
+        for reason, count in snap.rejected.items():
+            metrics.TELEMETRY_REJECTED.labels(source=t.source, reason=reason).inc(count)
+        return snap
