@@ -14,10 +14,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import NoReturn
 
+from sovereignspec.core.defaults import GAMMA_LIMIT, GAMMA_MAX, HEADROOM_UNCERTAINTY, SELF_BENEFIT_MARGIN
 from sovereignspec.errors import ConfigError
 from sovereignspec.profiles import load_profiles, resolve_name
-
-GAMMA_LIMIT = 32
 
 
 class _Parser(argparse.ArgumentParser):
@@ -106,11 +105,13 @@ def build_parser() -> argparse.ArgumentParser:
     reg.add_argument(
         "--batch", type=_bounded_int("--batch", 1, None), default=8, help="the row workload's sequences"
     )
-    reg.add_argument("--gamma-max", type=_bounded_int("--gamma-max", 0, GAMMA_LIMIT), default=8)
-    reg.add_argument("--margin", type=_bounded_float("--margin", 0.0, 1.0), default=0.02)
+    reg.add_argument("--gamma-max", type=_bounded_int("--gamma-max", 0, GAMMA_LIMIT), default=GAMMA_MAX)
+    reg.add_argument("--margin", type=_bounded_float("--margin", 0.0, 1.0), default=SELF_BENEFIT_MARGIN)
     reg.add_argument("--headroom-error", type=_bounded_float("--headroom-error", -1.0, 1.0), default=0.05)
     reg.add_argument(
-        "--headroom-uncertainty", type=_bounded_float("--headroom-uncertainty", 0.0, 1.0), default=0.05
+        "--headroom-uncertainty",
+        type=_bounded_float("--headroom-uncertainty", 0.0, 1.0),
+        default=HEADROOM_UNCERTAINTY,
     )
     reg.add_argument("--alpha-error", type=_bounded_float("--alpha-error", -1.0, 1.0), default=0.0)
     reg.add_argument(

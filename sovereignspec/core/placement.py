@@ -41,6 +41,12 @@ import numpy as np
 from numpy.typing import NDArray
 
 from sovereignspec.core.decision import DecisionRecord
+from sovereignspec.core.defaults import (
+    GAMMA_MAX,
+    HEADROOM_UNCERTAINTY,
+    NEIGHBOUR_SLO_MARGIN,
+    SELF_BENEFIT_MARGIN,
+)
 from sovereignspec.core.optimiser import (
     GammaTable,
     SpecRequest,
@@ -69,15 +75,15 @@ SCALAR_UPDATE_LIMIT = 8  # GPUs to refresh below which plain floats beat numpy
 
 @dataclass(frozen=True)
 class Policy:
-    gamma_max: int = 8
-    margin: float = 0.02
-    headroom_uncertainty: float = 0.05
+    gamma_max: int = GAMMA_MAX
+    margin: float = SELF_BENEFIT_MARGIN
+    headroom_uncertainty: float = HEADROOM_UNCERTAINTY
     externality: bool = True
     # The neighbours' bound is judged this much tighter: the model's error on how far a step grows,
     # and a request's TPOT spreading around its steps' (batches change, prefills interleave). 0.2:
     # the shipped profiles are ~5-11 % RMS off measured step times and prefills add a few per cent
     # to a decode's TPOT; 0.1 left 0.4 % of a tight neighbour's requests past its SLO (docs/simulator.md).
-    slo_margin: float = 0.2
+    slo_margin: float = NEIGHBOUR_SLO_MARGIN
     jurisdiction_label: str = DEFAULT_JURISDICTION_LABEL
     # Room for exclusive tenants: shared work takes none of the last N empty nodes of its node pool,
     # and, with `pack`, goes to a node that already runs work when that costs it nothing.

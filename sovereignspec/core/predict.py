@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from sovereignspec.core.defaults import GAMMA_MAX, SELF_BENEFIT_MARGIN
 from sovereignspec.core.optimiser import SpecRequest, choose, gamma_table
 from sovereignspec.core.roofline import roofline_for, tensor_parallel_for
 from sovereignspec.core.specs import DrafterSpec, GpuSpec, ModelSpec
@@ -20,8 +21,8 @@ def predict(
     context: int,
     alpha: float,
     gamma: int,
-    gamma_max: int = 8,
-    margin: float = 0.02,
+    gamma_max: int = GAMMA_MAX,
+    margin: float = SELF_BENEFIT_MARGIN,
 ) -> dict[str, Any]:
     tp = tensor_parallel_for(gpu, model)
     roof = roofline_for(gpu, model, tp)

@@ -29,6 +29,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 from numpy.typing import NDArray
 
+from sovereignspec.core.defaults import GAMMA_MAX, HEADROOM_UNCERTAINTY, SELF_BENEFIT_MARGIN
 from sovereignspec.core.optimiser import quantize
 from sovereignspec.core.roofline import Roofline, roofline_for
 from sovereignspec.core.specs import DrafterSpec, ProfileSet
@@ -72,10 +73,10 @@ class RegimeSettings:
     context: float = 256.0
     seqs: float = 8.0  # the row's workload's concurrent sequences
     row_slack: float = 0.5  # the row's own SLO slack (and its clones' in the homogeneous mix)
-    gamma_max: int = 8
-    margin: float = 0.02
+    gamma_max: int = GAMMA_MAX
+    margin: float = SELF_BENEFIT_MARGIN
     headroom_error: float = 0.05  # telemetry reads this much more headroom than is true
-    headroom_uncertainty: float = 0.05  # what sovereignspec assumes the error may be
+    headroom_uncertainty: float = HEADROOM_UNCERTAINTY  # what sovereignspec assumes the error may be
     alpha_error: float = 0.0  # declared α minus true α
     neighbours: tuple[Neighbour, ...] = MIXED_NEIGHBOURS
 

@@ -11,6 +11,13 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
+from sovereignspec.core.defaults import (
+    GAMMA_LIMIT,
+    GAMMA_MAX,
+    HEADROOM_UNCERTAINTY,
+    NEIGHBOUR_SLO_MARGIN,
+    SELF_BENEFIT_MARGIN,
+)
 from sovereignspec.core.sovereignty import DEFAULT_JURISDICTION_LABEL
 from sovereignspec.errors import describe
 
@@ -49,7 +56,7 @@ class Telemetry(_Model):
         60.0, alias="stalenessSeconds", gt=0, le=3600, description="in (0, 3600]"
     )
     headroom_uncertainty: float = Field(
-        0.05, alias="headroomUncertainty", ge=0, le=1, description="in [0, 1]"
+        HEADROOM_UNCERTAINTY, alias="headroomUncertainty", ge=0, le=1, description="in [0, 1]"
     )
     acceptance: Acceptance = Field(default_factory=Acceptance)
 
@@ -118,10 +125,16 @@ class Retry(_Model):
 class PolicySpec(_Model):
     telemetry: Telemetry = Field(default_factory=Telemetry)
     profiles: Profiles = Field(default_factory=Profiles)
-    gamma_max: int = Field(8, alias="gammaMax", ge=0, le=32, description="an integer in 0..32")
-    self_benefit_margin: float = Field(0.02, alias="selfBenefitMargin", ge=0, le=1, description="in [0, 1]")
+    gamma_max: int = Field(
+        GAMMA_MAX, alias="gammaMax", ge=0, le=GAMMA_LIMIT, description=f"an integer in 0..{GAMMA_LIMIT}"
+    )
+    self_benefit_margin: float = Field(
+        SELF_BENEFIT_MARGIN, alias="selfBenefitMargin", ge=0, le=1, description="in [0, 1]"
+    )
     externality: bool = Field(True, description="true or false")
-    neighbour_slo_margin: float = Field(0.2, alias="neighbourSloMargin", ge=0, le=1, description="in [0, 1]")
+    neighbour_slo_margin: float = Field(
+        NEIGHBOUR_SLO_MARGIN, alias="neighbourSloMargin", ge=0, le=1, description="in [0, 1]"
+    )
     defaults: Defaults = Field(default_factory=Defaults)
     sovereignty: Sovereignty = Field(default_factory=Sovereignty)
     tenancy: TenancyConfig = Field(default_factory=TenancyConfig)

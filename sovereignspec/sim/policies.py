@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from sovereignspec.core.defaults import HEADROOM_UNCERTAINTY
 from sovereignspec.core.placement import (
     ClusterView,
     GpuState,
@@ -254,7 +255,7 @@ class SovereignSpec(SimPolicy):
     def place(self, sim: Simulator, tenant: int, count: int) -> list[tuple[int, int, float | None]]:
         policy = Policy(
             gamma_max=sim.scenario.gamma_max,
-            headroom_uncertainty=0.0 if self.know_truth else 0.05,
+            headroom_uncertainty=0.0 if self.know_truth else HEADROOM_UNCERTAINTY,
             externality=self.externality,
             jurisdiction_label=DEFAULT_JURISDICTION_LABEL,
         )

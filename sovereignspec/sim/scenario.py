@@ -8,6 +8,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from sovereignspec.core.defaults import GAMMA_LIMIT, GAMMA_MAX
 from sovereignspec.errors import ConfigError, describe
 
 SHIPPED = Path(__file__).parent / "scenarios"
@@ -72,7 +73,7 @@ class Scenario(_M):
     description: str = ""
     duration_s: float = Field(gt=0, le=86400, description="arrivals stop after this; the run then drains")
     seed: int = 1
-    gamma_max: int = Field(8, ge=0, le=32)
+    gamma_max: int = Field(GAMMA_MAX, ge=0, le=GAMMA_LIMIT)
     replicas_per_gpu: int = Field(4, ge=1, le=64, description="engines one GPU can host (time-slicing)")
     telemetry: Telemetry = Field(default_factory=Telemetry)
     cluster: list[NodeGroup] = Field(min_length=1)

@@ -1,0 +1,12 @@
+"""One home for the decision's defaults. The operator's SpeculationPolicy, the chart's values (held
+to these by a test), the CLI, the regime analysis, the simulator and the Placer read them here."""
+
+from __future__ import annotations
+
+GAMMA_MAX = 8  # the longest draft considered
+GAMMA_LIMIT = 32  # the longest any configuration may ask for
+SELF_BENEFIT_MARGIN = 0.02  # S_real must reach 1 + this: covers the model's error
+HEADROOM_UNCERTAINTY = 0.05  # a reading is judged this much worse than reported
+# The neighbours' SLO bound is judged this much tighter (the model's error on how far a step grows,
+# and a request's TPOT spreading around its steps'): see core.placement.Policy.
+NEIGHBOUR_SLO_MARGIN = 0.2

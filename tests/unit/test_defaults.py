@@ -1,0 +1,61 @@
+"""The decision's defaults live in `core.defaults`; every place a user reads one says the same."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from sovereignspec.core import defaults
+from sovereignspec.core.placement import Policy
+from sovereignspec.operator.policy import PolicySpec
+
+ROOT = Path(__file__).resolve().parents[2]
+# (path into a SpeculationPolicy spec, the default it must carry)
+FIELDS = [
+    (("gammaMax",), defaults.GAMMA_MAX),
+    (("selfBenefitMargin",), defaults.SELF_BENEFIT_MARGIN),
+    (("neighbourSloMargin",), defaults.NEIGHBOUR_SLO_MARGIN),
+    (("telemetry", "headroomUncertainty"), defaults.HEADROOM_UNCERTAINTY),
+]
+
+
+def _dig(doc: dict[str, Any], path: tuple[str, ...]) -> Any:
+    for key in path:
+        doc = doc[key]
+    return doc
+
+
+def _crd_schema() -> dict[str, Any]:
+    crd = yaml.safe_load((ROOT / "crds" / "sovereignspec.io_speculationpolicies.yaml").read_text())
+    return crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+
+
+@pytest.mark.parametrize(("path", "value"), FIELDS, ids=lambda x: ".".join(x) if isinstance(x, tuple) else "")
+def test_the_crd_the_chart_and_the_example_default_to_the_one_home(
+    path: tuple[str, ...], value: float
+) -> None:
+    node = _crd_schema()
+    for key in path:
+        node = node["properties"][key]
+    assert node["default"] == value
+    values = yaml.safe_load((ROOT / "charts" / "sovereignspec" / "values.yaml").read_text())
+    assert _dig(values["policy"]["spec"], path) == value
+    examples = ROOT / "deploy" / "examples" / "without-chart" / "sovereignspec.yaml"
+    for doc in yaml.safe_load_all(examples.read_text()):
+        if doc and doc.get("kind") == "SpeculationPolicy":
+            with contextlib.suppress(KeyError):  # not written there: the CRD's default applies
+                assert _dig(doc["spec"], path) == value
+
+
+def test_the_operators_policy_and_the_placer_default_alike() -> None:
+    spec, policy = PolicySpec(), Policy()
+    assert (spec.gamma_max, spec.self_benefit_margin, spec.neighbour_slo_margin) == (
+        policy.gamma_max,
+        policy.margin,
+        policy.slo_margin,
+    )
+    assert spec.telemetry.headroom_uncertainty == policy.headroom_uncertainty
