@@ -24,6 +24,45 @@ def now_rfc3339() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def check_entry_apply(
+    workload: dict[str, Any],
+    check: str,
+    state: str,
+    message: str,
+    previous: dict[str, Any] | None,
+    now: str,
+    pod_set_updates: list[dict[str, Any]] | None = None,
+    requeue_after: int | None = None,
+    extra_status: dict[str, Any] | None = None,
+) -> tuple[str, dict[str, Any]]:
+    """The path and body of the server-side apply that sets our entry: nothing but that entry (and
+    `extra_status`), guarded by the resourceVersion decided on; the transition time kept while the
+    state stays (`previous`: the entry as read), `now` when it changes."""
+    meta = workload["metadata"]
+    changed = previous is None or previous.get("state") != state or "lastTransitionTime" not in previous
+    entry: dict[str, Any] = {
+        "name": check,
+        "state": state,
+        "message": message[:MESSAGE_LIMIT],
+        "lastTransitionTime": now if changed else previous["lastTransitionTime"],  # type: ignore[index]
+    }
+    if pod_set_updates is not None:
+        entry["podSetUpdates"] = pod_set_updates
+    if requeue_after is not None:
+        entry["requeueAfterSeconds"] = requeue_after
+    body = {
+        "apiVersion": KUEUE,
+        "kind": "Workload",
+        "metadata": {
+            "name": meta["name"],
+            "namespace": meta["namespace"],
+            "resourceVersion": meta["resourceVersion"],
+        },
+        "status": {"admissionChecks": [entry], **(extra_status or {})},
+    }
+    return f"/apis/{KUEUE}/namespaces/{meta['namespace']}/workloads/{meta['name']}/status", body
+
+
 class ConflictError(Exception):
     """The object changed since it was read; the caller decides again next tick."""
 
@@ -73,29 +112,17 @@ class Writer:
     ) -> dict[str, Any]:
         """Set our entry of status.admissionChecks (and nothing else but `extra_status`: the
         dispatcher's nominatedClusterNames, applied in the same request as its Ready entry)."""
-        meta = workload["metadata"]
-        changed = previous is None or previous.get("state") != state
-        entry: dict[str, Any] = {
-            "name": check,
-            "state": state,
-            "message": message[:MESSAGE_LIMIT],
-            "lastTransitionTime": now_rfc3339() if changed else previous["lastTransitionTime"],  # type: ignore[index]
-        }
-        if pod_set_updates is not None:
-            entry["podSetUpdates"] = pod_set_updates
-        if requeue_after is not None:
-            entry["requeueAfterSeconds"] = requeue_after
-        body = {
-            "apiVersion": KUEUE,
-            "kind": "Workload",
-            "metadata": {
-                "name": meta["name"],
-                "namespace": meta["namespace"],
-                "resourceVersion": meta["resourceVersion"],
-            },
-            "status": {"admissionChecks": [entry], **(extra_status or {})},
-        }
-        path = f"/apis/{KUEUE}/namespaces/{meta['namespace']}/workloads/{meta['name']}/status"
+        path, body = check_entry_apply(
+            workload,
+            check,
+            state,
+            message,
+            previous,
+            now_rfc3339(),
+            pod_set_updates,
+            requeue_after,
+            extra_status,
+        )
         return self._apply(path, body)
 
     def admission_check_active(

@@ -1,0 +1,112 @@
+"""Small builders of the API objects a tick reads, in the manner of Kueue's `MakeWorkload`:
+defaults that make a valid object, one method per thing a test wants different."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from sovereignspec.operator import annotations as ann
+from sovereignspec.operator.policy import PolicySpec
+from sovereignspec.operator.view import World
+from sovereignspec.telemetry.snapshot import GpuReading, Snapshot
+
+CHECK = "sovereignspec"
+JURISDICTION = "node-restriction.kubernetes.io/jurisdiction"
+TENSOR = "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"
+NOW = 1_000.0  # the tick's clock; readings are observed at it unless a test says otherwise
+STAMP = "2026-12-02T00:00:00Z"
+
+
+class WorkloadBuilder:
+    def __init__(self, name: str, namespace: str = "team-a") -> None:
+        self._obj: dict[str, Any] = {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "Workload",
+            "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}", "resourceVersion": "7"},
+            "spec": {
+                "podSets": [
+                    {
+                        "name": "main",
+                        "count": 1,
+                        "template": {
+                            "metadata": {"annotations": {}},
+                            "spec": {
+                                "containers": [
+                                    {"name": "server", "resources": {"requests": {"nvidia.com/gpu": "1"}}}
+                                ]
+                            },
+                        },
+                    }
+                ]
+            },
+            "status": {
+                "conditions": [{"type": "QuotaReserved", "status": "True"}],
+                "admissionChecks": [{"name": CHECK, "state": "Pending", "message": ""}],
+            },
+        }
+
+    def annotate(self, **notes: str) -> WorkloadBuilder:
+        """Our annotations by short name: `model="llama-3.1-8b"`, `acceptance_rate="0.8"`."""
+        target = self._obj["spec"]["podSets"][0]["template"]["metadata"]["annotations"]
+        for key, value in notes.items():
+            target[ann.PREFIX + key.replace("_", "-")] = value
+        return self
+
+    def gpus(self, text: str) -> WorkloadBuilder:
+        containers = self._obj["spec"]["podSets"][0]["template"]["spec"]["containers"]
+        containers[0]["resources"]["requests"]["nvidia.com/gpu"] = text
+        return self
+
+    def check(self, state: str, **extra: Any) -> WorkloadBuilder:
+        self._obj["status"]["admissionChecks"] = [{"name": CHECK, "state": state, "message": "", **extra}]
+        return self
+
+    def without_quota(self) -> WorkloadBuilder:
+        self._obj["status"]["conditions"] = []
+        return self
+
+    def obj(self) -> dict[str, Any]:
+        return copy.deepcopy(self._obj)
+
+
+def chat(name: str = "chat", namespace: str = "team-a") -> WorkloadBuilder:
+    """A latency-class chat server with a good EAGLE-3 drafter: speculates on an idle GPU."""
+    return WorkloadBuilder(name, namespace).annotate(
+        model="llama-3.1-8b", drafter="eagle3", acceptance_rate="0.8", latency_class="latency"
+    )
+
+
+def node(
+    name: str, jurisdiction: str | None = "eu", gpus: int = 4, product: str = "NVIDIA-H100-80GB-HBM3"
+) -> dict[str, Any]:
+    labels = {"kubernetes.io/hostname": name, "nvidia.com/gpu.product": product}
+    if jurisdiction is not None:
+        labels[JURISDICTION] = jurisdiction
+    return {
+        "metadata": {"name": name, "labels": labels},
+        "status": {"allocatable": {"nvidia.com/gpu": str(gpus)}},
+    }
+
+
+def snapshot(readings: dict[tuple[str, int], float], observed_at: float = NOW) -> Snapshot:
+    """Tensor activity per (node, GPU): 0.0 is idle, 1.0 saturated."""
+    return Snapshot(
+        gpus={k: GpuReading(k[0], k[1], v, TENSOR, observed_at) for k, v in readings.items()}, fetched_at=NOW
+    )
+
+
+def policy(**spec: Any) -> PolicySpec:
+    base: dict[str, Any] = {"telemetry": {"source": "prometheus", "prometheusURL": "http://prometheus:9090"}}
+    base.update(spec)
+    return PolicySpec.model_validate(base)
+
+
+def world(
+    workloads: list[dict[str, Any]],
+    nodes: list[dict[str, Any]],
+    spec: PolicySpec,
+    namespaces: dict[str, dict[str, str]] | None = None,
+) -> World:
+    ns = namespaces if namespaces is not None else {"team-a": {"sovereignspec.io/jurisdiction": "eu"}}
+    return World(workloads, nodes, {}, ns, [], {}, {CHECK: spec})

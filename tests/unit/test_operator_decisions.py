@@ -1,0 +1,218 @@
+"""The worker's decision path without a cluster, table by table: which workloads a view holds
+(`view.build`), what each decision writes (`plan.plan`: state, mode, message, Events, the pod's
+notes), and the apply body that carries it (`writer.check_entry_apply`). The objects come from the
+builders; the control-plane tests drive the same path through a real API server."""
+
+from __future__ import annotations
+
+import functools
+import json
+from typing import Any
+
+import pytest
+
+from sovereignspec.core.specs import ProfileSet
+from sovereignspec.operator import annotations as ann
+from sovereignspec.operator.plan import Write, plan
+from sovereignspec.operator.view import View, build
+from sovereignspec.operator.writer import KUEUE, MESSAGE_LIMIT, check_entry_apply
+from sovereignspec.profiles import load_profiles
+from sovereignspec.telemetry.snapshot import Snapshot
+from tests.unit.builders import CHECK, NOW, STAMP, chat, node, policy, snapshot, world
+
+IDLE = {("h1", i): 0.0 for i in range(4)}
+BUSY = {("h1", i): 1.0 for i in range(4)}
+
+
+@functools.cache
+def profiles() -> ProfileSet:
+    return load_profiles()
+
+
+def _view(workloads: list[dict[str, Any]], nodes: list[dict[str, Any]], snap: Snapshot, **kw: Any) -> View:
+    spec = policy()
+    return build(world(workloads, nodes, spec, **kw), {CHECK}, spec, profiles(), snap, NOW)
+
+
+def _decide(workloads: list[dict[str, Any]], nodes: list[dict[str, Any]], snap: Snapshot, **kw: Any) -> Write:
+    spec = policy()
+    (write,) = plan("default", spec, _view(workloads, nodes, snap, **kw), profiles(), STAMP)
+    return write
+
+
+def _cordoned() -> dict[str, Any]:
+    n = node("h1")
+    n["spec"] = {"unschedulable": True}
+    return n
+
+
+# -- which workloads a view holds ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("why", "workload", "pending"),
+    [
+        ("quota reserved and our entry Pending", chat().obj(), True),
+        ("no quota reserved yet: Kueue has not asked", chat().without_quota().obj(), False),
+        ("already decided (Ready)", chat().check("Ready").obj(), False),
+        ("already rejected", chat().check("Rejected").obj(), False),
+    ],
+)
+def test_a_view_holds_exactly_the_workloads_kueue_is_waiting_on(
+    why: str, workload: dict, pending: bool
+) -> None:
+    view = _view([workload], [node("h1")], snapshot(IDLE))
+    assert (len(view.pending) == 1) is pending, why
+
+
+@pytest.mark.parametrize(
+    ("why", "snap", "headroom"),
+    [
+        ("an idle GPU reads all its compute spare", snapshot(IDLE), 1.0),
+        ("a saturated one none", snapshot(BUSY), 0.0),
+        ("a reading older than stalenessSeconds is no reading", snapshot(IDLE, observed_at=NOW - 3600), None),
+        ("a GPU missing from telemetry has no reading", snapshot({}), None),
+    ],
+)
+def test_a_view_reads_each_gpus_headroom_from_fresh_telemetry_only(
+    why: str, snap: Snapshot, headroom: float | None
+) -> None:
+    view = _view([chat().obj()], [node("h1")], snap)
+    assert view.gpu_headroom[("h1", 0)] == headroom, why
+
+
+# -- what each decision writes --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("why", "workloads", "nodes", "snap", "state", "mode", "says", "events"),
+    [
+        (
+            "an idle GPU and a good drafter: speculative, on a node",
+            [chat().obj()], [node("h1")], snapshot(IDLE),
+            "Ready", "speculative", "maximises the GPU's token rate", ["SpeculativeDecode"],
+        ),
+        (
+            "a saturated GPU: plain decode at once, never a wait for speed",
+            [chat().obj()], [node("h1")], snapshot(BUSY),
+            "Ready", "plain", "(saturated): plain decode", ["PlainDecode"],
+        ),
+        (
+            "stale telemetry: plain decode until it returns",
+            [chat().obj()], [node("h1")], snapshot(IDLE, observed_at=NOW - 3600),
+            "Ready", "plain", "no fresh telemetry", ["PlainDecode"],
+        ),
+        (
+            "a malformed acceptance rate: plain, the field named, a warning Event",
+            [chat().annotate(acceptance_rate="1.5").obj()], [node("h1")], snapshot(IDLE),
+            "Ready", "plain", "acceptance-rate: got '1.5'; accepted: a decimal number in [0, 1]",
+            ["PlainDecode", "BadAnnotation"],
+        ),
+        (
+            "no node in the namespace's jurisdiction: rejected, sovereignty fails closed",
+            [chat().obj()], [node("h1", "kr")], snapshot(IDLE),
+            "Rejected", "none", "no node of its flavor in jurisdiction eu", ["Rejected"],
+        ),
+        (
+            "an annotation reaching outside the namespace's jurisdiction: rejected",
+            [chat().annotate(jurisdiction="kr").obj()], [node("h1")], snapshot(IDLE),
+            "Rejected", "none", "accepted: one the namespace allows: eu", ["Rejected"],
+        ),
+        (
+            "more GPUs than any node has: rejected for good, with the numbers",
+            [chat().gpus("8").obj()], [node("h1")], snapshot(IDLE),
+            "Rejected", "none", "needs 8 GPUs on one node; the largest node it may use has 4", ["Rejected"],
+        ),
+        (
+            "every admissible node cordoned: Retry, not Rejected",
+            [chat().obj()], [_cordoned()], snapshot(IDLE),
+            "Retry", "none", "no admissible node with free GPUs now", ["Retry"],
+        ),
+    ],
+)  # fmt: skip
+def test_each_decision_writes_its_state_mode_reason_and_events(
+    why: str,
+    workloads: list[dict[str, Any]],
+    nodes: list[dict[str, Any]],
+    snap: Snapshot,
+    state: str,
+    mode: str,
+    says: str,
+    events: list[str],
+) -> None:
+    write = _decide(workloads, nodes, snap)
+    assert (write.state, write.mode) == (state, mode), why
+    assert says in write.message, write.message
+    assert [e.reason for e in write.events] == events
+    assert len(write.message) <= MESSAGE_LIMIT
+    if state == "Ready":
+        (update,) = write.pod_set_updates or []
+        assert update["nodeSelector"] == {"kubernetes.io/hostname": "h1"}
+        assert update["annotations"][ann.OUT_MODE] == mode
+    else:
+        assert write.pod_set_updates is None  # nothing reaches the pod unless it is admitted
+
+
+@pytest.mark.parametrize(("retries", "after"), [(0, 15), (1, 30), (3, 120), (6, 600), (63, 600), (-1, 15)])
+def test_a_retry_backs_off_exponentially_from_the_entrys_retry_count_up_to_the_cap(
+    retries: int, after: int
+) -> None:
+    write = _decide([chat().check("Pending", retryCount=retries).obj()], [_cordoned()], snapshot(IDLE))
+    assert write.state == "Retry" and write.requeue_after == after
+    assert write.message.startswith(f"retry in {after}s: ")
+
+
+def test_a_speculative_decision_hands_the_engine_a_table_it_reads_and_a_plain_one_hands_it_nothing() -> None:
+    notes = _decide([chat().obj()], [node("h1")], snapshot(IDLE)).pod_set_updates[0]["annotations"]  # type: ignore[index]
+    vllm = json.loads(notes[ann.OUT_VLLM])
+    assert vllm["method"] == "eagle3" and vllm["num_speculative_tokens"] >= int(notes[ann.OUT_BUDGET]) > 0
+    assert notes[ann.OUT_DECIDED_AT] == STAMP  # the tick's clock, not the wall's
+    plain = _decide([chat().obj()], [node("h1")], snapshot(BUSY)).pod_set_updates[0]["annotations"]  # type: ignore[index]
+    assert ann.OUT_VLLM not in plain and ann.OUT_SGLANG not in plain and plain[ann.OUT_BUDGET] == "0"
+
+
+# -- the apply body ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("why", "previous", "state", "transition"),
+    [
+        ("a first decision stamps the transition", {"name": CHECK, "state": "Pending"}, "Ready", STAMP),
+        (
+            "a changed state stamps it anew",
+            {"name": CHECK, "state": "Retry", "lastTransitionTime": "2026-01-01T00:00:00Z"},
+            "Ready",
+            STAMP,
+        ),
+        (
+            "an unchanged state keeps the time Kueue shows",
+            {"name": CHECK, "state": "Retry", "lastTransitionTime": "2026-01-01T00:00:00Z"},
+            "Retry",
+            "2026-01-01T00:00:00Z",
+        ),
+        ("no entry read at all", None, "Ready", STAMP),
+    ],
+)
+def test_the_apply_body_holds_only_our_entry_guarded_by_the_version_decided_on(
+    why: str, previous: dict[str, Any] | None, state: str, transition: str
+) -> None:
+    wl = chat().obj()
+    wl["status"]["admissionChecks"].append({"name": "someone-elses", "state": "Pending"})
+    path, body = check_entry_apply(wl, CHECK, state, "m" * 5000, previous, STAMP, [{"name": "main"}], 30)
+    assert path == f"/apis/{KUEUE}/namespaces/team-a/workloads/chat/status"
+    assert body["metadata"] == {"name": "chat", "namespace": "team-a", "resourceVersion": "7"}
+    assert list(body["status"]) == ["admissionChecks"]  # no conditions, no other check: never theirs
+    (entry,) = body["status"]["admissionChecks"]
+    assert entry["name"] == CHECK and entry["state"] == state and entry["lastTransitionTime"] == transition, (
+        why
+    )
+    assert len(entry["message"]) == MESSAGE_LIMIT
+    assert entry["podSetUpdates"] == [{"name": "main"}] and entry["requeueAfterSeconds"] == 30
+
+
+def test_the_dispatchers_nomination_rides_in_the_same_body() -> None:
+    _, body = check_entry_apply(
+        chat().obj(), CHECK, "Ready", "ok", None, STAMP, extra_status={"nominatedClusterNames": ["eu-1"]}
+    )
+    assert body["status"]["nominatedClusterNames"] == ["eu-1"]
+    assert "podSetUpdates" not in body["status"]["admissionChecks"][0]
