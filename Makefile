@@ -24,7 +24,7 @@ format: venv
 	$(BIN)/ruff check --fix .
 
 typecheck: venv
-	$(BIN)/mypy sovereignspec benchmarks
+	$(BIN)/mypy sovereignspec localdev benchmarks
 
 unit: venv
 	VENV=$(VENV) hack/pytest.sh -m "not cluster and not pod_e2e"
@@ -51,14 +51,14 @@ cluster-down:
 # MultiKueue on loopback: a manager whose dispatcher is SovereignSpec and two workers (eu, kr), each
 # etcd + kube-apiserver + Kueue, configured, with simulated GPU nodes, telemetry and the operators.
 multicluster-up: venv binaries
-	$(BIN)/python -m sovereignspec.localdev.multicluster up
+	$(BIN)/python -m localdev.multicluster up
 
 multicluster-down: venv
-	$(BIN)/python -m sovereignspec.localdev.multicluster down
+	$(BIN)/python -m localdev.multicluster down
 
 # Tenants of both jurisdictions submit Jobs to the manager: where each was dispatched, and why.
 demo-multicluster: venv binaries
-	$(BIN)/python -m sovereignspec.localdev.multicluster demo
+	$(BIN)/python -m localdev.multicluster demo
 
 # Dispatch latency, SovereignSpec's dispatcher against Kueue's AllAtOnce, on the same 200 Jobs.
 bench-multicluster: venv binaries
@@ -66,7 +66,7 @@ bench-multicluster: venv binaries
 
 # The main job: SovereignSpec admitting a mix of tenants' serving Jobs on the local control plane.
 demo: venv binaries
-	$(BIN)/python -m sovereignspec.localdev.demo
+	$(BIN)/python -m localdev.demo
 
 run: demo
 
@@ -77,7 +77,7 @@ regimes: venv
 
 # The calibrated model against the published data it is fitted to and tested against.
 calibration-figure: venv
-	$(BIN)/python -c "from sovereignspec.plots import plot_calibration; from sovereignspec.profiles import load_profiles; plot_calibration(load_profiles(), 'docs/figures/calibration.png')"
+	$(BIN)/python -c "from sovereignspec.analysis.plots import plot_calibration; from sovereignspec.profiles import load_profiles; plot_calibration(load_profiles(), 'docs/figures/calibration.png')"
 
 bench: venv
 	$(BIN)/python -m benchmarks

@@ -18,8 +18,8 @@ import time
 
 from benchmarks.cluster import mixed_cluster, one_off_workloads, pending_workloads
 from sovereignspec.core.placement import Placer, tick_order
-from sovereignspec.core.reference import reference_tick
 from sovereignspec.profiles import load_profiles
+from tests.reference import reference_tick
 
 N_GPUS = 2_000
 N_PENDING = 10_000

@@ -32,9 +32,9 @@ from typing import Any
 
 from kubernetes import client, watch
 
-from sovereignspec.localdev import kueue as k
-from sovereignspec.localdev import multicluster as mc
-from sovereignspec.localdev.gpunodes import server_side_apply
+from localdev import kueue as k
+from localdev import multicluster as mc
+from localdev.gpunodes import server_side_apply
 
 NAMESPACES = tuple(mc.TENANTS)
 

@@ -29,11 +29,11 @@ from typing import Any, cast
 from kubernetes import client, watch
 from prometheus_client.parser import text_string_to_metric_families
 
-from sovereignspec.localdev import controlplane
-from sovereignspec.localdev import kueue as k
-from sovereignspec.localdev.gpunodes import apply_node, server_side_apply
-from sovereignspec.localdev.operator import OperatorProcess, SyntheticTelemetry, install, policy
-from sovereignspec.localdev.prometheus import LocalPrometheus
+from localdev import controlplane
+from localdev import kueue as k
+from localdev.gpunodes import apply_node, server_side_apply
+from localdev.operator import OperatorProcess, SyntheticTelemetry, install, policy
+from localdev.prometheus import LocalPrometheus
 
 JOBS = 500
 NODES = 250

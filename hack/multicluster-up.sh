@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Start the local multi-cluster's control planes: a MultiKueue manager (its dispatcher set to
 # SovereignSpec, Kueue's MutatingAdmissionPolicy that clears nominatedClusterNames installed) and
-# two workers. `python -m sovereignspec.localdev.multicluster up` (make multicluster-up) runs this,
+# two workers. `python -m localdev.multicluster up` (make multicluster-up) runs this,
 # then configures MultiKueue, the queues, simulated GPU nodes and telemetry in each.
 set -euo pipefail
 source "$(dirname "$0")/multicluster-lib.sh"

@@ -237,7 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _operator(args: argparse.Namespace) -> int:
-    from sovereignspec.operator.run import run
+    from sovereignspec.operator.process import run
 
     return run(args)
 
@@ -272,7 +272,7 @@ def _simulate(args: argparse.Namespace) -> int:
     except (KeyError, ValueError) as exc:
         raise ConfigError(f"scenario {scenario.name}: {exc}") from exc
     if args.plot:
-        from sovereignspec.plots import plot_simulation
+        from sovereignspec.analysis.plots import plot_simulation
 
         written = plot_simulation(scenario, profiles, results, args.plot, args.policy, world=args.world)
     if args.format == "json":
@@ -285,8 +285,8 @@ def _simulate(args: argparse.Namespace) -> int:
 
 
 def _regimes(args: argparse.Namespace) -> int:
-    from sovereignspec.core.regimes import RegimeSettings, analyse
-    from sovereignspec.report import regimes_json, regimes_table
+    from sovereignspec.analysis.regime_report import regimes_json, regimes_table
+    from sovereignspec.analysis.regimes import RegimeSettings, analyse
 
     profiles = load_profiles(args.profiles)
     gpus = [resolve_name("GPU", g, profiles.gpus) for g in args.gpu or []]
@@ -311,7 +311,7 @@ def _regimes(args: argparse.Namespace) -> int:
     if not rows:
         raise ConfigError("no drafter in the selection drafts for the selected models; nothing to analyse")
     if args.plot:
-        from sovereignspec.plots import plot_regimes
+        from sovereignspec.analysis.plots import plot_regimes
 
         plot_regimes(rows, args.plot)
     if args.format == "json":
@@ -324,7 +324,7 @@ def _regimes(args: argparse.Namespace) -> int:
 
 
 def _predict(args: argparse.Namespace) -> int:
-    from sovereignspec.core.predict import predict
+    from sovereignspec.analysis.predict import predict
 
     profiles = load_profiles(args.profiles)
     gpu = profiles.gpus[resolve_name("GPU", args.gpu, profiles.gpus)]

@@ -8,5 +8,5 @@ GAMMA_LIMIT = 32  # the longest any configuration may ask for
 SELF_BENEFIT_MARGIN = 0.02  # S_real must reach 1 + this: covers the model's error
 HEADROOM_UNCERTAINTY = 0.05  # a reading is judged this much worse than reported
 # The neighbours' SLO bound is judged this much tighter (the model's error on how far a step grows,
-# and a request's TPOT spreading around its steps'): see core.placement.Policy.
+# and a request's TPOT spreading around its steps'): see core.placement.PlacerSettings.
 NEIGHBOUR_SLO_MARGIN = 0.2

@@ -32,7 +32,7 @@ from sovereignspec.core.placement import (
     GpuState,
     NodeState,
     Placer,
-    Policy,
+    PlacerSettings,
     WorkloadRequest,
 )
 from sovereignspec.core.sovereignty import Exclusion, NodeTenancy, check_node
@@ -146,9 +146,11 @@ class Dispatcher:
     """Ranks workers for one tick's pending workloads; what it nominates is taken into account
     for the rest of the tick (the worker's GPUs carry that load), as the node-level Placer does."""
 
-    def __init__(self, profiles: ProfileSet, workers: Iterable[Worker], policy: Policy | None = None) -> None:
+    def __init__(
+        self, profiles: ProfileSet, workers: Iterable[Worker], policy: PlacerSettings | None = None
+    ) -> None:
         self.profiles = profiles
-        self.policy = policy or Policy()
+        self.policy = policy or PlacerSettings()
         self.workers = sorted(workers, key=lambda w: w.name)
         self._placers: dict[str, Placer] = {}
         for w in self.workers:
@@ -240,7 +242,7 @@ def dispatch_all(
     profiles: ProfileSet,
     workers: Sequence[Worker],
     requests: Sequence[WorkloadRequest],
-    policy: Policy | None = None,
+    policy: PlacerSettings | None = None,
     nominate: int = 1,
 ) -> list[Dispatch]:
     """Every request in order, latency-sensitive first (they take the headroom), as one tick."""

@@ -74,7 +74,7 @@ SCALAR_UPDATE_LIMIT = 8  # GPUs to refresh below which plain floats beat numpy
 
 
 @dataclass(frozen=True)
-class Policy:
+class PlacerSettings:
     gamma_max: int = GAMMA_MAX
     margin: float = SELF_BENEFIT_MARGIN
     headroom_uncertainty: float = HEADROOM_UNCERTAINTY
@@ -188,7 +188,9 @@ class _Scores:
 _SCORE_FIELDS = ("gamma", "tpot", "step", "step_plain", "before", "bg_seqs")
 
 
-def spec_request(profiles: ProfileSet, policy: Policy, w: WorkloadRequest) -> tuple[SpecRequest, str | None]:
+def spec_request(
+    profiles: ProfileSet, policy: PlacerSettings, w: WorkloadRequest
+) -> tuple[SpecRequest, str | None]:
     """The optimiser's view of `w`, and why speculation is off for it (None if it isn't)."""
     gamma_max = policy.gamma_max if w.gamma_max is None else min(w.gamma_max, policy.gamma_max)
     cost, overhead, off = 0.0, 0.0, w.force_plain
@@ -225,7 +227,12 @@ class Reevaluation:
 
 
 def reevaluate(
-    profiles: ProfileSet, policy: Policy, w: WorkloadRequest, gpu_type: str, gamma: int, headroom: float
+    profiles: ProfileSet,
+    policy: PlacerSettings,
+    w: WorkloadRequest,
+    gpu_type: str,
+    gamma: int,
+    headroom: float,
 ) -> Reevaluation | None:
     """`w`, running γ on a GPU of `gpu_type` that reads `headroom` now (judged one uncertainty
     worse, as decisions are). The reading includes the workload's own load, so the background it
@@ -252,9 +259,11 @@ def reevaluate(
 class Placer:
     """Decides placements against a cluster view and keeps that view current as it places."""
 
-    def __init__(self, profiles: ProfileSet, cluster: ClusterView, policy: Policy | None = None) -> None:
+    def __init__(
+        self, profiles: ProfileSet, cluster: ClusterView, policy: PlacerSettings | None = None
+    ) -> None:
         self.profiles = profiles
-        self.policy = policy or Policy()
+        self.policy = policy or PlacerSettings()
         nodes = sorted(cluster.nodes, key=lambda n: n.name)
         self.node_names = [n.name for n in nodes]
         self._unavailable = {i: n.unavailable for i, n in enumerate(nodes) if n.unavailable}
@@ -696,6 +705,19 @@ class Placer:
             held_back=self._held_back(w, req, mask),
             **where,  # type: ignore[arg-type]
         )
+
+
+def neighbour_bound(neighbours: Iterable[tuple[str, float | None, float | None]]) -> tuple[float, str | None]:
+    """A GPU's q = min over its neighbours of TPOT SLO / TPOT now, and whose it is: (∞, None) when
+    none has both. `neighbours`: (name, SLO seconds, TPOT seconds as measured, else as predicted).
+    The operator's view and the simulator both bound a GPU's step by it."""
+    ratio, binding = math.inf, None
+    for name, slo, tpot in neighbours:
+        if slo is None or not tpot:
+            continue
+        if slo / tpot < ratio:
+            ratio, binding = slo / tpot, name
+    return ratio, binding
 
 
 def _headroom(g: GpuState) -> float:

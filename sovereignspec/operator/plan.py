@@ -12,9 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from sovereignspec.core.decision import DecisionRecord
+from sovereignspec.core.handoff import handoff
 from sovereignspec.core.placement import Placement, Placer, spec_request
 from sovereignspec.core.specs import ProfileSet
-from sovereignspec.engines import engine_config, handoff
+from sovereignspec.engines import engine_config
 from sovereignspec.operator import annotations as ann
 from sovereignspec.operator.policy import PolicySpec
 from sovereignspec.operator.view import PendingWorkload, View, placer_policy

@@ -20,7 +20,6 @@ This module does no I/O: it takes plain dicts (as the API returns them) and retu
 
 from __future__ import annotations
 
-import math
 import re
 from collections import defaultdict
 from collections.abc import Callable, Mapping
@@ -34,8 +33,9 @@ from sovereignspec.core.placement import (
     GpuState,
     LedgerMemo,
     NodeState,
-    Policy,
+    PlacerSettings,
     WorkloadRequest,
+    neighbour_bound,
     reevaluate,
     with_ledger_load,
 )
@@ -458,9 +458,9 @@ def node_pool(
     return names, flavor
 
 
-def placer_policy(spec: PolicySpec) -> Policy:
+def placer_policy(spec: PolicySpec) -> PlacerSettings:
     """The core's policy from a SpeculationPolicy spec."""
-    return Policy(
+    return PlacerSettings(
         gamma_max=spec.gamma_max,
         margin=spec.self_benefit_margin,
         headroom_uncertainty=spec.telemetry.headroom_uncertainty,
@@ -790,13 +790,10 @@ def _cluster(
             reading = None if stale_reason else snapshot.gpus.get((host, gi)) or snapshot.gpus.get((name, gi))
             headroom = reading_headroom(reading, efficiency, now, staleness)
             headroom_out[(name, gi)] = headroom
-            ratio, binding = math.inf, None
-            for c in by_gpu.get((name, gi), []):
-                if c.request.tpot_slo_s is None:
-                    continue
-                tpot = snapshot.tpot.get((c.namespace, c.job)) or c.predicted_tpot_s
-                if tpot and c.request.tpot_slo_s / tpot < ratio:
-                    ratio, binding = c.request.tpot_slo_s / tpot, c.key
+            ratio, binding = neighbour_bound(
+                (c.key, c.request.tpot_slo_s, snapshot.tpot.get((c.namespace, c.job)) or c.predicted_tpot_s)
+                for c in by_gpu.get((name, gi), [])
+            )
             gpu_states.append(GpuState(name, gi, gpu_type, headroom, ratio, binding))
         mine = by_node.get(name, [])
         foreign = pods_by_node.get(name, [])

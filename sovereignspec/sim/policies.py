@@ -27,18 +27,19 @@ import math
 from typing import TYPE_CHECKING
 
 from sovereignspec.core.defaults import HEADROOM_UNCERTAINTY
+from sovereignspec.core.handoff import handoff
 from sovereignspec.core.placement import (
     ClusterView,
     GpuState,
     NodeState,
     Placer,
-    Policy,
+    PlacerSettings,
     WorkloadRequest,
+    neighbour_bound,
     with_ledger_load,
 )
 from sovereignspec.core.sovereignty import DEFAULT_JURISDICTION_LABEL
 from sovereignspec.core.speedup import tau
-from sovereignspec.engines import handoff
 
 if TYPE_CHECKING:
     from sovereignspec.sim.engine import Gpu, Replica, Simulator
@@ -234,17 +235,16 @@ class SovereignSpec(SimPolicy):
             if used[g.id] >= cap:
                 continue
             headroom = sim.true_headroom(g) if self.know_truth else sim.reading(g, sim.now)
-            ratio, binding = math.inf, None
-            for rid in g.replicas:
-                r = sim.replicas[rid]
-                t = sim.scenario.tenants[r.tenant]
-                # As the operator reads it: the engine's measured TPOT (the world's, not the
-                # policy's model of it), else the prediction made when it was placed.
-                tpot = r.tpot_measured_s or r.predicted_tpot_s
-                if not tpot:
-                    continue
-                if t.tpot_slo_ms / 1e3 / tpot < ratio:
-                    ratio, binding = t.tpot_slo_ms / 1e3 / tpot, t.name
+            # As the operator reads it: the engine's measured TPOT (the world's, not the policy's
+            # model of it), else the prediction made when it was placed.
+            ratio, binding = neighbour_bound(
+                (
+                    sim.scenario.tenants[sim.replicas[rid].tenant].name,
+                    sim.scenario.tenants[sim.replicas[rid].tenant].tpot_slo_ms / 1e3,
+                    sim.replicas[rid].tpot_measured_s or sim.replicas[rid].predicted_tpot_s,
+                )
+                for rid in g.replicas
+            )
             gpus.append(GpuState(g.node, g.index, g.gpu_type, headroom, ratio, binding))
         placed = [
             (self._request(sim, r.tenant, f"r{r.id}"), sim.gpus[r.gpu].node, sim.gpus[r.gpu].index, r.gamma)
@@ -253,7 +253,7 @@ class SovereignSpec(SimPolicy):
         return with_ledger_load(ClusterView(nodes, gpus), placed, sim.profiles)
 
     def place(self, sim: Simulator, tenant: int, count: int) -> list[tuple[int, int, float | None]]:
-        policy = Policy(
+        policy = PlacerSettings(
             gamma_max=sim.scenario.gamma_max,
             headroom_uncertainty=0.0 if self.know_truth else HEADROOM_UNCERTAINTY,
             externality=self.externality,

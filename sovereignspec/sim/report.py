@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from sovereignspec.sim.metrics import RunResult
 from sovereignspec.sim.scenario import Scenario
+from sovereignspec.sim.summary import RunResult
 
 
 def _f(x: float, digits: int = 2) -> str:

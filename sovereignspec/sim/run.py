@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from sovereignspec.core.specs import ProfileSet
 from sovereignspec.sim import policies
 from sovereignspec.sim.engine import Simulator
-from sovereignspec.sim.metrics import RunResult, compare, summarise
 from sovereignspec.sim.scenario import Scenario
+from sovereignspec.sim.summary import RunResult, compare, summarise
 
 
 def run_policy(

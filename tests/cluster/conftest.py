@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from sovereignspec.localdev import controlplane
-from sovereignspec.localdev.gpunodes import apply_examples
-from sovereignspec.localdev.prometheus import LocalPrometheus
+from localdev import controlplane
+from localdev.gpunodes import apply_examples
+from localdev.prometheus import LocalPrometheus
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -88,9 +88,9 @@ def wait_until(
 def operator_env(api: client.ApiClient) -> Iterator[tuple[Any, Any]]:
     """SovereignSpec installed (CRD, RBAC), synthetic telemetry behind a real Prometheus, a policy,
     our AdmissionCheck (Active) and the operator running as its own least-privilege user."""
-    from sovereignspec.localdev import kueue as k
-    from sovereignspec.localdev.gpunodes import server_side_apply
-    from sovereignspec.localdev.operator import OperatorProcess, SyntheticTelemetry, install, policy
+    from localdev import kueue as k
+    from localdev.gpunodes import server_side_apply
+    from localdev.operator import OperatorProcess, SyntheticTelemetry, install, policy
     from tests.cluster.operator_env import Env
 
     install(api)

@@ -7,8 +7,8 @@ import threading
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from localdev.operator import _serve_text_format
 from sovereignspec.core.speedup import tau
-from sovereignspec.localdev.operator import _serve_text_format
 
 BUCKETS = (0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0)
 FORGED = "someone-else"  # what a hostile engine claims as its namespace

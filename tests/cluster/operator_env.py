@@ -10,10 +10,10 @@ from typing import Any
 
 from kubernetes import client
 
-from sovereignspec.localdev import kueue as k
-from sovereignspec.localdev.gpunodes import apply_node, server_side_apply
-from sovereignspec.localdev.operator import SyntheticTelemetry
-from sovereignspec.localdev.prometheus import LocalPrometheus
+from localdev import kueue as k
+from localdev.gpunodes import apply_node, server_side_apply
+from localdev.operator import SyntheticTelemetry
+from localdev.prometheus import LocalPrometheus
 from tests.cluster.conftest import wait_until
 
 PRODUCTS = {

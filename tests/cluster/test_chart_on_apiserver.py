@@ -9,8 +9,8 @@ from pathlib import Path
 
 import yaml
 
-from sovereignspec.localdev import controlplane
-from sovereignspec.localdev.operator import install
+from localdev import controlplane
+from localdev.operator import install
 from sovereignspec.operator.policy import parse_policy
 from tests.unit.test_chart import _helm_path, render
 

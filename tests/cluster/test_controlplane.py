@@ -12,7 +12,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from sovereignspec.localdev import controlplane
+from localdev import controlplane
 
 HACK = controlplane.HACK
 ALT_PORTS = {

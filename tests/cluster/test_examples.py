@@ -8,10 +8,10 @@ import json
 
 from kubernetes import client
 
-from sovereignspec.localdev import controlplane
-from sovereignspec.localdev import kueue as k
-from sovereignspec.localdev.gpunodes import EXAMPLES, server_side_apply
-from sovereignspec.localdev.operator import OperatorProcess, install
+from localdev import controlplane
+from localdev import kueue as k
+from localdev.gpunodes import EXAMPLES, server_side_apply
+from localdev.operator import OperatorProcess, install
 from tests.cluster.conftest import wait_until
 
 

@@ -7,8 +7,8 @@ from datetime import UTC, datetime
 
 from kubernetes import client
 
-from sovereignspec.localdev import kueue as k
-from sovereignspec.localdev.gpunodes import server_side_apply
+from localdev import kueue as k
+from localdev.gpunodes import server_side_apply
 from tests.cluster.conftest import wait_until
 
 OURS = "e2e.sovereignspec.io/test"

@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from sovereignspec.localdev import controlplane
-from sovereignspec.localdev import kueue as k
-from sovereignspec.localdev import multicluster as mc
-from sovereignspec.localdev.gpunodes import server_side_apply
+from localdev import controlplane
+from localdev import kueue as k
+from localdev import multicluster as mc
+from localdev.gpunodes import server_side_apply
 from tests.cluster.conftest import wait_until
 
 AUDIT, AUDIT_MANAGER, AUDIT_MESSAGE = "audit", "audit-controller", "audited by another controller"

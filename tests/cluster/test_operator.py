@@ -9,8 +9,8 @@ import time
 
 from kubernetes import client
 
-from sovereignspec.localdev import kueue as k
-from sovereignspec.localdev.gpunodes import server_side_apply
+from localdev import kueue as k
+from localdev.gpunodes import server_side_apply
 from tests.cluster.conftest import wait_until
 from tests.cluster.operator_env import (
     add_namespace,
@@ -260,7 +260,7 @@ def test_the_operator_serves_liveness_and_its_own_metrics(operator, env, namespa
 def test_a_sigkilled_operator_loses_nothing_in_a_burst_of_fifty(env, namespace, unique):
     from dataclasses import replace as dc_replace
 
-    from sovereignspec.localdev.operator import OperatorProcess, policy
+    from localdev.operator import OperatorProcess, policy
 
     controller, check, name = "sovereignspec.io/burst", unique("sovereignspec-burst"), unique("burst")
     server_side_apply(env.api, policy(name, env.prometheus.url), "sovereignspec-e2e")

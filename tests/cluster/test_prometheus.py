@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
-from sovereignspec.localdev.operator import SyntheticTelemetry
-from sovereignspec.localdev.prometheus import free_port
+from localdev.operator import SyntheticTelemetry
+from localdev.prometheus import free_port
 from sovereignspec.telemetry.prometheus import PrometheusReader
 from tests.cluster.conftest import wait_until
 

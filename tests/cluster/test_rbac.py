@@ -9,8 +9,8 @@ import re
 
 import pytest
 
-from sovereignspec.localdev import controlplane
-from sovereignspec.localdev.operator import install, service_account_kubeconfig
+from localdev import controlplane
+from localdev.operator import install, service_account_kubeconfig
 
 MAY = [
     ("list", "workloads.kueue.x-k8s.io"),
@@ -93,7 +93,7 @@ def test_the_service_account_must_not_do_more(account, verb, resource):
 def test_the_whole_grant_is_no_wider_than_the_table(account, namespace):
     """`auth can-i --list` for the account, less what every authenticated user gets anyway (the
     same list for a ServiceAccount without bindings), must be exactly the table."""
-    from sovereignspec.localdev.operator import service_account_kubeconfig as make
+    from localdev.operator import service_account_kubeconfig as make
 
     make_client = controlplane.api_client()
     make(make_client, namespace, "nobody", cluster_role=None)

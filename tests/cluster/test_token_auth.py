@@ -10,9 +10,9 @@ import urllib.error
 import urllib.request
 from dataclasses import replace
 
-from sovereignspec.localdev import kueue as k
-from sovereignspec.localdev.gpunodes import server_side_apply
-from sovereignspec.localdev.operator import OperatorProcess, policy, service_account_kubeconfig
+from localdev import kueue as k
+from localdev.gpunodes import server_side_apply
+from localdev.operator import OperatorProcess, policy, service_account_kubeconfig
 from tests.cluster.conftest import wait_until
 from tests.cluster.operator_env import decided, make_pool, our_entry, submit
 

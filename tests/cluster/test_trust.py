@@ -17,9 +17,9 @@ from typing import Any
 
 from kubernetes import client
 
-from sovereignspec.localdev import kueue as k
-from sovereignspec.localdev.gpunodes import server_side_apply
-from sovereignspec.localdev.operator import policy
+from localdev import kueue as k
+from localdev.gpunodes import server_side_apply
+from localdev.operator import policy
 from tests.cluster.conftest import wait_until
 from tests.cluster.operator_env import (
     JURISDICTION,
@@ -362,7 +362,7 @@ def test_a_job_pinned_outside_its_flavor_is_rejected_for_that_not_for_sovereignt
 
 
 def test_a_decision_whose_event_was_lost_to_a_crash_gets_it_posted_after_the_restart(env, namespace, unique):
-    from sovereignspec.localdev.operator import OperatorProcess
+    from localdev.operator import OperatorProcess
 
     controller = "sovereignspec.io/restart"
     name = unique("restart")

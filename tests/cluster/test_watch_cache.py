@@ -11,10 +11,10 @@ from typing import Any
 
 from kubernetes import client
 
-from sovereignspec.localdev import controlplane
-from sovereignspec.localdev import kueue as k
-from sovereignspec.localdev.gpunodes import apply_node, server_side_apply
-from sovereignspec.localdev.operator import install, policy
+from localdev import controlplane
+from localdev import kueue as k
+from localdev.gpunodes import apply_node, server_side_apply
+from localdev.operator import install, policy
 from sovereignspec.operator.controller import Controller
 from sovereignspec.operator.role import Settings
 from sovereignspec.profiles import load_profiles

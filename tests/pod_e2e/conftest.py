@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from sovereignspec.localdev import controlplane
+from localdev import controlplane
 
 REPO = Path(__file__).resolve().parents[2]
 HACK = REPO / "hack"

@@ -20,9 +20,9 @@ import pytest
 import yaml
 from kubernetes import client
 
-from sovereignspec.localdev import controlplane
-from sovereignspec.localdev.operator import SyntheticTelemetry
-from sovereignspec.localdev.prometheus import LocalPrometheus
+from localdev import controlplane
+from localdev.operator import SyntheticTelemetry
+from localdev.prometheus import LocalPrometheus
 from tests.pod_e2e.conftest import NODE, REPO, SERVING_IMAGE
 
 RELEASE, NAMESPACE, CHECK = "sovereignspec", "sovereignspec-system", "sovereignspec"

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sovereignspec.core.placement import Policy, WorkloadRequest, reevaluate
+from sovereignspec.core.placement import PlacerSettings, WorkloadRequest, reevaluate
 from sovereignspec.core.roofline import tensor_parallel_for
 from sovereignspec.core.scalar import Coeffs, best_gamma, speedup_at, tau
 from sovereignspec.profiles import load_profiles
@@ -45,7 +45,7 @@ def test_the_speedup_in_force_of_the_optimisers_own_choice_is_the_one_it_chose_b
 
 
 def test_speculation_that_paid_on_an_idle_gpu_is_a_net_loss_once_the_gpu_saturates() -> None:
-    policy = Policy()
+    policy = PlacerSettings()
     idle = reevaluate(PROFILES, policy, chat(), "H100-SXM", 6, 1.0)
     busy = reevaluate(PROFILES, policy, chat(), "H100-SXM", 6, 0.0)
     assert idle is not None and busy is not None
@@ -55,4 +55,4 @@ def test_speculation_that_paid_on_an_idle_gpu_is_a_net_loss_once_the_gpu_saturat
 
 
 def test_a_gpu_type_without_a_profile_is_not_judged() -> None:
-    assert reevaluate(PROFILES, Policy(), chat(), "B300-unknown", 4, 1.0) is None
+    assert reevaluate(PROFILES, PlacerSettings(), chat(), "B300-unknown", 4, 1.0) is None

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import yaml
 
+from sovereignspec.analysis.predict import predict
 from sovereignspec.core.calibration import Measurement, fit
-from sovereignspec.core.predict import predict
 from sovereignspec.core.roofline import roofline_for, tensor_parallel_for
 from sovereignspec.core.scalar import Coeffs
 from tests.unit.test_cli import run

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from sovereignspec.core import defaults
-from sovereignspec.core.placement import Policy
+from sovereignspec.core.placement import PlacerSettings
 from sovereignspec.operator.policy import PolicySpec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,7 +52,7 @@ def test_the_crd_the_chart_and_the_example_default_to_the_one_home(
 
 
 def test_the_operators_policy_and_the_placer_default_alike() -> None:
-    spec, policy = PolicySpec(), Policy()
+    spec, policy = PolicySpec(), PlacerSettings()
     assert (spec.gamma_max, spec.self_benefit_margin, spec.neighbour_slo_margin) == (
         policy.gamma_max,
         policy.margin,

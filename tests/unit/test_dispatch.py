@@ -16,12 +16,12 @@ from sovereignspec.core.dispatch import (
     check_worker,
     dispatch_all,
 )
-from sovereignspec.core.placement import Policy, WorkloadRequest
+from sovereignspec.core.placement import PlacerSettings, WorkloadRequest
 from sovereignspec.operator.dispatcher import connected, describe_worker
 from sovereignspec.profiles import load_profiles
 
 PROFILES = load_profiles()
-LABEL = Policy().jurisdiction_label
+LABEL = PlacerSettings().jurisdiction_label
 
 
 def gpus(headroom: float | None, n: int = 4, nodes: int = 1) -> tuple[WorkerGpu, ...]:

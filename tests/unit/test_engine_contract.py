@@ -24,9 +24,10 @@ from itertools import pairwise
 import numpy as np
 import pytest
 
+from sovereignspec.core.handoff import BATCH_BREAKPOINTS, budget_by_batch
 from sovereignspec.core.optimiser import SpecRequest, choose, gamma_table
 from sovereignspec.core.roofline import roofline_for
-from sovereignspec.engines import BATCH_BREAKPOINTS, budget_by_batch, engine_config
+from sovereignspec.engines import engine_config
 from sovereignspec.profiles import load_profiles
 
 VLLM_FIELDS = {
@@ -147,7 +148,7 @@ def test_the_vllm_table_is_monotone_capped_and_the_optimisers_gamma_at_each_brea
 
 
 def test_a_declared_batch_that_saturates_hands_a_table_that_speculates_only_at_light_batches() -> None:
-    from sovereignspec.engines import handoff
+    from sovereignspec.core.handoff import handoff
 
     gpu, model, d = PROFILES.gpus["H100-SXM"], PROFILES.models["llama-3.1-8b"], PROFILES.drafters["eagle3"]
     table = handoff(gpu, model, d, 0.7, 144.0, 8, 0.02, 1.0, math.inf, (256.0, 0))
@@ -164,7 +165,7 @@ def test_a_declared_batch_that_saturates_hands_a_table_that_speculates_only_at_l
 
 
 def test_the_hand_off_keeps_lighter_batches_at_or_above_the_decision_and_heavier_ones_at_or_below() -> None:
-    from sovereignspec.engines import handoff
+    from sovereignspec.core.handoff import handoff
 
     gpu, model, d = PROFILES.gpus["H100-SXM"], PROFILES.models["llama-3.1-8b"], PROFILES.drafters["eagle3"]
     for declared, gamma in ((16.0, 3), (48.0, 2), (96.0, 1)):
@@ -178,7 +179,7 @@ def test_the_hand_off_keeps_lighter_batches_at_or_above_the_decision_and_heavier
 
 
 def test_no_batch_that_pays_is_plain_decode() -> None:
-    from sovereignspec.engines import handoff
+    from sovereignspec.core.handoff import handoff
 
     gpu, model = PROFILES.gpus["H100-SXM"], PROFILES.models["llama-3.1-8b"]
     assert (
@@ -193,7 +194,7 @@ def test_no_batch_that_pays_is_plain_decode() -> None:
 
 
 def test_a_light_batch_beside_a_neighbour_declared_to_saturate_the_gpu_still_speculates() -> None:
-    from sovereignspec.engines import handoff
+    from sovereignspec.core.handoff import handoff
 
     gpu, model, d = PROFILES.gpus["H100-SXM"], PROFILES.models["llama-3.1-8b"], PROFILES.drafters["eagle3"]
     # Telemetry reads the GPU idle (1.0: the neighbour's engine is not running yet); the ledger reads
@@ -207,7 +208,7 @@ def test_a_light_batch_beside_a_neighbour_declared_to_saturate_the_gpu_still_spe
 
 
 def test_load_that_telemetry_measures_counts_in_full_at_every_batch() -> None:
-    from sovereignspec.engines import handoff
+    from sovereignspec.core.handoff import handoff
 
     gpu, model, d = PROFILES.gpus["H100-SXM"], PROFILES.models["llama-3.1-8b"], PROFILES.drafters["eagle3"]
     # A GPU measured saturated is saturated whatever this engine's batch: no light-batch guess.
@@ -216,8 +217,8 @@ def test_load_that_telemetry_measures_counts_in_full_at_every_batch() -> None:
 
 
 def test_the_neighbours_bound_is_held_beside_their_whole_load_at_every_batch() -> None:
+    from sovereignspec.core.handoff import handoff
     from sovereignspec.core.roofline import roofline_for
-    from sovereignspec.engines import handoff
 
     gpu, model, d = PROFILES.gpus["H100-SXM"], PROFILES.models["llama-3.1-8b"], PROFILES.drafters["eagle3"]
     roof = roofline_for(gpu, model)
@@ -234,7 +235,7 @@ def test_the_neighbours_bound_is_held_beside_their_whole_load_at_every_batch() -
 
 
 def test_in_the_hand_off_a_longer_draft_must_beat_a_shorter_one_by_the_margin() -> None:
-    from sovereignspec.engines import budget_by_batch
+    from sovereignspec.core.handoff import budget_by_batch
 
     gpu, model, d = PROFILES.gpus["H100-SXM"], PROFILES.models["llama-3.1-8b"], PROFILES.drafters["eagle3"]
     best = budget_by_batch(gpu, model, d, 0.7, 144.0, 8, 0.02)

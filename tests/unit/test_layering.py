@@ -30,9 +30,8 @@ def _lint(tree: Path) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture
 def tree(tmp_path: Path) -> Path:
-    shutil.copytree(
-        ROOT / "sovereignspec", tmp_path / "sovereignspec", ignore=shutil.ignore_patterns("__pycache__")
-    )
+    for package in ("sovereignspec", "localdev"):
+        shutil.copytree(ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
     return tmp_path
 
@@ -52,6 +51,7 @@ def test_the_tree_keeps_every_layer_contract(tree: Path) -> None:
         ("sim/engine.py", "from sovereignspec.operator import metrics", "The simulator's model"),
         ("operator/dispatcher.py", "from sovereignspec.operator import controller", "worker and dispatcher"),
         ("telemetry/snapshot.py", "import sovereignspec.operator.view", "Layers"),
+        ("cli.py", "import localdev.demo", "localdev is not shipped"),
     ],
 )
 def test_a_wrong_import_breaks_its_contract(tree: Path, module: str, line: str, contract: str) -> None:

@@ -7,9 +7,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sovereignspec.core.placement import ClusterView, GpuState, NodeState, Placer, Policy, WorkloadRequest
-from sovereignspec.core.reference import reference_tick
+from sovereignspec.core.placement import (
+    ClusterView,
+    GpuState,
+    NodeState,
+    Placer,
+    PlacerSettings,
+    WorkloadRequest,
+)
 from sovereignspec.core.sovereignty import DEFAULT_JURISDICTION_LABEL as JUR
+from tests.reference import reference_tick
 
 
 def cluster(*specs):
@@ -190,7 +197,7 @@ def test_the_vectorised_placer_decides_exactly_as_the_scalar_reference(profiles,
     rng = random.Random(seed)
     view = _random_cluster(rng, rng.randint(1, 25))
     pending = _random_workloads(rng, rng.randint(1, 60), [n.name for n in view.nodes])
-    policy = Policy(externality=externality)
+    policy = PlacerSettings(externality=externality)
     fast = Placer(profiles, view, policy).tick(pending)
     slow = reference_tick(profiles, view, pending, policy)
     assert [(p.workload, p.outcome, p.node, p.gpu_index, p.gamma) for p in fast] == [

@@ -5,7 +5,7 @@ from collections import defaultdict
 
 import pytest
 
-from sovereignspec.core.regimes import POLICIES, RegimeSettings, analyse
+from sovereignspec.analysis.regimes import POLICIES, RegimeSettings, analyse
 from sovereignspec.core.roofline import roofline_for
 
 

@@ -15,9 +15,9 @@ from sovereignspec.errors import ConfigError
 from sovereignspec.profiles import load_profiles
 from sovereignspec.sim import policies, report
 from sovereignspec.sim.engine import LeastBusy, Replica, Simulator, arrival_times
-from sovereignspec.sim.metrics import RunResult
 from sovereignspec.sim.run import run_all, run_policy
 from sovereignspec.sim.scenario import SHIPPED, Arrival, Scenario, load
+from sovereignspec.sim.summary import RunResult
 
 SCENARIOS = ("idle", "mixed", "saturated", "sovereign-split", "heterogeneous", "shared-engine")
 BASELINES = ("never", "always-2", "always-4", "vllm-table", "smartspec", "trt-threshold")

@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from sovereignspec.localdev.controlplane import HACK
+from localdev.controlplane import HACK
 
 
 def binary() -> Path:

@@ -15,7 +15,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from sovereignspec.localdev.controlplane import REPO
+from localdev.controlplane import REPO
 
 EXAMPLES = REPO / "deploy" / "examples"
 

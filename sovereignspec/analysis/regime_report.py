@@ -6,7 +6,7 @@ from collections import defaultdict
 from dataclasses import asdict
 from typing import Any
 
-from sovereignspec.core.regimes import POLICIES, RegimeRow, RegimeSettings
+from sovereignspec.analysis.regimes import POLICIES, RegimeRow, RegimeSettings
 
 
 def _settings_dict(settings: RegimeSettings) -> dict[str, Any]:

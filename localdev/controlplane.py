@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 from kubernetes import client, config
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 HACK = REPO / "hack"
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from sovereignspec.core.placement import ClusterView, Policy, WorkloadRequest, tick_order
+from sovereignspec.core.placement import ClusterView, PlacerSettings, WorkloadRequest, tick_order
 from sovereignspec.core.roofline import tensor_parallel_for
 from sovereignspec.core.scalar import Coeffs, best_gamma, quantize, tau
 from sovereignspec.core.sovereignty import NodeTenancy, check_node
@@ -29,9 +29,12 @@ class RefDecision:
 
 
 def reference_tick(
-    profiles: ProfileSet, cluster: ClusterView, pending: list[WorkloadRequest], policy: Policy | None = None
+    profiles: ProfileSet,
+    cluster: ClusterView,
+    pending: list[WorkloadRequest],
+    policy: PlacerSettings | None = None,
 ) -> list[RefDecision]:
-    policy = policy or Policy()
+    policy = policy or PlacerSettings()
     tenancy = {n.name: NodeTenancy(n.name, n.labels, n.tenants, n.exclusive_tenants) for n in cluster.nodes}
     free = {n.name: n.free_gpus for n in cluster.nodes}
     gpus = sorted(cluster.gpus, key=lambda g: (g.node, g.index))

@@ -6,7 +6,7 @@ from typing import Any, cast
 
 from kubernetes import client
 
-from sovereignspec.localdev.gpunodes import server_side_apply
+from localdev.gpunodes import server_side_apply
 
 GROUP, VERSION = "kueue.x-k8s.io", "v1beta2"
 TEST_MANAGER = "sovereignspec-e2e"

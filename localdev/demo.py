@@ -15,10 +15,10 @@ from typing import Any
 
 from kubernetes import client
 
-from sovereignspec.localdev import controlplane, kueue
-from sovereignspec.localdev.gpunodes import EXAMPLES, apply_examples, documents, server_side_apply
-from sovereignspec.localdev.operator import OperatorProcess, SyntheticTelemetry, install
-from sovereignspec.localdev.prometheus import LocalPrometheus
+from localdev import controlplane, kueue
+from localdev.gpunodes import EXAMPLES, apply_examples, documents, server_side_apply
+from localdev.operator import OperatorProcess, SyntheticTelemetry, install
+from localdev.prometheus import LocalPrometheus
 from sovereignspec.operator.plan import shorten
 
 NAMESPACE = "llm-serving"

@@ -21,9 +21,9 @@ from kubernetes import client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-from sovereignspec.localdev import controlplane
-from sovereignspec.localdev.gpunodes import server_side_apply
-from sovereignspec.localdev.prometheus import LocalPrometheus, free_port
+from localdev import controlplane
+from localdev.gpunodes import server_side_apply
+from localdev.prometheus import LocalPrometheus, free_port
 
 REPO = controlplane.REPO
 CRD = REPO / "crds" / "sovereignspec.io_speculationpolicies.yaml"

@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
-from sovereignspec.core.regimes import POLICIES, RegimeRow
+from sovereignspec.analysis.regimes import POLICIES, RegimeRow
 from sovereignspec.errors import ConfigError
 
 if TYPE_CHECKING:
     from sovereignspec.core.specs import ProfileSet
-    from sovereignspec.sim.metrics import RunResult
     from sovereignspec.sim.scenario import Scenario
+    from sovereignspec.sim.summary import RunResult
 
 
 def plot_regimes(rows: list[RegimeRow], path: str) -> None:

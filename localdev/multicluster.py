@@ -1,7 +1,7 @@
 """A local MultiKueue multi-cluster: one manager and two workers in two jurisdictions.
 
-    python -m sovereignspec.localdev.multicluster up     # make multicluster-up
-    python -m sovereignspec.localdev.multicluster down   # make multicluster-down
+    python -m localdev.multicluster up     # make multicluster-up
+    python -m localdev.multicluster down   # make multicluster-down
 
 `up` starts three control planes (hack/multicluster-up.sh: etcd, kube-apiserver and Kueue each,
 on loopback; the manager's MultiKueue dispatcher set to SovereignSpec) and configures them as a
@@ -33,10 +33,10 @@ from typing import Any, cast
 import yaml
 from kubernetes import client, config
 
-from sovereignspec.localdev import controlplane
-from sovereignspec.localdev import kueue as k
-from sovereignspec.localdev.gpunodes import apply_node, server_side_apply
-from sovereignspec.localdev.operator import (
+from localdev import controlplane
+from localdev import kueue as k
+from localdev.gpunodes import apply_node, server_side_apply
+from localdev.operator import (
     MANAGER,
     REPO,
     OperatorProcess,
@@ -45,7 +45,7 @@ from sovereignspec.localdev.operator import (
     policy,
     service_account_kubeconfig,
 )
-from sovereignspec.localdev.prometheus import LocalPrometheus
+from localdev.prometheus import LocalPrometheus
 
 HACK = REPO / "hack"
 WORKERS = {"worker-eu": "eu", "worker-kr": "kr"}  # name -> jurisdiction
@@ -491,7 +491,8 @@ def up_in_background(timeout: float = 300.0) -> None:
     ready.unlink(missing_ok=True)
     log = (state_dir() / "fleet.log").open("ab")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sovereignspec.localdev.multicluster", "serve"],
+        [sys.executable, "-m", "localdev.multicluster", "serve"],
+        cwd=REPO,  # localdev is not installed: it runs from the checkout
         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip
     _fleet_pid().write_text(f"{proc.pid}\n")
@@ -563,7 +564,7 @@ def demo() -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sovereignspec.localdev.multicluster")
+    parser = argparse.ArgumentParser(prog="python -m localdev.multicluster")
     parser.add_argument("action", choices=("up", "down", "serve", "demo"))
     args = parser.parse_args(argv)
     if args.action == "down":
