@@ -1,6 +1,8 @@
-"""The event loop: requests arrive, queue at their tenant's replicas, are prefilled and decoded in
-continuous batches that every replica on a GPU shares, and finish; speculation accepts drafted
-tokens by per-token Bernoulli trials, so a step's accepted length is truncated-geometric.
+"""The event loop and a GPU's batch physics: requests arrive (`arrivals`), queue at their
+tenant's replicas (`routing`), are prefilled and decoded in continuous batches that every replica
+on a GPU shares, and finish; speculation accepts drafted tokens by per-token Bernoulli trials, so
+a step's accepted length is truncated-geometric. Placement goes through the policy, held to
+`tenancy`'s sovereignty; the records it mutates are `state`'s.
 
 Between two events a GPU's batch is constant, so its step time is too: the engine does not step
 through every decode step. Each sequence knows, from its sampled draws, how many steps it needs
@@ -17,103 +19,24 @@ from __future__ import annotations
 import gc
 import heapq
 import math
-from collections import deque
-from dataclasses import dataclass, field
-from itertools import repeat
-from operator import attrgetter
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from sovereignspec.core.roofline import tensor_parallel_for
 from sovereignspec.core.scalar import tau as scalar_tau
-from sovereignspec.core.sovereignty import DEFAULT_JURISDICTION_LABEL, NodeTenancy, Requirement, check_node
+from sovereignspec.core.sovereignty import NodeTenancy
 from sovereignspec.core.specs import ProfileSet
-from sovereignspec.sim.scenario import Arrival, Scenario, Tenant
-from sovereignspec.sim.worlds import Draft, World, world_for
+from sovereignspec.sim import arrivals, tenancy
+from sovereignspec.sim.routing import LeastBusy
+from sovereignspec.sim.scenario import Scenario, Tenant
+from sovereignspec.sim.state import Gpu, Replica, Request, Seq
+from sovereignspec.sim.worlds import world_for
 
 if TYPE_CHECKING:
     from sovereignspec.sim.policies import SimPolicy
 
 GPU_EVENT, PLACE, SAMPLE = 1, 2, 3
-
-
-@dataclass(slots=True)
-class Request:
-    id: int
-    tenant: int
-    arrival: float
-    prompt: int
-    output: int
-    alpha: float
-    replica: int = -1
-    t_first: float = math.nan
-    t_finish: float = math.nan
-    speculated: bool = False  # its own replica drafted while it decoded
-    drafts: int = 0  # verification steps with drafts
-    first_accepted: int = 0  # of those, steps whose first drafted token was accepted
-
-
-@dataclass(slots=True)
-class Seq:
-    req: Request
-    gamma: int
-    draws: np.ndarray | None  # tokens emitted by each step under `gamma` (None: plain, one per step)
-    cum: np.ndarray | None  # cumulative tokens after each step
-    base: int  # tokens emitted before the current draws
-    steps_total: int  # steps these draws need to finish the request
-    start: int = 0  # the GPU's step counter when these draws began
-    version: int = 0
-
-
-@dataclass(slots=True)
-class Replica:
-    id: int
-    tenant: int
-    gpu: int
-    gamma: int  # assigned at placement
-    current: int  # in effect now
-    draft: Draft | None  # what its drafting costs in this world (None: no drafter)
-    queue: deque[Request] = field(default_factory=deque)
-    cap: int = 1  # the tenant's max-num-seqs
-    by_batch: list[int] = field(default_factory=list)  # γ per batch size 0..cap (own_batch_only policies)
-    active: int = 0
-    busy: int = 0  # active + queued: what arrivals are routed by
-    slot: int = 0  # its place among its tenant's replicas (placement order)
-    alpha_est: float = 0.6
-    switched_off: bool = False  # for acceptance-threshold policies
-    predicted_tpot_s: float | None = None  # what the placing policy predicted (until TPOT is measured)
-    # Its requests' TPOT as the engine's histogram shows it (prefill stalls and all), a running mean
-    # over finished requests: what the operator reads from Prometheus. None until one finishes.
-    tpot_measured_s: float | None = None
-
-
-@dataclass(slots=True)
-class Gpu:
-    id: int
-    node: str
-    index: int
-    gpu_type: str
-    jurisdiction: str | None
-    world: World
-    replicas: list[int] = field(default_factory=list)
-    seqs: dict[int, Seq] = field(default_factory=dict)  # by request id
-    finishing: list[tuple[int, int, int]] = field(default_factory=list)  # heap of (step, request, version)
-    superseded: int = 0  # entries in `finishing` left behind by a γ change
-    steps: int = 0  # decode steps run so far
-    t0: float = 0.0  # start of the next step
-    step: float = 0.0
-    watts: tuple[float, float] = (0.0, 0.0)  # idle, peak
-    power: float = 0.0  # watts while the current step runs
-    version: int = 0
-    ctx_sum: float = 0.0
-    n_tokens: int = 0  # query tokens per decode step: Σ (γ + 1) over running sequences
-    running: dict[int, int] = field(default_factory=dict)  # replica -> running sequences
-    waiting: int = 0  # requests queued at this GPU's replicas
-    regamma: set[int] = field(default_factory=set)  # replicas whose batch now calls for another γ
-    busy_energy: float = 0.0  # joules while decoding
-    busy_time: float = 0.0
-    samples: list[tuple[float, float]] = field(default_factory=list)  # (time, headroom)
 
 
 class Simulator:
@@ -176,28 +99,12 @@ class Simulator:
         heapq.heappush(self.events, (t, self._seq, kind, a, b))
 
     def _generate(self) -> None:
-        """Every tenant's arrivals, lengths and per-request acceptance, from the scenario seed."""
-        for ti, t in enumerate(self.scenario.tenants):
-            rng = np.random.default_rng([self.scenario.seed, ti])
-            times = arrival_times(rng, t.arrival, t.start_s, self.scenario.duration_s)
-            n = len(times)
-            prompts = _lengths(rng, t.prompt_tokens.mean, t.prompt_tokens.sd, n).tolist()
-            outputs = np.maximum(_lengths(rng, t.output_tokens.mean, t.output_tokens.sd, n), 2).tolist()
-            alphas = (
-                np.clip(rng.normal(t.alpha.mean, t.alpha.sd, n), 0.0, 0.999)
-                if t.alpha.sd
-                else np.full(n, t.alpha.mean)
-            ).tolist()
-            first = len(self.requests)
-            self.requests.extend(
-                map(Request, range(first, first + n), repeat(ti, n), times, prompts, outputs, alphas)
-            )
-            self._push(t.start_s, PLACE, ti)
+        """Every tenant's requests, and a placement event at each tenant's start."""
         # Arrivals are known up front: kept in time order beside the heap rather than in it, so
-        # the heap holds only the few live GPU, placement and sampling events. Ties: by request id
-        # (a stable sort of requests in id order).
-        order = np.argsort(np.fromiter(map(attrgetter("arrival"), self.requests), np.float64), kind="stable")
-        self._arrivals = [self.requests[i] for i in order.tolist()]
+        # the heap holds only the few live GPU, placement and sampling events.
+        self.requests, self._arrivals = arrivals.generate(self.scenario)
+        for ti, t in enumerate(self.scenario.tenants):
+            self._push(t.start_s, PLACE, ti)
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -523,147 +430,13 @@ class Simulator:
     # -- invariants ------------------------------------------------------------------------
 
     def tenancy(self, node: str) -> NodeTenancy:
-        labels = {}
-        jur = next(g.jurisdiction for g in self.gpus if g.node == node)
-        if jur:
-            labels[DEFAULT_JURISDICTION_LABEL] = jur
-        tenants, exclusive = set(), set()
-        for r in self.replicas:
-            if self.gpus[r.gpu].node == node:
-                t = self.scenario.tenants[r.tenant]
-                tenants.add(t.name)
-                if t.exclusive:
-                    exclusive.add(t.name)
-        return NodeTenancy(node, labels, frozenset(tenants), frozenset(exclusive))
+        return tenancy.tenancy(self.scenario, self.gpus, self.replicas, node)
 
     def assert_sovereignty(self) -> None:
-        """No replica outside its jurisdiction; no exclusive tenant sharing a node, either way."""
-        # One pass over the replicas (this runs after every event in tests).
-        on_node: dict[str, set[int]] = {}
-        for r in self.replicas:
-            on_node.setdefault(self.gpus[r.gpu].node, set()).add(r.tenant)
-        tenants = self.scenario.tenants
-        for r in self.replicas:
-            t = tenants[r.tenant]
-            g = self.gpus[r.gpu]
-            if t.jurisdiction is not None and g.jurisdiction != t.jurisdiction:
-                raise AssertionError(f"{t.name} placed in {g.jurisdiction}, requires {t.jurisdiction}")
-            others = sorted(tenants[i].name for i in on_node[g.node] - {r.tenant})
-            if t.exclusive and others:
-                raise AssertionError(f"exclusive {t.name} shares {g.node} with {others}")
-            holders = sorted(tenants[i].name for i in on_node[g.node] - {r.tenant} if tenants[i].exclusive)
-            if holders:
-                raise AssertionError(f"{t.name} on {g.node}, held exclusively by {holders}")
+        tenancy.assert_sovereignty(self.scenario, self.gpus, self.replicas)
 
     def admissible(self, tenant: int) -> list[Gpu]:
-        """GPUs a new replica of `tenant` may use now: sovereignty, then a free engine slot."""
-        t = self.scenario.tenants[tenant]
-        req = Requirement(t.name, t.jurisdiction, t.exclusive)
-        ok_nodes = {n for n in {g.node for g in self.gpus} if check_node(req, self.tenancy(n)) is None}
-        cap = self.scenario.replicas_per_gpu
-        return [g for g in self.gpus if g.node in ok_nodes and len(g.replicas) < cap]
-
-
-_SLOT_BITS = 9  # a tenant has at most 256 replicas (scenario validation)
-_SLOT_MASK = (1 << _SLOT_BITS) - 1
-_ONE_BUSIER = 1 << _SLOT_BITS
-
-
-class LeastBusy:
-    """A tenant's replicas, by how busy they are (running + queued): the least busy one, ties to
-    the first placed, without scanning them all on every arrival.
-
-    A heap holds an entry `busy << SLOT_BITS | slot` (an int: cheaper to compare than a tuple) for
-    each replica's current `busy`, and stale entries from earlier values, which are dropped when
-    they surface (and all at once when they pile up)."""
-
-    __slots__ = ("heap", "limit", "replicas")
-
-    def __init__(self) -> None:
-        self.replicas: list[Replica] = []
-        self.heap: list[int] = []
-        self.limit = 64
-
-    def __bool__(self) -> bool:
-        return bool(self.replicas)
-
-    def add(self, r: Replica) -> None:
-        if len(self.replicas) >= 1 << _SLOT_BITS:
-            raise ValueError(f"a tenant has at most {1 << _SLOT_BITS} replicas here")
-        r.slot = len(self.replicas)
-        self.replicas.append(r)
-        heapq.heappush(self.heap, r.busy << _SLOT_BITS | r.slot)
-        self.limit = 4 * len(self.replicas) + 64
-
-    def take(self) -> Replica:
-        """The least busy replica, now one request busier."""
-        heap, replicas = self.heap, self.replicas
-        while True:
-            entry = heap[0]
-            r = replicas[entry & _SLOT_MASK]
-            if r.busy == entry >> _SLOT_BITS:
-                break
-            heapq.heappop(heap)
-        r.busy += 1
-        heapq.heapreplace(heap, entry + _ONE_BUSIER)
-        return r
-
-    def release(self, r: Replica) -> None:
-        """`r` finished a request."""
-        r.busy -= 1
-        heapq.heappush(self.heap, r.busy << _SLOT_BITS | r.slot)
-        if len(self.heap) > self.limit:
-            self.heap = [x.busy << _SLOT_BITS | x.slot for x in self.replicas]
-            heapq.heapify(self.heap)
-
-
-def arrival_times(rng: np.random.Generator, a: Arrival, start: float, end: float) -> list[float]:
-    """Arrival instants in [start, end): exponential gaps at the (for bursts, time-varying) rate.
-
-    The gaps are drawn in blocks, then the stream is left exactly where drawing one gap per step
-    leaves it (one draw per arrival, plus the one that crossed `end`), because the lengths and α
-    drawn next from the same stream depend on it."""
-    saved = rng.bit_generator.state
-    block = int(a.rate_per_s * max(end - start, 0.0) * 1.1) + 64
-    used = 0
-    if a.kind == "poisson":  # a constant rate: the running sum, vectorised (cumsum adds in order)
-        parts, clock = [], start
-        while True:
-            clocks = np.cumsum(
-                np.concatenate(([clock], rng.standard_exponential(block) * (1.0 / a.rate_per_s)))
-            )
-            cut = int(np.searchsorted(clocks[1:], end))  # the first draw to reach `end`
-            if cut < block:
-                parts.append(clocks[1 : cut + 1])
-                used += cut + 1
-                break
-            parts.append(clocks[1:])
-            used += block
-            clock = float(clocks[-1])
-        times: list[float] = np.concatenate(parts).tolist()
-    else:
-        gaps: list[float] = []
-        times = []
-        clock = start
-        cycle = a.on_s + a.off_s
-        # Same mean rate for bursts: factor× during a burst, the rest of the cycle at what remains.
-        high = min(a.burst_factor * a.rate_per_s, a.rate_per_s * cycle / a.on_s)
-        low = max(a.rate_per_s * cycle - high * a.on_s, 0.0) / a.off_s
-        while True:
-            rate = high if (clock % cycle) < a.on_s else low
-            if rate <= 0:
-                clock = (clock // cycle + 1) * cycle
-                continue
-            if used == len(gaps):
-                gaps.extend(rng.standard_exponential(block).tolist())
-            clock += (1.0 / rate) * gaps[used]  # what rng.exponential(1 / rate) returns for this draw
-            used += 1
-            if clock >= end:
-                break
-            times.append(clock)
-    rng.bit_generator.state = saved
-    rng.standard_exponential(used)
-    return times
+        return tenancy.admissible(self.scenario, self.gpus, self.replicas, tenant)
 
 
 _running_sum = np.add.accumulate  # = ndarray.cumsum, without its wrapper's cost (a call per request)
@@ -674,11 +447,3 @@ def _truncated_geometric(rng: np.random.Generator, a: float, gamma: int, size: i
         return np.full(size, gamma + 1)
     draws = rng.geometric(1.0 - a, size)
     return np.minimum(draws, gamma + 1, out=draws)
-
-
-def _lengths(rng: np.random.Generator, mean: float, sd: float, n: int) -> np.ndarray:
-    if sd <= 0:
-        return np.full(n, max(1, round(mean)), dtype=np.int64)
-    sigma2 = math.log(1.0 + (sd / mean) ** 2)
-    mu = math.log(mean) - sigma2 / 2
-    return np.maximum(np.round(rng.lognormal(mu, math.sqrt(sigma2), n)), 1).astype(np.int64)

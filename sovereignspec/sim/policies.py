@@ -24,7 +24,8 @@ enforced for every policy; no policy may break it).
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
 
 from sovereignspec.core.defaults import HEADROOM_UNCERTAINTY
 from sovereignspec.core.handoff import handoff
@@ -42,7 +43,35 @@ from sovereignspec.core.sovereignty import DEFAULT_JURISDICTION_LABEL
 from sovereignspec.core.speedup import tau
 
 if TYPE_CHECKING:
-    from sovereignspec.sim.engine import Gpu, Replica, Simulator
+    from sovereignspec.core.sovereignty import NodeTenancy
+    from sovereignspec.core.specs import ModelSpec, ProfileSet
+    from sovereignspec.sim.scenario import Scenario
+    from sovereignspec.sim.state import Gpu, Replica
+
+
+class SimView(Protocol):
+    """What a policy sees of the simulation (the `Simulator` is one): the scenario, the cluster's
+    GPUs and replicas, the clock, telemetry as read, sovereignty, and the step-time oracle. Read
+    only, by type: a policy returns its choices; the engine applies them."""
+
+    @property
+    def scenario(self) -> Scenario: ...
+    @property
+    def profiles(self) -> ProfileSet: ...
+    @property
+    def model(self) -> ModelSpec: ...
+    @property
+    def gpus(self) -> Sequence[Gpu]: ...
+    @property
+    def replicas(self) -> Sequence[Replica]: ...
+    @property
+    def now(self) -> float: ...
+    def admissible(self, tenant: int) -> list[Gpu]: ...
+    def tenancy(self, node: str) -> NodeTenancy: ...
+    def reading(self, g: Gpu, t: float) -> float | None: ...
+    def true_headroom(self, g: Gpu) -> float: ...
+    def step_time(self, g: Gpu, gammas: dict[int, int] | None = None) -> float: ...
+
 
 VLLM_TABLE = ((1, 4, 5), (5, 16, 3), (17, 64, 1), (65, 10**9, 0))
 # A request's TPOT spreads around its steps' (batches change, prefills interleave): the oracle,
@@ -60,10 +89,10 @@ class SimPolicy:
     def __init__(self) -> None:
         self.last_reason: dict[int, str] = {}
 
-    def initial_gamma(self, sim: Simulator, tenant: int) -> int:
+    def initial_gamma(self, sim: SimView, tenant: int) -> int:
         return 0
 
-    def place(self, sim: Simulator, tenant: int, count: int) -> list[tuple[int, int, float | None]]:
+    def place(self, sim: SimView, tenant: int, count: int) -> list[tuple[int, int, float | None]]:
         """Spread: the admissible GPU with the least declared load, one replica at a time.
         Returns (GPU, γ, predicted TPOT or None) per placed replica."""
         out: list[tuple[int, int, float | None]] = []
@@ -85,14 +114,14 @@ class SimPolicy:
             out.append((best.id, self.initial_gamma(sim, tenant), None))
         return out
 
-    def gammas(self, sim: Simulator, g: Gpu) -> dict[int, int]:
+    def gammas(self, sim: SimView, g: Gpu) -> dict[int, int]:
         return {rid: self.gamma_at(sim, g, sim.replicas[rid], sim.replicas[rid].active) for rid in g.replicas}
 
-    def gamma_at(self, sim: Simulator, g: Gpu, r: Replica, batch: int) -> int:
+    def gamma_at(self, sim: SimView, g: Gpu, r: Replica, batch: int) -> int:
         """γ for replica `r` running `batch` sequences (policies with `own_batch_only`)."""
         return r.gamma
 
-    def adopt(self, sim: Simulator, r: Replica, index: int) -> None:
+    def adopt(self, sim: SimView, r: Replica, index: int) -> None:
         """Replica `r`, the `index`-th that the last `place` returned, is now in the simulation."""
 
 
@@ -106,7 +135,7 @@ class AlwaysK(SimPolicy):
         self.k = k
         self.name = f"always-{k}"
 
-    def initial_gamma(self, sim: Simulator, tenant: int) -> int:
+    def initial_gamma(self, sim: SimView, tenant: int) -> int:
         return self.k if sim.scenario.tenants[tenant].drafter else 0
 
 
@@ -115,7 +144,7 @@ class VllmTable(SimPolicy):
     dynamic = True
     own_batch_only = True
 
-    def gamma_at(self, sim: Simulator, g: Gpu, r: Replica, batch: int) -> int:
+    def gamma_at(self, sim: SimView, g: Gpu, r: Replica, batch: int) -> int:
         has = sim.scenario.tenants[r.tenant].drafter
         return next(k for lo, hi, k in VLLM_TABLE if lo <= max(batch, 1) <= hi) if has else 0
 
@@ -125,7 +154,7 @@ class TrtThreshold(SimPolicy):
     dynamic = True
     k, threshold = 4, 0.5
 
-    def gammas(self, sim: Simulator, g: Gpu) -> dict[int, int]:
+    def gammas(self, sim: SimView, g: Gpu) -> dict[int, int]:
         out = {}
         for rid in g.replicas:
             r = sim.replicas[rid]
@@ -146,7 +175,7 @@ class SmartSpec(SimPolicy):
         super().__init__()
         self._memo: dict[tuple[object, ...], dict[int, int]] = {}
 
-    def gammas(self, sim: Simulator, g: Gpu) -> dict[int, int]:
+    def gammas(self, sim: SimView, g: Gpu) -> dict[int, int]:
         out = {rid: sim.replicas[rid].current for rid in g.replicas}
         key = (
             g.id,
@@ -188,13 +217,13 @@ class SovereignSpec(SimPolicy):
         self._tables: dict[int, list[list[int]]] = {}  # by replica: its engine's hand-off
         self._pending: dict[int, list[list[int]]] = {}  # by GPU, for replicas being placed now
 
-    def _alpha(self, sim: Simulator, tenant: int) -> float:
+    def _alpha(self, sim: SimView, tenant: int) -> float:
         t = sim.scenario.tenants[tenant]
         if self.know_truth or t.declared_alpha is None:
             return t.alpha.mean
         return t.declared_alpha
 
-    def _request(self, sim: Simulator, tenant: int, name: str) -> WorkloadRequest:
+    def _request(self, sim: SimView, tenant: int, name: str) -> WorkloadRequest:
         t = sim.scenario.tenants[tenant]
         return WorkloadRequest(
             name=name,
@@ -210,7 +239,7 @@ class SovereignSpec(SimPolicy):
             exclusive=t.exclusive,
         )
 
-    def _view(self, sim: Simulator, pending: list[tuple[Gpu, WorkloadRequest, int]]) -> ClusterView:
+    def _view(self, sim: SimView, pending: list[tuple[Gpu, WorkloadRequest, int]]) -> ClusterView:
         """The cluster as the operator would rebuild it: telemetry (lagged), the ledger of placed
         replicas (and those placed earlier in this call), their tenancy and free engine slots."""
         cap = sim.scenario.replicas_per_gpu
@@ -252,7 +281,7 @@ class SovereignSpec(SimPolicy):
         ] + [(w, g.node, g.index, gamma) for g, w, gamma in pending]
         return with_ledger_load(ClusterView(nodes, gpus), placed, sim.profiles)
 
-    def place(self, sim: Simulator, tenant: int, count: int) -> list[tuple[int, int, float | None]]:
+    def place(self, sim: SimView, tenant: int, count: int) -> list[tuple[int, int, float | None]]:
         policy = PlacerSettings(
             gamma_max=sim.scenario.gamma_max,
             headroom_uncertainty=0.0 if self.know_truth else HEADROOM_UNCERTAINTY,
@@ -295,11 +324,11 @@ class SovereignSpec(SimPolicy):
         self._queued = tables
         return [(g.id, gamma, tpot) for (g, _, gamma), tpot in zip(pending, predicted, strict=True)]
 
-    def adopt(self, sim: Simulator, r: Replica, index: int) -> None:
+    def adopt(self, sim: SimView, r: Replica, index: int) -> None:
         """Replica `r`, the `index`-th of the last `place` call, starts: it keeps its hand-off."""
         self._tables[r.id] = self._queued[index]
 
-    def gamma_at(self, sim: Simulator, g: Gpu, r: Replica, batch: int) -> int:
+    def gamma_at(self, sim: SimView, g: Gpu, r: Replica, batch: int) -> int:
         table = self._tables.get(r.id, [[1, 10**9, 0]])
         batch = max(batch, 1)
         return next((k for lo, hi, k in table if batch <= hi), table[-1][2])
@@ -321,7 +350,7 @@ class Oracle(SovereignSpec):
         super().__init__()
         self._memo: dict[tuple[object, ...], dict[int, int]] = {}
 
-    def gammas(self, sim: Simulator, g: Gpu) -> dict[int, int]:
+    def gammas(self, sim: SimView, g: Gpu) -> dict[int, int]:
         current = {rid: sim.replicas[rid].current for rid in g.replicas}
         live = [rid for rid in g.replicas if sim.replicas[rid].active]
         if not live:
@@ -345,7 +374,7 @@ class Oracle(SovereignSpec):
         return current
 
     def _score(
-        self, sim: Simulator, g: Gpu, gammas: dict[int, int], live: list[int]
+        self, sim: SimView, g: Gpu, gammas: dict[int, int], live: list[int]
     ) -> tuple[int, float, float]:
         """(replicas within their TPOT SLO, goodput, tokens per second): no neighbour pushed past
         its SLO first, then the token rate of those within it, then every token."""

@@ -14,9 +14,12 @@ from hypothesis import strategies as st
 from sovereignspec.errors import ConfigError
 from sovereignspec.profiles import load_profiles
 from sovereignspec.sim import policies, report
-from sovereignspec.sim.engine import LeastBusy, Replica, Simulator, arrival_times
+from sovereignspec.sim.arrivals import arrival_times
+from sovereignspec.sim.engine import Simulator
+from sovereignspec.sim.routing import LeastBusy
 from sovereignspec.sim.run import run_all, run_policy
 from sovereignspec.sim.scenario import SHIPPED, Arrival, Scenario, load
+from sovereignspec.sim.state import Replica
 from sovereignspec.sim.summary import RunResult
 
 SCENARIOS = ("idle", "mixed", "saturated", "sovereign-split", "heterogeneous", "shared-engine")
