@@ -38,7 +38,7 @@ class EngineConfig:
 def engine_config(drafter: DrafterSpec, model: str, gamma: int, table: Table | None = None) -> EngineConfig:
     """vLLM and SGLang configuration for a decision of `gamma` draft tokens at the declared batch.
 
-    `table` is the per-batch budget (`handoff`); its largest K may exceed `gamma` when light
+    `table` is the per-batch budget (`core.handoff.handoff`); its largest K may exceed `gamma` when light
     batches pay and the declared one does not (γ = 0 there). Engines that read a table get it;
     the fixed-γ forms (SGLang's NGRAM and STANDALONE; vLLM before 0.24, see `launch`) run `gamma`.
     No γ > 0 anywhere is plain decode: nothing at all."""

@@ -656,7 +656,7 @@ class Placer:
             "alpha": w.alpha,
             "tpot_ms": 1e3 * float(s["tpot"][g]),
             "candidates": n_candidates,
-            # What the engine hand-off judges its per-batch table at (`engines.handoff`).
+            # What the engine hand-off judges its per-batch table at (`core.handoff.handoff`).
             "headroom": None if bool(self.stale[g]) else float(self.headroom[g]),
             "headroom_measured": None if bool(self.stale[g]) else float(self.measured[g]),
             "background_seqs": float(s["bg_seqs"][g]),  # at the pessimistic reading

@@ -10,7 +10,7 @@ replica runs, re-decided whenever its GPU's batch changes.
 - trt-threshold — spread; K = 4 until rolling acceptance falls under 0.5, then off for good
   (TensorRT-LLM).
 - sovereignspec — SovereignSpec's core (`Placer`) from lagged telemetry and declared α; each replica
-  then runs exactly what the operator hands its engine: the per-batch table (`engines.handoff`,
+  then runs exactly what the operator hands its engine: the per-batch table (`core.handoff.handoff`,
   judged at the GPU's load and neighbours' bound at placement), read at its live batch.
 - sovereignspec-no-externality — the same without the neighbours' SLO check.
 - oracle — the core with true α, the unlagged reading and no uncertainty; then, per GPU, the γ of
