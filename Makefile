@@ -84,7 +84,7 @@ bench: venv
 
 # The simulator's hot modules compiled by mypyc into build/sim-native/ (loaded only while they
 # match their sources; same results, 1.5-2.5x as fast).
-SIM_NATIVE_SOURCES := sovereignspec/sim/engine.py sovereignspec/sim/truth.py sovereignspec/sim/worlds.py
+SIM_NATIVE_SOURCES := $(foreach m,state routing arrivals tenancy loop truth worlds,sovereignspec/sim/$(m).py)
 build/sim-native/sources.json: $(SIM_NATIVE_SOURCES) hack/build_sim_native.py $(VENV)/.installed
 	mkdir -p build
 	@# Without a C compiler (or on a build error) the interpreted simulator runs, with the same results.

@@ -1,6 +1,6 @@
 """A discrete-event simulator of multi-tenant LLM serving on heterogeneous GPUs, for comparing
 speculation policies on the same arrivals. Pure Python and numpy (no plotting, no Kubernetes):
-`scenario` reads a SCENARIO.yaml, `arrivals` makes its requests, `engine` runs them under one
+`scenario` reads a SCENARIO.yaml, `arrivals` makes its requests, `loop` runs them under one
 policy (its records in `state`, routing in `routing`, sovereignty in `tenancy`, step costs from
 `worlds` and `truth`), `policies` holds SovereignSpec (calling the same core the operator uses),
 its baselines and the oracle, each seeing the run through `policies.SimView`; `summary` sums up.
@@ -20,7 +20,7 @@ import sys
 import warnings
 from pathlib import Path
 
-NATIVE_MODULES = ("state", "routing", "arrivals", "tenancy", "engine", "truth", "worlds")
+NATIVE_MODULES = ("state", "routing", "arrivals", "tenancy", "loop", "truth", "worlds")
 NATIVE_ENV = "SOVEREIGNSPEC_SIM_NATIVE"
 _HERE = Path(__file__).resolve().parent
 

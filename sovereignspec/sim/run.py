@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from sovereignspec.core.specs import ProfileSet
 from sovereignspec.sim import policies
-from sovereignspec.sim.engine import Simulator
+from sovereignspec.sim.loop import Simulator
 from sovereignspec.sim.scenario import Scenario
 from sovereignspec.sim.summary import RunResult, compare, summarise
 

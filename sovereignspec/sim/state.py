@@ -1,5 +1,5 @@
 """The simulator's state: requests, the sequences decoding them, replicas and GPUs (plain slotted
-records, mutated by the loop in `engine`)."""
+records, mutated by the loop in `loop`)."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from sovereignspec.sim.engine import Simulator
+from sovereignspec.sim.loop import Simulator
 
 
 @dataclass

@@ -48,7 +48,7 @@ def test_the_tree_keeps_every_layer_contract(tree: Path) -> None:
         ("core/speedup.py", "import time", "The pure core"),  # the clock
         ("core/optimiser.py", "from .. import profiles", "Layers"),  # relative, up a layer
         ("core/placement.py", "import pathlib", "The pure core"),  # I/O
-        ("sim/engine.py", "from sovereignspec.operator import metrics", "The simulator's model"),
+        ("sim/loop.py", "from sovereignspec.operator import metrics", "The simulator's model"),
         ("operator/dispatcher.py", "from sovereignspec.operator import controller", "worker and dispatcher"),
         ("telemetry/snapshot.py", "import sovereignspec.operator.view", "Layers"),
         ("cli.py", "import localdev.demo", "localdev is not shipped"),

@@ -15,7 +15,7 @@ from sovereignspec.errors import ConfigError
 from sovereignspec.profiles import load_profiles
 from sovereignspec.sim import policies, report
 from sovereignspec.sim.arrivals import arrival_times
-from sovereignspec.sim.engine import Simulator
+from sovereignspec.sim.loop import Simulator
 from sovereignspec.sim.routing import LeastBusy
 from sovereignspec.sim.run import run_all, run_policy
 from sovereignspec.sim.scenario import SHIPPED, Arrival, Scenario, load

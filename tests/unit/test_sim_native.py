@@ -28,7 +28,7 @@ def _python(code: str, native: str, *args: str) -> subprocess.CompletedProcess[s
     )
 
 
-WHERE = "import sovereignspec.sim as s, sovereignspec.sim.engine as e; print(s.NATIVE); print(e.__file__)"
+WHERE = "import sovereignspec.sim as s, sovereignspec.sim.loop as e; print(s.NATIVE); print(e.__file__)"
 
 
 def _manifest(directory: Path, sources: dict[str, str], python: str = sys.implementation.cache_tag) -> None:
@@ -37,12 +37,12 @@ def _manifest(directory: Path, sources: dict[str, str], python: str = sys.implem
 
 
 def test_a_build_from_other_sources_is_not_loaded_and_says_so(tmp_path):
-    stale = {**sim.source_digests(), "engine": "0" * 64}
+    stale = {**sim.source_digests(), "loop": "0" * 64}
     _manifest(tmp_path, stale)
     out = _python(WHERE, str(tmp_path))
     native, engine = out.stdout.split()
     assert native == "None"
-    assert engine == str(ROOT / "sovereignspec" / "sim" / "engine.py")
+    assert engine == str(ROOT / "sovereignspec" / "sim" / "loop.py")
     assert "built from other sources" in out.stderr and "make sim-native" in out.stderr
 
 
@@ -71,7 +71,7 @@ import json, sys
 from sovereignspec.profiles import load_profiles
 from sovereignspec.sim.run import run_all
 from sovereignspec.sim.scenario import load
-import sovereignspec.sim.engine as e
+import sovereignspec.sim.loop as e
 runs = run_all(load(sys.argv[1]), load_profiles(), world=sys.argv[2])
 print(json.dumps({"engine": e.__file__, "runs": {k: repr(v) for k, v in runs.items()}}))
 """
@@ -91,7 +91,7 @@ def test_the_compiled_simulator_reports_exactly_what_the_interpreted_one_does(tm
         compiled = json.loads(_python(REPORT, str(tmp_path), scenario, world).stdout)
         interpreted = json.loads(_python(REPORT, "0", scenario, world).stdout)
         assert compiled["engine"].endswith(".so") and compiled["engine"].startswith(str(tmp_path))
-        assert interpreted["engine"].endswith("engine.py")
+        assert interpreted["engine"].endswith("loop.py")
         assert compiled["runs"] == interpreted["runs"], scenario
 
 
