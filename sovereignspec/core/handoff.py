@@ -47,8 +47,8 @@ def budget_by_batch(
     `measured_background` (with `decided`; the part of `background` that telemetry measured, the
     rest being what placements declare): below the declared batch, whether a γ pays is judged beside
     the measured part and the declared part at the same fraction as the batch is of the declared
-    one; the neighbours' bound, beside all of it. `caution` > 0: the shortest γ whose objective is within that
-    fraction of the best, not the best itself. Equal neighbours merge."""
+    one; the neighbours' bound, beside all of it. `caution` > 0: the shortest γ whose objective is
+    within that fraction of the best, not the best itself. Equal neighbours merge."""
     roof = roofline_for(gpu, model)
     # The GPU's judged load beside every batch: a light engine beside a busy GPU may not pay for
     # its drafting passes (they hold up everyone's step), and must keep the shared step within the
@@ -133,9 +133,9 @@ def handoff(
     share a GPU mostly share the day's traffic, and judging a light batch beside everyone's declared
     peak would never let it speculate. What telemetry measures counts in full, and the neighbours'
     SLO bound is held beside all of it, so the guess can cost throughput but never a neighbour's
-    SLO. And a longer draft must beat a shorter one by the self-benefit margin,
-    as speculating at all must beat plain decode (`caution`): the margin covers the model's error,
-    which is largest where verification bends towards the compute roof."""
+    SLO. And a longer draft must beat a shorter one by the self-benefit margin, as speculating at
+    all must beat plain decode (`caution`): the margin covers the model's error, which is largest
+    where verification bends towards the compute roof."""
     if drafter is None or not drafter.supports(model.name) or gamma_max <= 0:
         return None
     roof = roofline_for(gpu, model)
