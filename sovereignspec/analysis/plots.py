@@ -66,7 +66,7 @@ def plot_simulation(
     results: dict[str, RunResult],
     directory: str,
     policies: list[str] | None = None,
-    loads: tuple[float, ...] = (0.25, 0.5, 1.0, 1.5),
+    loads: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5),
     world: str = "measured",
 ) -> list[str]:
     """Speed-up against load per policy (a load sweep), P99 TPOT per tenant, goodput vs the oracle."""
@@ -197,7 +197,7 @@ def plot_calibration(profiles: ProfileSet, path: str) -> None:
     h100 = truth.measured_gpu(profiles.gpus["H100-SXM"], profiles.models["llama-3.1-8b"])
     wide = [1, 8, 16, 32, 64, 96, 128, 192, 256]
     for q, style in ((1, "o-"), (5, "s-")):
-        measured_world = [1e3 * h100.step(b * q, b, 1024, noisy=False) for b in wide]
+        measured_world = [1e3 * h100.step(b * q, b, 1024) for b in wide]
         line = world.plot(
             wide, measured_world, style, markersize=4, label=f"measured world, {q} query tok/seq"
         )[0]

@@ -371,7 +371,10 @@ class Simulator:
         s = len(seqs)
         ctx = g.ctx_sum / s
         n = g.n_tokens
-        g.step = step = self._step(g, n, s, ctx, None)
+        # The batch's steps run a noise draw off the expected step: one per GPU and batch change,
+        # reproducible by the seed; policies (the oracle too) plan on the expected step.
+        draw = (self.scenario.seed << 40) ^ (g.id << 32) ^ g.version
+        g.step = step = self._step(g, n, s, ctx, None) * g.world.jitter(draw)
         idle, peak = g.watts
         busy = 1.0 - g.world.headroom(n, s, ctx, step)
         g.power = idle + (peak - idle) * busy

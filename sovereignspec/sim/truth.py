@@ -24,8 +24,12 @@ One decode step with n query tokens over s sequences of mean context L:
   and verifying k = 1, 3, 5 drafts) and the table's bend beyond. (The table's slope over plain
   batch 1-64 alone left 16 µs per query token to host work and counted the linear layers' growth
   twice: 26 % over the fit at batch 64 verifying 5 drafts.)
-- each (GPU, query tokens, sequences) configuration runs a fixed pseudo-random few per cent off
-  that (kernel and CUDA-graph bucket choices), the same for every policy.
+- noise: each run of identical steps (one batch, between two batch changes) runs a pseudo-random
+  few per cent off that (`jitter`), drawn afresh at every change, so that no one can plan on it.
+  The step's shape (the table's measured bend, its interpolation) is the systematic part, which
+  an oracle may know; a deviation fixed per (query tokens, sequences) configuration, as this world
+  had until 2026-12-02, is not physics (the table already holds the kernels' measured behaviour by
+  token count) and handed the oracle ±3 % coin flips between neighbouring batches to harvest.
 
 Drafting, also from the vLLM fit: EAGLE drafts cost the fit's draft time (its fixed part read as
 three draft passes, the middle of the k = 1, 3, 5 it was fitted over: the bench's FIXED_1, _3 and
@@ -64,7 +68,7 @@ FIT_H100_BANDWIDTH = 3.35e12  # datasheet, for scaling the fit's rates to other 
 FIT_BATCHES = (1, 8, 16, 32, 64)  # the runs the fit was made from
 FIT_QUERY_TOKENS = (1, 2, 4, 6)  # per sequence: plain, and verifying k = 1, 3, 5 drafts
 
-NOISE = 0.03  # the spread of per-configuration deviations (relative)
+NOISE = 0.03  # the spread of a run of steps' deviation from the expected step (relative)
 _TABULATED = 8192  # query tokens per step tabulated for the linear layers
 
 # The vidur table each simulated GPU and model is built from: (sku, model) and the datasheet
@@ -181,7 +185,7 @@ class Drafting:
         if self.kind == "ngram":
             return self.share * verify_s
         if self.model is not None:
-            return gamma * self.model.step(seqs, seqs, ctx, noisy=False)
+            return gamma * self.model.step(seqs, seqs, ctx)
         return gamma * (self.pass_s + self.per_token_s * seqs) + self.kv_s_per_token * seqs * ctx
 
 
@@ -199,30 +203,30 @@ class MeasuredGpu:
     t_fixed: float
     weight_flops_per_token: float
     peak_flops: float
-    salt: int  # per GPU type: its own configuration deviations
+    salt: int  # per GPU type: its own noise stream
     # The simulator's hot path asks for integer query tokens again and again: the linear layers
-    # tabulated per token count, and each configuration's deviation remembered.
+    # tabulated per token count.
     _linear_at: list[float] = field(default_factory=list, compare=False, repr=False)
-    _deviations: dict[int, float] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         self._linear_at.extend(self.linear(float(n)) for n in range(_TABULATED))
 
-    def step(self, n_tokens: float, n_seqs: float, ctx: float, noisy: bool = True) -> float:
+    def step(self, n_tokens: float, n_seqs: float, ctx: float) -> float:
+        """The expected step: what the GPU does on average in this configuration."""
         if n_seqs <= 0:
             return 0.0
         kv = n_seqs * ctx * self.kv_bytes_per_token / self.kv_bandwidth
         attention = n_tokens * self.attention_flops_per_token_per_ctx * ctx / self.attention_flops
         n = int(n_tokens)
         linear = self._linear_at[n] if n == n_tokens and n < _TABULATED else self.linear(n_tokens)
-        t = linear + (kv if kv > attention else attention) + self.c_token * n_tokens + self.t_fixed
-        if not noisy:
-            return t
-        key = n << 20 | int(n_seqs)
-        deviation = self._deviations.get(key)
-        if deviation is None:
-            deviation = self._deviations[key] = _deviation(self.salt, n, int(n_seqs))
-        return t * deviation
+        return linear + (kv if kv > attention else attention) + self.c_token * n_tokens + self.t_fixed
+
+    def jitter(self, draw: int) -> float:
+        """The factor a run of steps takes off the expected step: draw number `draw` of this GPU
+        type's noise, mean 1, spread `NOISE`. A function of the draw, not of the configuration, so
+        that runs are reproducible and nobody, the oracle included, can choose a configuration for
+        its luck."""
+        return _noise(self.salt, draw)
 
     def prefill(self, tokens: float, n_new: int) -> float:
         """A prefill step of `tokens` prompt tokens over `n_new` new sequences (compute-bound)."""
@@ -240,9 +244,9 @@ class MeasuredGpu:
         return min(1.0, flops / self.peak_flops / step_s)
 
 
-def _deviation(salt: int, n: int, s: int) -> float:
-    """exp(N(0, NOISE²))-like factor, a pure function of the configuration (splitmix64 hash)."""
-    x = (salt * 0x9E3779B97F4A7C15 + n * 0xBF58476D1CE4E5B9 + s * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+def _noise(salt: int, draw: int) -> float:
+    """exp(N(0, NOISE²))-like factor, a pure function of (salt, draw) (splitmix64 hash)."""
+    x = (salt * 0x9E3779B97F4A7C15 + draw * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
     x ^= x >> 30
     x = (x * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
     x ^= x >> 27

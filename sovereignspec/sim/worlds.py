@@ -33,6 +33,7 @@ class Draft(Protocol):
 
 class World(Protocol):
     def step(self, n_tokens: float, n_seqs: float, ctx: float) -> float: ...
+    def jitter(self, draw: int) -> float: ...
     def prefill(self, tokens: float, n_new: int) -> float: ...
     def headroom(self, n_tokens: float, n_seqs: float, ctx: float, step_s: float) -> float: ...
     def draft(self, drafter: DrafterSpec) -> Draft: ...
@@ -55,6 +56,9 @@ class ProfileWorld:
 
     def step(self, n_tokens: float, n_seqs: float, ctx: float) -> float:
         return self.coeffs.step(n_tokens, n_seqs, ctx)
+
+    def jitter(self, draw: int) -> float:
+        return 1.0  # the model's own world runs exactly as the model says
 
     def prefill(self, tokens: float, n_new: int) -> float:
         return self.coeffs.step(tokens, n_new, tokens / n_new)
@@ -85,6 +89,9 @@ class MeasuredWorld:
     def step(self, n_tokens: float, n_seqs: float, ctx: float) -> float:
         return self.physics.step(n_tokens, n_seqs, ctx)
 
+    def jitter(self, draw: int) -> float:
+        return self.physics.jitter(draw)
+
     def prefill(self, tokens: float, n_new: int) -> float:
         return self.physics.prefill(tokens, n_new)
 
@@ -107,7 +114,7 @@ def model_error(gpu: GpuSpec, model: ModelSpec) -> tuple[float, float, float]:
     for batch in (1, 4, 16, 64, 128, 256):
         for ctx in (256, 1024, 4096):
             for q in (1, 5):
-                m = measured.step(batch * q, batch, ctx, noisy=False)
+                m = measured.step(batch * q, batch, ctx)
                 errors.append(roofline.step(batch * q, batch, ctx) / m - 1.0)
     rms = math.sqrt(sum(e * e for e in errors) / len(errors))
     return rms, max(errors, key=abs), sum(errors) / len(errors)
