@@ -51,11 +51,24 @@ def _setup(combo):
     return roofline_for(PROFILES.gpus[gpu], PROFILES.models[model]), d.cost_for(model), d.spec_overhead
 
 
+# MagicDec's measurements (calibration/magicdec_a100_table3.csv): from 4K context the speed-up rises
+# with the batch (1.13x at batch 32 to 1.32x at 128, 4K; 1.27x to 1.60x, 8K), because drafting hardly
+# grows with the batch while the target's KV reads do. The model prices a draft pass against the
+# batch-1 step and reproduces that there; the published short-context sweeps fall with the batch.
+short_contexts = st.sampled_from([64, 256, 512, 1024])
+
+
 @settings(max_examples=300)
 @given(
-    st.sampled_from(COMBOS), alphas, st.integers(0, 32), headrooms, headrooms, contexts, st.integers(1, 64)
+    st.sampled_from(COMBOS),
+    alphas,
+    st.integers(0, 32),
+    headrooms,
+    headrooms,
+    short_contexts,
+    st.integers(1, 64),
 )
-def test_s_real_never_rises_as_headroom_falls(combo, alpha, gamma, h1, h2, context, batch):
+def test_s_real_never_rises_as_headroom_falls_at_short_context(combo, alpha, gamma, h1, h2, context, batch):
     roof, c, o = _setup(combo)
     high, low = max(h1, h2), min(h1, h2)
     load_high = roof.seqs_for_headroom(high, context) + batch
@@ -76,10 +89,13 @@ def _compute_heavy(roof, context, load=None):
 
 
 @settings(max_examples=300)
-@given(st.sampled_from(COMBOS), st.integers(1, 256), st.integers(1, 8), contexts, contexts)
+@given(st.sampled_from(COMBOS), st.integers(1, 256), st.integers(1, 4), contexts, contexts)
 def test_verification_costs_relatively_less_as_context_grows(combo, batch, gamma, l1, l2):
     # MagicDec's tables: T_V/T_AR falls towards 1 as context grows, since attention reads each
     # sequence's KV cache once whatever its query tokens and the KV reads come to dominate the step.
+    # Held for γ ≤ 4 (MagicDec verifies 2 drafts): from 5, a 70B's attention over 6+ query tokens
+    # at batch 1 turns compute-bound on the A100 profile (pessimistic about compute) and the ratio
+    # rises with context by up to 1 % (A100, 70B, batch 1, γ 8, 64 → 16K).
     roof, _, _ = _setup(combo)
     short, long_ = min(l1, l2), max(l1, l2)
 
