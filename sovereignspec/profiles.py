@@ -122,7 +122,7 @@ class DrafterProfile(_Profile):
         description="one of " + ", ".join(DRAFTER_KINDS)
     )
     relative_cost: float = Field(
-        ge=0, lt=1, description="a drafted token's cost relative to a target step, in [0, 1)"
+        ge=0, lt=1, description="a drafted token's cost relative to the GPU's batch-1 step, in [0, 1)"
     )
     relative_cost_by_target: dict[str, Annotated[float, Field(ge=0, lt=1)]] = Field(
         default_factory=dict, description="per-target overrides of relative_cost, each in [0, 1)"

@@ -30,7 +30,8 @@ def predict(
     n_plain, n_spec = float(batch), float(batch * (gamma + 1))
     plain = float(roof.step_time(n_plain, batch, context))
     verify = float(roof.step_time(n_spec, batch, context))
-    draft = gamma * c * plain if gamma > 0 else 0.0
+    # A draft pass is priced against the batch-1 step (core/speedup.py), the machinery against this one.
+    draft = gamma * c * float(roof.step_time(1.0, 1.0, context)) if gamma > 0 else 0.0
     overhead = o * plain if gamma > 0 else 0.0
     spec = verify + draft + overhead
     t = float(tau(alpha, gamma))

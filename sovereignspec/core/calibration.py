@@ -51,7 +51,7 @@ class Fit:
     rms_error: float  # relative
     max_error: float  # relative
     predicted_s: tuple[float, ...]
-    drafter_relative_cost: float | None  # per drafted token, against the plain step, when draft_s given
+    drafter_relative_cost: float | None  # per drafted token, against the batch-1 step, when draft_s given
 
     def apply(self, gpu: GpuSpec) -> GpuSpec:
         return replace(
@@ -215,12 +215,14 @@ def fit(
     draft_cost = None
     drafted = [(r, p_s) for r, p_s in zip(rows, predicted, strict=True) if r.draft_s is not None]
     if drafted:
-        # Relative cost c of one drafted token: draft time = γ·c·T_plain(batch), least squares.
+        # Relative cost c of one drafted token: draft time = γ·c·T(1, 1, L), least squares (a draft
+        # pass is priced against the batch-1 step at the row's context: core/speedup.py).
         drafted_models = [known[r.model] if r.model else model for r, _ in drafted]
-        plain = _Terms(gpu, drafted_models, tp, [replace(r, query_tokens=1.0) for r, _ in drafted])
-        t_plain = fixed + plain.variable(*(np.array([[c]]) for c in (be, ce, kappa, p)))[0]
+        single = [replace(r, batch=1.0, query_tokens=1.0) for r, _ in drafted]
+        plain = _Terms(gpu, drafted_models, tp, single)
+        t_single = fixed + plain.variable(*(np.array([[c]]) for c in (be, ce, kappa, p)))[0]
         gammas = np.array([r.query_tokens - 1.0 for r, _ in drafted])
-        x_col = gammas * t_plain
+        x_col = gammas * t_single
         y = np.array([r.draft_s for r, _ in drafted], dtype=np.float64)
         if float(x_col @ x_col) > 0:
             draft_cost = float(x_col @ y / (x_col @ x_col))

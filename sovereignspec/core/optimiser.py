@@ -49,8 +49,8 @@ class SpecRequest:
     alpha: float  # acceptance rate as the scheduler believes it (declared prior or learned)
     seqs: float  # concurrent sequences the workload runs
     context: float  # typical context length in tokens
-    draft_cost: float  # c: a drafted token's cost relative to a target step
-    spec_overhead: float  # o: the speculation machinery's per-step cost, relative to a target step
+    draft_cost: float  # c: a drafted token's cost relative to the batch-1 step
+    spec_overhead: float  # o: the speculation machinery's per-step cost, relative to the plain step
     gamma_max: int  # 0 disables speculation (no drafter, or policy)
     margin: float  # self-benefit margin: S_real must reach 1 + margin
 
@@ -100,7 +100,7 @@ def _terms(
 
     With n background sequences and b of the workload's:
 
-        T_step(γ) = T(n + (γ+1)·b, n + b, L) + (γ·c + o)·T_plain,   T_plain = T(n + b, n + b, L)
+        T_step(γ) = T(n + (γ+1)·b, n + b, L) + γ·c·T(1, 1, L) + o·T_plain,   T_plain = T(n + b, n + b, L)
         aggregate = (n/(n+b) + b/(n+b)·τ) · T_plain / T_step
     """
     n = bg_seqs
@@ -108,9 +108,12 @@ def _terms(
     ctx = req.context
     plain = roof.step_time(n + b, n + b, ctx)
     before = roof.step_time(n, n, ctx)
-    drafting = np.where(gammas > 0, gammas * req.draft_cost + req.spec_overhead, 0.0)
+    single = roof.step_time(1.0, 1.0, ctx)  # a draft pass: speedup.py's docstring
+    drafting = np.where(gammas[:, None] > 0, gammas[:, None] * (req.draft_cost * single), 0.0)
+    machinery = np.where(gammas > 0, req.spec_overhead, 0.0)
     step = roof.step_time(n + (gammas + 1.0)[:, None] * b, n + b, ctx)
-    ratio = drafting[:, None] * plain
+    step += drafting
+    ratio = machinery[:, None] * plain
     step += ratio
     np.divide(plain, step, out=ratio)
     t = taus[:, None]

@@ -118,11 +118,13 @@ def best_gamma(
     n = c.seqs_for_headroom(judged_headroom, ctx)
     plain = c.step(n + b, n + b, ctx)
     before = c.step(n, n, ctx)
+    single = c.step(1.0, 1.0, ctx)
     # γ = 0 first: always feasible; its step is the plain step and the ratio exactly 1.
     best = (quantize(((b / (n + b)) * taus[0] + n / (n + b)) * (plain / plain)), 0, plain)
     for gamma in range(1, len(taus) if allow_spec else 1):
         step = c.step(n + (gamma + 1.0) * b, n + b, ctx)
-        step += (gamma * draft_cost + spec_overhead) * plain
+        step += gamma * (draft_cost * single)
+        step += spec_overhead * plain
         t = taus[gamma]
         ratio = plain / step
         aggregate = ((b / (n + b)) * t + n / (n + b)) * ratio
@@ -151,6 +153,8 @@ def speedup_at(
     b = seqs
     n = c.seqs_for_headroom(judged_headroom, ctx)
     plain = c.step(n + b, n + b, ctx)
-    step = c.step(n + (gamma + 1.0) * b, n + b, ctx) + (gamma * draft_cost + spec_overhead) * plain
+    step = c.step(n + (gamma + 1.0) * b, n + b, ctx)
+    step += gamma * (draft_cost * c.step(1.0, 1.0, ctx))
+    step += spec_overhead * plain
     ratio = plain / step
     return taus[gamma] * ratio, ((b / (n + b)) * taus[gamma] + n / (n + b)) * ratio

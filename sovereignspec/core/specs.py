@@ -72,7 +72,8 @@ class EngineNames:
 
 @dataclass(frozen=True)
 class DrafterSpec:
-    """A drafting method. `relative_cost` is one drafted token's cost as a fraction of a target step."""
+    """A drafting method. `relative_cost` is one drafted token's cost as a fraction of the GPU's batch-1
+    step (a draft pass is small-batch work); `spec_overhead` is per step, of the plain step."""
 
     name: str
     kind: str

@@ -41,12 +41,18 @@ class World(Protocol):
 
 @dataclass(frozen=True)
 class _RelativeDraft:
+    """The profile's drafting (core/speedup.py): a pass against the batch-1 step, the machinery
+    against the GPU's plain step."""
+
+    coeffs: Coeffs
     cost: float
     overhead: float
     needs_plain: bool = True
 
     def seconds(self, gamma: int, seqs: float, ctx: float, verify_s: float, plain_s: float) -> float:
-        return (gamma * self.cost + self.overhead) * plain_s if gamma > 0 else 0.0
+        if gamma <= 0:
+            return 0.0
+        return gamma * (self.cost * self.coeffs.step(1.0, 1.0, ctx)) + self.overhead * plain_s
 
 
 @dataclass(frozen=True)
@@ -67,7 +73,7 @@ class ProfileWorld:
         return self.coeffs.headroom(n_tokens, n_seqs, ctx)
 
     def draft(self, drafter: DrafterSpec) -> Draft:
-        return _RelativeDraft(drafter.cost_for(self.model), drafter.spec_overhead)
+        return _RelativeDraft(self.coeffs, drafter.cost_for(self.model), drafter.spec_overhead)
 
 
 @dataclass(frozen=True)
