@@ -109,7 +109,8 @@ def test_an_exclusive_tenant_never_shares_a_node_in_either_direction(env, namesp
 
 
 def test_a_neighbour_near_its_slo_keeps_the_newcomer_plain_and_is_named(env, namespace):
-    # GPU 0 is the only one with headroom; GPU 1 is compute-saturated (short contexts reach the ridge).
+    # GPU 0 is the only one with headroom; GPU 1 is compute-saturated (short contexts reach the
+    # ridge), where an EAGLE-3 at α 0.7 does not pay (at 0.9 it would: drafting is cheap there).
     pool = make_pool(env, namespace, [("H100-SXM", "eu", 2, [0.9, 0.0])])
     short = {"context_length": 256, "model": "llama-3.1-8b", "latency_class": "latency"}
     submit(pool, "tight", drafter="ngram", acceptance_rate=0.5, tpot_slo_ms=40, **short)
@@ -120,7 +121,7 @@ def test_a_neighbour_near_its_slo_keeps_the_newcomer_plain_and_is_named(env, nam
         env.prometheus, f'vllm:request_time_per_output_token_seconds_bucket{{namespace="{namespace}"}}'
     )
     time.sleep(3)  # a rate needs two scrapes
-    submit(pool, "newcomer", drafter="eagle3", acceptance_rate=0.9, max_num_seqs=64, **short)
+    submit(pool, "newcomer", drafter="eagle3", acceptance_rate=0.7, max_num_seqs=64, **short)
     wl = decided(pool, "newcomer")
     entry = our_entry(pool, wl)
     neighbour = workload_of(pool, "tight")["metadata"]["name"]
