@@ -109,10 +109,9 @@ def _terms(
     plain = roof.step_time(n + b, n + b, ctx)
     before = roof.step_time(n, n, ctx)
     single = roof.step_time(1.0, 1.0, ctx)  # a draft pass: speedup.py's docstring
-    drafting = np.where(gammas[:, None] > 0, gammas[:, None] * (req.draft_cost * single), 0.0)
     machinery = np.where(gammas > 0, req.spec_overhead, 0.0)
     step = roof.step_time(n + (gammas + 1.0)[:, None] * b, n + b, ctx)
-    step += drafting
+    step += gammas[:, None] * (req.draft_cost * single)  # γ = 0 drafts nothing
     ratio = machinery[:, None] * plain
     step += ratio
     np.divide(plain, step, out=ratio)

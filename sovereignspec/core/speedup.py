@@ -64,7 +64,7 @@ def group_step_time(
     verify = roof.step_time(n_tokens, n_seqs, context)
     plain = roof.step_time(n_seqs, n_seqs, context)
     single = roof.step_time(1.0, 1.0, context)
-    drafting = np.where(g > 0, g * np.asarray(draft_cost), 0.0).sum(axis=-1)
+    drafting = (g * np.asarray(draft_cost)).sum(axis=-1)  # γ = 0 drafts nothing
     machinery = np.where(g > 0, np.asarray(spec_overhead), 0.0).sum(axis=-1)
     return np.asarray(verify + drafting * single + machinery * plain, dtype=np.float64)
 
