@@ -23,7 +23,8 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from localdev import controlplane
 from localdev.gpunodes import server_side_apply
-from localdev.prometheus import LocalPrometheus, free_port
+from localdev.ports import free_port
+from localdev.prometheus import LocalPrometheus
 
 REPO = controlplane.REPO
 CRD = REPO / "crds" / "sovereignspec.io_speculationpolicies.yaml"

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -21,6 +20,7 @@ from typing import Any
 import yaml
 
 from localdev.controlplane import HACK
+from localdev.ports import free_port
 
 
 def binary() -> Path:
@@ -30,12 +30,6 @@ def binary() -> Path:
         subprocess.run([str(HACK / "build-binaries.sh"), "prometheus"], check=True, capture_output=True)
         found = sorted(cache.glob("prometheus-*"))
     return found[-1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class LocalPrometheus:

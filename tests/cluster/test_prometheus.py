@@ -6,7 +6,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
 from localdev.operator import SyntheticTelemetry
-from localdev.prometheus import free_port
+from localdev.ports import free_port
 from sovereignspec.telemetry.prometheus import PrometheusReader
 from tests.cluster.conftest import wait_until
 

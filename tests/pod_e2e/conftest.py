@@ -22,10 +22,11 @@ from localdev import controlplane
 
 REPO = Path(__file__).resolve().parents[2]
 HACK = REPO / "hack"
+# Fixed ports all below the ephemeral range (32768-60999): a client connection never takes one.
 E2E = {
     "SOVEREIGNSPEC_CLUSTER_DIR": str(REPO / ".cluster-pod-e2e"),
-    "SOVEREIGNSPEC_ETCD_PORT": "33790",
-    "SOVEREIGNSPEC_ETCD_PEER_PORT": "33800",
+    "SOVEREIGNSPEC_ETCD_PORT": "27790",
+    "SOVEREIGNSPEC_ETCD_PEER_PORT": "27800",
     "SOVEREIGNSPEC_APISERVER_PORT": "26443",
     "SOVEREIGNSPEC_KUEUE_HEALTH_PORT": "28081",
     "SOVEREIGNSPEC_KUEUE_METRICS_PORT": "28443",

@@ -134,11 +134,9 @@ def test_profile_says_clearly_when_the_url_is_not_an_engine(tmp_path):
 
 
 def test_profile_says_clearly_when_nothing_listens(tmp_path):
-    import socket
+    from localdev.ports import free_port
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # below the ephemeral range: no client connection takes it meanwhile
     code, _, err = run("profile", "--url", f"http://127.0.0.1:{port}", "--model", "llama-3.1-8b")
     assert code == 2 and "cannot connect" in err and "Traceback" not in err
 
