@@ -2,9 +2,11 @@
 
 It exists for two reasons: the tests use it as an equivalence oracle for the vectorised `Placer`
 (same inputs, same decisions, same γ), and the benchmark measures the vectorised code against it.
-It shares no code with `placement` beyond the input types, the scalar sovereignty check and the
-one-GPU formulas of `scalar`, and it recomputes every GPU for every workload: it is written to be
-obviously right, not fast.
+It shares no code with `placement` beyond the input types and the scalar sovereignty check: the
+one-GPU cost model and the γ rule are written out again below from the docstrings of `roofline`,
+`speedup` and `optimiser` (not imported from them), so a change to the product's formula shows here
+as a disagreement. It recomputes every GPU for every workload: obviously right, not fast. Its
+arithmetic runs in the product's order, so that the two round alike and ties fall alike.
 """
 
 from __future__ import annotations
@@ -14,9 +16,118 @@ from dataclasses import dataclass
 
 from sovereignspec.core.placement import ClusterView, PlacerSettings, WorkloadRequest, tick_order
 from sovereignspec.core.roofline import tensor_parallel_for
-from sovereignspec.core.scalar import Coeffs, best_gamma, quantize, tau
 from sovereignspec.core.sovereignty import NodeTenancy, check_node
-from sovereignspec.core.specs import ProfileSet
+from sovereignspec.core.specs import GpuSpec, ModelSpec, ProfileSet
+
+TIE_QUANTUM = 1e-9
+USABLE_MEMORY = 0.92  # of a GPU's memory, for weights and KV cache
+
+
+def quantize(x: float) -> float:
+    return math.floor(x / TIE_QUANTUM + 0.5)
+
+
+def tau(alpha: float, gamma: float) -> float:
+    """Expected tokens per verification step (Leviathan et al.)."""
+    if abs(1.0 - alpha) < 1e-12:
+        return gamma + 1.0
+    return (1.0 - alpha ** (gamma + 1.0)) / (1.0 - alpha)
+
+
+def _smax(a: float, b: float, p: float) -> float:
+    hi, lo = (a, b) if a >= b else (b, a)
+    if p == math.inf or hi <= 0.0:
+        return hi
+    return float(hi * (1.0 + (lo / hi) ** p) ** (1.0 / p))
+
+
+@dataclass(frozen=True)
+class Coeffs:
+    """One GPU running one model at tensor parallelism `tp`, straight from the datasheet and card."""
+
+    w: float  # weight bytes per rank
+    kv: float  # KV bytes per context token per rank
+    wf: float  # GEMM FLOPs per query token per rank
+    af: float  # attention FLOPs per query token per context token per rank
+    p: float  # effective FLOP/s
+    b: float  # effective bytes/s
+    fixed: float  # per step, with the tensor-parallel all-reduces
+    cap: float  # bytes for weights and KV
+    kappa: float
+    overlap: float
+
+    @staticmethod
+    def of(gpu: GpuSpec, model: ModelSpec, tp: int) -> Coeffs:
+        return Coeffs(
+            w=model.params * model.bytes_per_param / tp,
+            kv=model.kv_bytes_per_token / tp,
+            wf=2.0 * model.params / tp,
+            af=4.0 * model.layers * model.hidden / tp,
+            p=gpu.effective_flops,
+            b=gpu.effective_bandwidth,
+            fixed=gpu.step_overhead_s + (2.0 * model.layers if tp > 1 else 0.0) * gpu.allreduce_s,
+            cap=USABLE_MEMORY * gpu.mem_bytes,
+            kappa=gpu.serial_fraction,
+            overlap=gpu.overlap,
+        )
+
+    def step(self, n_tokens: float, n_seqs: float, ctx: float) -> float:
+        """Attention's roofline plus the GEMMs' (a share κ of their compute not hidden), plus fixed."""
+        gemm = n_tokens * self.wf / self.p
+        attention = n_tokens * (self.af * ctx) / self.p
+        streamed = self.w / self.b + self.kappa * gemm
+        kv_reads = n_seqs * ctx * self.kv / self.b
+        return self.fixed + _smax(kv_reads, attention, self.overlap) + _smax(streamed, gemm, self.overlap)
+
+    def headroom(self, n_tokens: float, n_seqs: float, ctx: float) -> float:
+        compute = n_tokens * ((self.wf + self.af * ctx) / self.p)
+        return 1.0 - min(1.0, compute / ((self.w + n_seqs * ctx * self.kv) / self.b))
+
+    def seqs_for_headroom(self, h: float, ctx: float) -> float:
+        """The plain load at which the GPU reads headroom h; capped by the KV cache."""
+        u = 1.0 - min(max(h, 0.0), 1.0)
+        denom = (self.wf + self.af * ctx) / self.p - u * (ctx * self.kv / self.b)
+        cap = max(self.cap - self.w, 0.0) / (max(ctx, 1.0) * self.kv)
+        s = u * (self.w / self.b) / denom if denom > 0.0 else math.inf
+        return min(s, cap)
+
+
+@dataclass(frozen=True)
+class Choice:
+    gamma: int
+    step: float
+    plain: float
+    before: float
+    load: float
+
+
+def best_gamma(
+    c: Coeffs,
+    taus: list[float],
+    b: float,
+    ctx: float,
+    cost: float,
+    overhead: float,
+    margin: float,
+    judged_headroom: float,
+    slo_ratio: float,
+    allow_spec: bool,
+) -> Choice:
+    """γ*: the feasible γ (own S_real ≥ 1 + margin, step within the neighbours' bound; γ = 0 always)
+    with the highest aggregate token rate, ties to the smaller γ."""
+    n = c.seqs_for_headroom(judged_headroom, ctx)
+    plain = c.step(n + b, n + b, ctx)
+    before = c.step(n, n, ctx)
+    draft_pass = c.step(1.0, 1.0, ctx)
+    best = (quantize(((b / (n + b)) * taus[0] + n / (n + b)) * (plain / plain)), 0, plain)
+    for gamma in range(1, len(taus) if allow_spec else 1):
+        step = c.step(n + (gamma + 1.0) * b, n + b, ctx) + gamma * (cost * draft_pass) + overhead * plain
+        ratio = plain / step
+        aggregate = ((b / (n + b)) * taus[gamma] + n / (n + b)) * ratio
+        feasible = taus[gamma] * ratio >= 1.0 + margin and step <= slo_ratio * before
+        if feasible and quantize(aggregate) > best[0]:
+            best = (quantize(aggregate), gamma, step)
+    return Choice(best[1], best[2], plain, before, n)
 
 
 @dataclass(frozen=True)

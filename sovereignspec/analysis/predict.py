@@ -10,7 +10,7 @@ from sovereignspec.core.defaults import GAMMA_MAX, SELF_BENEFIT_MARGIN
 from sovereignspec.core.optimiser import SpecRequest, choose, gamma_table
 from sovereignspec.core.roofline import roofline_for, tensor_parallel_for
 from sovereignspec.core.specs import DrafterSpec, GpuSpec, ModelSpec
-from sovereignspec.core.speedup import homogeneous_speedup, tau
+from sovereignspec.core.speedup import homogeneous_speedup, speculation_terms, tau
 
 
 def predict(
@@ -31,8 +31,9 @@ def predict(
     plain = float(roof.step_time(n_plain, batch, context))
     verify = float(roof.step_time(n_spec, batch, context))
     # A draft pass is priced against the batch-1 step (core/speedup.py), the machinery against this one.
-    draft = gamma * c * float(roof.step_time(1.0, 1.0, context)) if gamma > 0 else 0.0
-    overhead = o * plain if gamma > 0 else 0.0
+    draft, overhead = (
+        float(x) for x in speculation_terms(gamma, c, o, float(roof.step_time(1.0, 1.0, context)), plain)
+    )
     spec = verify + draft + overhead
     t = float(tau(alpha, gamma))
     speedup = float(homogeneous_speedup(roof, batch, alpha, gamma, c, o, context))

@@ -21,6 +21,7 @@ from numpy.typing import NDArray
 
 from sovereignspec.core.roofline import roofline_for, smooth_max
 from sovereignspec.core.specs import GpuSpec, ModelSpec
+from sovereignspec.core.speedup import speculation_terms
 
 Array = NDArray[np.float64]
 
@@ -222,7 +223,7 @@ def fit(
         plain = _Terms(gpu, drafted_models, tp, single)
         t_single = fixed + plain.variable(*(np.array([[c]]) for c in (be, ce, kappa, p)))[0]
         gammas = np.array([r.query_tokens - 1.0 for r, _ in drafted])
-        x_col = gammas * t_single
+        x_col, _ = speculation_terms(gammas, 1.0, 0.0, t_single, 0.0)  # the drafting term at c = 1
         y = np.array([r.draft_s for r, _ in drafted], dtype=np.float64)
         if float(x_col @ x_col) > 0:
             draft_cost = float(x_col @ y / (x_col @ x_col))

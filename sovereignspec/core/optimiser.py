@@ -29,7 +29,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from sovereignspec.core.roofline import Roofline
-from sovereignspec.core.speedup import tau
+from sovereignspec.core.speedup import speculative_step, tau
 
 Array = NDArray[np.float64]
 
@@ -109,12 +109,10 @@ def _terms(
     plain = roof.step_time(n + b, n + b, ctx)
     before = roof.step_time(n, n, ctx)
     single = roof.step_time(1.0, 1.0, ctx)  # a draft pass: speedup.py's docstring
-    machinery = np.where(gammas > 0, req.spec_overhead, 0.0)
-    step = roof.step_time(n + (gammas + 1.0)[:, None] * b, n + b, ctx)
-    step += gammas[:, None] * (req.draft_cost * single)  # γ = 0 drafts nothing
-    ratio = machinery[:, None] * plain
-    step += ratio
-    np.divide(plain, step, out=ratio)
+    g = gammas[:, None]
+    verify = roof.step_time(n + (g + 1.0) * b, n + b, ctx)
+    step = speculative_step(verify, single, plain, g, req.draft_cost, req.spec_overhead)
+    ratio = plain / step
     t = taus[:, None]
     speedup = t * ratio
     aggregate = (b / (n + b)) * t

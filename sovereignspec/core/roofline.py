@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -104,14 +105,8 @@ class Roofline:
 
     def step_time(self, n_tokens: ArrayLike, n_seqs: ArrayLike, context: ArrayLike) -> Array:
         """T(n, s, L): seconds for one step with n query tokens over s sequences of context L."""
-        n = np.asarray(n_tokens)
-        gemm = n * self.weight_flops_per_token / self.flops
-        attention = n * (self.attention_flops_per_token_per_ctx * np.asarray(context)) / self.flops
-        streamed = self.weight_time() + self.serial_fraction * gemm
         return np.asarray(
-            self.fixed_s
-            + smooth_max(self.kv_time(n_seqs, context), attention, self.overlap)
-            + smooth_max(streamed, gemm, self.overlap),
+            step_formula(self, np.asarray(n_tokens), np.asarray(n_seqs), np.asarray(context), smooth_max),
             dtype=np.float64,
         )
 
@@ -179,6 +174,39 @@ class Roofline:
 
 
 _FIELDS = tuple(Roofline.__dataclass_fields__)
+
+
+class StepCoefficients(Protocol):
+    """What `step_formula` reads: `Roofline`'s fields, as arrays or as floats (`scalar.Coeffs`)."""
+
+    @property
+    def weight_bytes(self) -> Any: ...
+    @property
+    def kv_bytes_per_token(self) -> Any: ...
+    @property
+    def weight_flops_per_token(self) -> Any: ...
+    @property
+    def attention_flops_per_token_per_ctx(self) -> Any: ...
+    @property
+    def flops(self) -> Any: ...
+    @property
+    def bandwidth(self) -> Any: ...
+    @property
+    def fixed_s(self) -> Any: ...
+    @property
+    def serial_fraction(self) -> Any: ...
+    @property
+    def overlap(self) -> Any: ...
+
+
+def step_formula(r: StepCoefficients, n_tokens: Any, n_seqs: Any, context: Any, smax: Any) -> Any:
+    """T(n, s, L) of the module docstring: the step's one home, for `Roofline.step_time` (numpy
+    arrays, `smooth_max`) and `scalar.Coeffs.step` (floats, its float twin), which so round alike."""
+    gemm = n_tokens * r.weight_flops_per_token / r.flops
+    attention = n_tokens * (r.attention_flops_per_token_per_ctx * context) / r.flops
+    streamed = r.weight_bytes / r.bandwidth + r.serial_fraction * gemm
+    kv = n_seqs * context * r.kv_bytes_per_token / r.bandwidth
+    return r.fixed_s + smax(kv, attention, r.overlap) + smax(streamed, gemm, r.overlap)
 
 
 def smooth_max(a: ArrayLike, b: ArrayLike, p: ArrayLike) -> Array:

@@ -11,67 +11,50 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from sovereignspec.core.roofline import USABLE_MEMORY_FRACTION
+from sovereignspec.core.roofline import roofline_for, step_formula
 from sovereignspec.core.specs import GpuSpec, ModelSpec
+from sovereignspec.core.speedup import speculative_step
 
 TIE_QUANTUM = 1e-9
 
 
 @dataclass(frozen=True)
 class Coeffs:
-    """One GPU's roofline coefficients for one model; the fields of `Roofline`, in its order."""
+    """One GPU's roofline coefficients for one model: the fields of `Roofline`, in its order, as floats."""
 
-    w: float
-    kv: float
-    wf: float
-    af: float
-    p: float
-    b: float
-    fixed: float
-    cap: float
-    sf: float  # κ, the serial fraction
-    ov: float  # p, the smooth maximum's exponent
+    weight_bytes: float
+    kv_bytes_per_token: float
+    weight_flops_per_token: float
+    attention_flops_per_token_per_ctx: float
+    flops: float
+    bandwidth: float
+    fixed_s: float
+    capacity_bytes: float
+    serial_fraction: float  # κ
+    overlap: float  # p, the smooth maximum's exponent
 
     @staticmethod
     def of(gpu: GpuSpec, model: ModelSpec, tp: int) -> Coeffs:
-        return Coeffs(
-            w=model.params * model.bytes_per_param / tp,
-            kv=model.kv_bytes_per_token / tp,
-            wf=2.0 * model.params / tp,
-            af=4.0 * model.layers * model.hidden / tp,
-            p=gpu.effective_flops,
-            b=gpu.effective_bandwidth,
-            fixed=gpu.step_overhead_s + (2.0 * model.layers if tp > 1 else 0.0) * gpu.allreduce_s,
-            cap=USABLE_MEMORY_FRACTION * gpu.mem_bytes,
-            sf=gpu.serial_fraction,
-            ov=gpu.overlap,
-        )
+        return Coeffs(*roofline_for(gpu, model, tp).matrix().tolist())
 
     def spt(self, ctx: float) -> float:
-        return (self.wf + self.af * ctx) / self.p
+        return (self.weight_flops_per_token + self.attention_flops_per_token_per_ctx * ctx) / self.flops
 
     def memory(self, n_seqs: float, ctx: float) -> float:
-        return (self.w + n_seqs * ctx * self.kv) / self.b
+        return (self.weight_bytes + n_seqs * ctx * self.kv_bytes_per_token) / self.bandwidth
 
     def step(self, n_tokens: float, n_seqs: float, ctx: float) -> float:
-        """T(n, s, L), as `Roofline.step_time`: attention's roofline plus the GEMMs'."""
-        gemm = n_tokens * self.wf / self.p
-        attention = n_tokens * (self.af * ctx) / self.p
-        streamed = self.w / self.b + self.sf * gemm
-        return (
-            self.fixed
-            + _smax(n_seqs * ctx * self.kv / self.b, attention, self.ov)
-            + _smax(streamed, gemm, self.ov)
-        )
+        """T(n, s, L), as `Roofline.step_time`: the same formula (`roofline.step_formula`)."""
+        return float(step_formula(self, n_tokens, n_seqs, ctx, _smax))
 
     def headroom(self, n_tokens: float, n_seqs: float, ctx: float) -> float:
         return 1.0 - min(1.0, (n_tokens * self.spt(ctx)) / self.memory(n_seqs, ctx))
 
     def seqs_for_headroom(self, h: float, ctx: float) -> float:
         u = 1.0 - min(max(h, 0.0), 1.0)
-        denom = self.spt(ctx) - u * (ctx * self.kv / self.b)
-        cap = max(self.cap - self.w, 0.0) / (max(ctx, 1.0) * self.kv)
-        s = u * (self.w / self.b) / denom if denom > 0.0 else math.inf
+        denom = self.spt(ctx) - u * (ctx * self.kv_bytes_per_token / self.bandwidth)
+        cap = max(self.capacity_bytes - self.weight_bytes, 0.0) / (max(ctx, 1.0) * self.kv_bytes_per_token)
+        s = u * (self.weight_bytes / self.bandwidth) / denom if denom > 0.0 else math.inf
         return min(s, cap)
 
 
@@ -122,9 +105,8 @@ def best_gamma(
     # γ = 0 first: always feasible; its step is the plain step and the ratio exactly 1.
     best = (quantize(((b / (n + b)) * taus[0] + n / (n + b)) * (plain / plain)), 0, plain)
     for gamma in range(1, len(taus) if allow_spec else 1):
-        step = c.step(n + (gamma + 1.0) * b, n + b, ctx)
-        step += gamma * (draft_cost * single)
-        step += spec_overhead * plain
+        verify = c.step(n + (gamma + 1.0) * b, n + b, ctx)
+        step = speculative_step(verify, single, plain, gamma, draft_cost, spec_overhead)
         t = taus[gamma]
         ratio = plain / step
         aggregate = ((b / (n + b)) * t + n / (n + b)) * ratio
@@ -153,8 +135,7 @@ def speedup_at(
     b = seqs
     n = c.seqs_for_headroom(judged_headroom, ctx)
     plain = c.step(n + b, n + b, ctx)
-    step = c.step(n + (gamma + 1.0) * b, n + b, ctx)
-    step += gamma * (draft_cost * c.step(1.0, 1.0, ctx))
-    step += spec_overhead * plain
+    verify = c.step(n + (gamma + 1.0) * b, n + b, ctx)
+    step = speculative_step(verify, c.step(1.0, 1.0, ctx), plain, gamma, draft_cost, spec_overhead)
     ratio = plain / step
     return taus[gamma] * ratio, ((b / (n + b)) * taus[gamma] + n / (n + b)) * ratio

@@ -27,6 +27,8 @@ GPU's aggregate speed-up is the token-weighted mean: (Σ b_i τ_i / Σ b_i) · T
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
@@ -43,6 +45,28 @@ def tau(alpha: ArrayLike, gamma: ArrayLike) -> Array:
     safe = np.where(near_one, 0.5, a)
     geometric = (1.0 - safe ** (g + 1.0)) / (1.0 - safe)
     return np.asarray(np.where(near_one, g + 1.0, geometric), dtype=np.float64)
+
+
+def speculation_terms(
+    gamma: Any, draft_cost: Any, spec_overhead: Any, single: Any, plain: Any
+) -> tuple[Any, Any]:
+    """(drafting, machinery): what drafting `gamma` tokens adds to a step beyond verifying them.
+
+    γ draft passes at c of the GPU's batch-1 step `single`, and the speculation machinery at o of
+    its plain step `plain`, paid whenever γ > 0 (γ = 0 is plain decode: neither). The one home of
+    speculation's price: the optimiser, the scalar twin, predict, calibration and the profile world
+    all call it, over floats or numpy arrays alike."""
+    return gamma * (draft_cost * single), (gamma > 0) * (spec_overhead * plain)
+
+
+def speculative_step(
+    verify: Any, single: Any, plain: Any, gamma: Any, draft_cost: Any, spec_overhead: Any
+) -> Any:
+    """T_step = T(verify) + γ·c·T(1, 1, L) + o·T_plain·[γ > 0], from the verification step
+    `verify` (T(n + (γ+1)·b, n + b, L) for a chain, more tokens for a tree), the batch-1 step and
+    the plain step."""
+    drafting, machinery = speculation_terms(gamma, draft_cost, spec_overhead, single, plain)
+    return verify + drafting + machinery
 
 
 def group_step_time(
@@ -64,9 +88,10 @@ def group_step_time(
     verify = roof.step_time(n_tokens, n_seqs, context)
     plain = roof.step_time(n_seqs, n_seqs, context)
     single = roof.step_time(1.0, 1.0, context)
-    drafting = (g * np.asarray(draft_cost)).sum(axis=-1)  # γ = 0 drafts nothing
-    machinery = np.where(g > 0, np.asarray(spec_overhead), 0.0).sum(axis=-1)
-    return np.asarray(verify + drafting * single + machinery * plain, dtype=np.float64)
+    drafting, machinery = speculation_terms(
+        g, np.asarray(draft_cost), np.asarray(spec_overhead), single, plain[..., None]
+    )
+    return np.asarray(verify + drafting.sum(axis=-1) + machinery.sum(axis=-1), dtype=np.float64)
 
 
 def group_outcome(
@@ -108,9 +133,8 @@ def homogeneous_speedup(
     g = np.asarray(gamma, dtype=np.float64)
     plain = roof.step_time(s, s, context)
     single = roof.step_time(1.0, 1.0, context)
-    spec = roof.step_time(s * (g + 1.0), s, context) + np.where(
-        g > 0, g * np.asarray(draft_cost) * single + np.asarray(spec_overhead) * plain, 0.0
-    )
+    verify = roof.step_time(s * (g + 1.0), s, context)
+    spec = speculative_step(verify, single, plain, g, np.asarray(draft_cost), np.asarray(spec_overhead))
     return np.asarray(tau(alpha, g) * plain / spec, dtype=np.float64)
 
 

@@ -15,6 +15,7 @@ from typing import Protocol
 
 from sovereignspec.core.scalar import Coeffs
 from sovereignspec.core.specs import DrafterSpec, GpuSpec, ModelSpec
+from sovereignspec.core.speedup import speculation_terms
 from sovereignspec.sim import truth
 
 WORLDS = ("measured", "profile")
@@ -50,9 +51,10 @@ class _RelativeDraft:
     needs_plain: bool = True
 
     def seconds(self, gamma: int, seqs: float, ctx: float, verify_s: float, plain_s: float) -> float:
-        if gamma <= 0:
-            return 0.0
-        return gamma * (self.cost * self.coeffs.step(1.0, 1.0, ctx)) + self.overhead * plain_s
+        drafting, machinery = speculation_terms(
+            gamma, self.cost, self.overhead, self.coeffs.step(1.0, 1.0, ctx), plain_s
+        )
+        return float(drafting + machinery)
 
 
 @dataclass(frozen=True)

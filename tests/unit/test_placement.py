@@ -258,3 +258,28 @@ def test_accounting_an_earlier_placement_matches_placing_it(profiles):
     for attr in ("headroom", "slo_ratio", "free"):
         assert (getattr(placed, attr) == getattr(accounted, attr)).all(), attr
     assert not accounted.account(w, "nowhere", 0, 0)
+
+
+# The self-benefit margin, decision by decision: an idle H100, EAGLE-3 on Llama-3.1-8B, 8 sequences
+# at 1K context. Own S_real at the best γ: 1.04 (α 0.25, γ 1), 1.08 (α 0.3, γ 1), 1.18 (α 0.4, γ 2).
+@pytest.mark.parametrize(
+    ("alpha", "margin", "mode", "gamma"),
+    [
+        (0.25, 0.0, "speculative", 1),
+        (0.25, 0.02, "speculative", 1),
+        (0.25, 0.1, "plain", 0),  # 1.04 < 1.10
+        (0.3, 0.05, "speculative", 1),
+        (0.3, 0.1, "plain", 0),  # 1.08 < 1.10
+        (0.4, 0.1, "speculative", 2),
+        (0.4, 0.2, "plain", 0),  # 1.18 < 1.20
+        (0.2, 0.0, "plain", 0),  # nothing beats plain decode at all
+    ],
+)
+def test_speculation_must_beat_plain_decode_by_the_self_benefit_margin(profiles, alpha, margin, mode, gamma):
+    view = cluster(("idle", "H100-SXM", [1.0], "eu"))
+    settings_ = PlacerSettings(margin=margin, headroom_uncertainty=0.0)
+    p = Placer(profiles, view, settings_).place(wl(alpha=alpha, seqs=8, context=1024))
+    assert (p.mode, p.gamma) == (mode, gamma), p.record.reason
+    if mode == "plain" and alpha > 0.2:
+        assert p.record.reason == f"no γ reaches S_real ≥ {1 + margin:.2f} at this headroom: plain decode"
+        assert p.record.unconstrained_gamma > 0  # the objective wanted it; the margin refused it

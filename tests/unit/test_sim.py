@@ -173,6 +173,31 @@ def test_the_simulated_h100_follows_the_vllm_runs_within_10_percent_where_they_w
         assert step == pytest.approx(_vllm_h100_step_s(batch, context, query_tokens), rel=0.10)
 
 
+@pytest.mark.parametrize("gpu", ["A100-80G-SXM", "H100-SXM", "L40S"])
+@pytest.mark.parametrize("model", ["llama-3.1-8b", "llama-2-7b-32k"])
+def test_no_simulated_gpu_computes_faster_than_its_datasheet_peak(gpu: str, model: str) -> None:
+    # Physics the world must not break, whatever it is built from: a step's query tokens cost their
+    # FLOPs (2·params for the GEMMs, 4·layers·hidden per context token for attention) at no more
+    # than the datasheet's dense peak. At long context with many query tokens per sequence (a tree
+    # verified at 64K-128K) attention's FLOPs are most of the step; a world that priced attention
+    # by its KV reads alone ran 1.9x faster than the peak allows there.
+    from sovereignspec.sim.truth import measured_gpu
+
+    profiles = load_profiles()
+    spec, card = profiles.gpus[gpu], profiles.models[model]
+    world = measured_gpu(spec, card)
+    for seqs, query, context in [
+        (1, 1, 512),
+        (64, 1, 1024),
+        (8, 64, 32768),
+        (4, 128, 65536),
+        (1, 512, 131072),
+    ]:
+        n = seqs * query
+        flops = n * (2.0 * card.params + 4.0 * card.layers * card.hidden * context)
+        assert world.step(n, seqs, context) >= flops / spec.peak_flops, (seqs, query, context)
+
+
 def test_the_simulated_gpus_step_is_smooth_in_the_batch_with_no_luck_to_pick() -> None:
     # The kernels' behaviour by token count is in vidur's measured table; on top of it the world
     # used to put an independent ±3 % deviation on every (query tokens, sequences), so 208 and 209
