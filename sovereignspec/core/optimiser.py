@@ -106,11 +106,11 @@ def _terms(
     n = bg_seqs
     b = req.seqs
     ctx = req.context
-    plain = roof.step_time(n + b, n + b, ctx)
-    before = roof.step_time(n, n, ctx)
-    single = roof.step_time(1.0, 1.0, ctx)  # a draft pass: speedup.py's docstring
     g = gammas[:, None]
     verify = roof.step_time(n + (g + 1.0) * b, n + b, ctx)
+    plain = verify[0]  # γ = 0 verifies one token per sequence: the plain step, T(n + b, n + b, L)
+    before = roof.step_time(n, n, ctx)
+    single = roof.step_time(1.0, 1.0, ctx)  # a draft pass: speedup.py's docstring
     step = speculative_step(verify, single, plain, g, req.draft_cost, req.spec_overhead)
     ratio = plain / step
     t = taus[:, None]

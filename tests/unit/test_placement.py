@@ -275,8 +275,11 @@ def test_accounting_an_earlier_placement_matches_placing_it(profiles):
         (0.2, 0.0, "plain", 0),  # nothing beats plain decode at all
     ],
 )
-def test_speculation_must_beat_plain_decode_by_the_self_benefit_margin(profiles, alpha, margin, mode, gamma):
-    view = cluster(("idle", "H100-SXM", [1.0], "eu"))
+@pytest.mark.parametrize("gpus", [1, 16])  # one GPU: the placer's float path; 16: its vectorised one
+def test_speculation_must_beat_plain_decode_by_the_self_benefit_margin(
+    profiles, alpha, margin, mode, gamma, gpus
+):
+    view = cluster(("idle", "H100-SXM", [1.0] * gpus, "eu"))
     settings_ = PlacerSettings(margin=margin, headroom_uncertainty=0.0)
     p = Placer(profiles, view, settings_).place(wl(alpha=alpha, seqs=8, context=1024))
     assert (p.mode, p.gamma) == (mode, gamma), p.record.reason
