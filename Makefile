@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 OUT ?= out
 
-.PHONY: venv lint format typecheck test unit run demo regimes calibration-figure simulate bench bench-operator bench-sim sim-native clean binaries cluster-up cluster-down pod-e2e image multicluster-up multicluster-down demo-multicluster bench-multicluster
+.PHONY: venv lint format typecheck test unit run demo regimes calibration-figure simulate bench bench-operator bench-sim sim-native clean binaries cluster-up cluster-down pod-e2e image multicluster-up multicluster-down demo-multicluster bench-multicluster mutants
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -81,6 +81,12 @@ calibration-figure: venv
 
 bench: venv
 	$(BIN)/python -m benchmarks
+
+# Mutation testing of the decision path: every mutant of a fixed list of operators in the core's
+# optimiser, speed-up, roofline and placement, against the unit tests that guard them; survivors
+# are listed (each killed by a test or explained in docs/mutants.md). ~35 min on 2 cores.
+mutants: venv
+	$(BIN)/python hack/mutants.py $(ARGS)
 
 # The simulator's hot modules compiled by mypyc into build/sim-native/ (loaded only while they
 # match their sources; same results, 1.5-2.5x as fast).

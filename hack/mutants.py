@@ -1,0 +1,261 @@
+"""`make mutants`: mutation testing of the decision path with a fixed list of operators.
+
+Each mutant changes one thing in one module (a comparison, an arithmetic or boolean operator, a
+min/max, a numeric constant), is written into a private copy of the tree, and the unit tests that
+guard the decision path run against it (`-x`: the first failure kills it). A mutant that no test
+kills is listed with its line, so that it is either killed by a new test or explained
+(docs/mutants.md). Deterministic: the same sources give the same mutants in the same order.
+
+    python hack/mutants.py [--jobs 2] [--only PATH:LINE ...] [FILES ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+FILES = [
+    "sovereignspec/core/optimiser.py",
+    "sovereignspec/core/speedup.py",
+    "sovereignspec/core/roofline.py",
+    "sovereignspec/core/placement.py",
+]
+# Fast and sharp first: `-x` stops at the first failure, so most mutants die in seconds.
+TESTS = [
+    "tests/unit/test_published.py",
+    "tests/unit/test_roofline.py",
+    "tests/unit/test_placement.py",
+    "tests/unit/test_engine_contract.py",
+    "tests/unit/test_calibration.py",
+    "tests/unit/test_aging.py",
+    "tests/unit/test_operator_decisions.py",
+    "tests/unit/test_dispatch.py",
+    "tests/unit/test_regimes.py",
+    "tests/unit/test_laws.py",
+]  # test_decision_properties.py (sovereignty over generated clusters, 40 s) is left to `make test`
+TIMEOUT_S = 600
+
+_COMPARE = {
+    ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq, ast.NotEq: ast.Eq,
+    ast.Is: ast.IsNot, ast.IsNot: ast.Is, ast.In: ast.NotIn, ast.NotIn: ast.In,
+}  # fmt: skip
+_BINARY = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult, ast.Pow: ast.Mult,
+           ast.FloorDiv: ast.Div, ast.Mod: ast.FloorDiv}  # fmt: skip
+_BOOL = {ast.And: ast.Or, ast.Or: ast.And}
+_SWAP_CALLS = {"min": "max", "max": "min", "minimum": "maximum", "maximum": "minimum"}
+
+
+@dataclass(frozen=True)
+class Mutant:
+    path: str
+    line: int
+    what: str  # e.g. "< → <=" or "0.05 → 1.05"
+    index: int  # which of the module's mutation sites, in walk order
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """ids of docstring constants (never mutated)."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                out.add(id(body[0].value))
+    return out
+
+
+def _annotations(tree: ast.AST) -> set[int]:
+    """ids of every node inside a type annotation (types are not behaviour)."""
+    out: set[int] = set()
+    for node in ast.walk(tree):
+        parts: list[ast.AST | None] = []
+        if isinstance(node, (ast.AnnAssign, ast.arg)):
+            parts.append(node.annotation)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            parts.append(node.returns)
+        for part in parts:
+            if part is not None:
+                out.update(id(n) for n in ast.walk(part))
+    return out
+
+
+def _sites(tree: ast.AST) -> Iterator[tuple[ast.AST, str]]:
+    """(node, description) for every mutation site, in a fixed walk order."""
+    skip = _docstrings(tree) | _annotations(tree)
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Compare):
+            for op in node.ops:
+                if type(op) in _COMPARE:
+                    yield node, f"{_sym(op)} → {_sym(_COMPARE[type(op)]())}"
+        elif isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+            yield node, f"{_sym(node.op)} → {_sym(_BINARY[type(node.op)]())}"
+        elif isinstance(node, ast.AugAssign) and type(node.op) in _BINARY:
+            yield node, f"{_sym(node.op)}= → {_sym(_BINARY[type(node.op)]())}="
+        elif isinstance(node, ast.BoolOp):
+            yield node, f"{_sym(node.op)} → {_sym(_BOOL[type(node.op)]())}"
+        elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+            yield node, "not x → x"
+        elif isinstance(node, ast.Call):
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
+            if name in _SWAP_CALLS:
+                yield node, f"{name} → {_SWAP_CALLS[name]}"
+        elif (
+            isinstance(node, ast.Constant)
+            and type(node.value) in (int, float)
+            and not isinstance(node.value, bool)
+        ):
+            yield node, f"{node.value!r} → {_bumped(node.value)!r}"
+
+
+def _bumped(value: float) -> float:
+    if value == 0:
+        return 1 if isinstance(value, int) else 1.0
+    return value + 1 if isinstance(value, int) else value * 2.0
+
+
+def _sym(op: ast.AST) -> str:
+    return {
+        ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Eq: "==", ast.NotEq: "!=",
+        ast.Is: "is", ast.IsNot: "is not", ast.In: "in", ast.NotIn: "not in", ast.Add: "+",
+        ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.Pow: "**", ast.FloorDiv: "//", ast.Mod: "%",
+        ast.And: "and", ast.Or: "or",
+    }[type(op)]  # fmt: skip
+
+
+def _apply(node: ast.AST, what: str, position: int) -> None:
+    if isinstance(node, ast.Compare):
+        ops = [i for i, op in enumerate(node.ops) if type(op) in _COMPARE]
+        i = ops[position]
+        node.ops[i] = _COMPARE[type(node.ops[i])]()
+    elif isinstance(node, (ast.BinOp, ast.AugAssign)):
+        node.op = _BINARY[type(node.op)]()
+    elif isinstance(node, ast.BoolOp):
+        node.op = _BOOL[type(node.op)]()
+    elif isinstance(node, ast.UnaryOp):
+        node.op = ast.UAdd()  # `+x`: x's truth value, as `not` would have negated it
+    elif isinstance(node, ast.Call):
+        if isinstance(node.func, ast.Attribute):
+            node.func.attr = _SWAP_CALLS[node.func.attr]
+        else:
+            assert isinstance(node.func, ast.Name)
+            node.func.id = _SWAP_CALLS[node.func.id]
+    elif isinstance(node, ast.Constant):
+        node.value = _bumped(node.value)
+
+
+def mutants(path: str, source: str) -> list[Mutant]:
+    tree = ast.parse(source)
+    return [Mutant(path, getattr(n, "lineno", 0), what, i) for i, (n, what) in enumerate(_sites(tree))]
+
+
+def mutated_source(m: Mutant, source: str) -> str:
+    """`source` (the module as the run found it: later edits to the tree do not leak in) with `m`."""
+    tree = ast.parse(source)
+    sites = list(_sites(tree))
+    node, what = sites[m.index]
+    # A Compare with several operators yields one site per operator: which one is this?
+    position = sum(1 for n, _ in sites[: m.index] if n is node)
+    _apply(node, what, position)
+    return ast.unparse(tree)
+
+
+def _workdir(root: Path, k: int) -> Path:
+    work = root / f"w{k}"
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout
+    for name in files.decode().split("\0"):
+        if name and (REPO / name).is_file():
+            (work / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, work / name)
+    return work
+
+
+def _run_tests(work: Path, tests: list[str]) -> tuple[int, float]:
+    start = time.monotonic()
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-m", "not cluster",
+             "--timeout", str(TIMEOUT_S), *tests],
+            cwd=work, capture_output=True, timeout=TIMEOUT_S, check=False,
+            env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+        )  # fmt: skip
+        rc = proc.returncode
+    except subprocess.TimeoutExpired:
+        rc = -1  # a mutant that loops forever is caught (killed by the time limit)
+    return rc, time.monotonic() - start
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("files", nargs="*", default=FILES)
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--only", nargs="*", default=None, help="PATH:LINE of the mutants to run")
+    args = parser.parse_args()
+    sources = {f: (REPO / f).read_text() for f in args.files}
+    todo = [m for f in args.files for m in mutants(f, sources[f])]
+    if args.only:
+        todo = [m for m in todo if f"{m.path}:{m.line}" in set(args.only)]
+    root = Path(tempfile.mkdtemp(prefix="sovereignspec-mutants-"))
+    works = [_workdir(root, k) for k in range(args.jobs)]
+    rc, seconds = _run_tests(works[0], TESTS)
+    if rc != 0:
+        print(f"mutants: the tests fail on the unmutated tree (exit {rc})", file=sys.stderr)
+        return 2
+    print(f"baseline: the {len(TESTS)} test files pass in {seconds:.0f} s; {len(todo)} mutants", flush=True)
+
+    free = list(works)
+    results: dict[Mutant, tuple[int, float]] = {}
+
+    def one(m: Mutant) -> tuple[Mutant, int, float]:
+        work = free.pop()
+        target = work / m.path
+        try:
+            target.write_text(mutated_source(m, sources[m.path]))
+            rc, took = _run_tests(work, TESTS)
+        finally:
+            target.write_text(sources[m.path])
+            free.append(work)
+        return m, rc, took
+
+    done = 0
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        for m, rc, took in pool.map(one, todo):
+            results[m] = (rc, took)
+            done += 1
+            state = "survived" if rc == 0 else "killed"
+            print(f"[{done}/{len(todo)}] {m.path}:{m.line} {m.what}: {state} ({took:.0f} s)", flush=True)
+    shutil.rmtree(root, ignore_errors=True)
+
+    print("\nper module: killed / mutants")
+    survivors = []
+    total_killed = 0
+    for f in args.files:
+        mine = [m for m in todo if m.path == f]
+        killed = sum(1 for m in mine if results[m][0] != 0)
+        total_killed += killed
+        if mine:
+            print(f"  {f}: {killed} / {len(mine)} ({100 * killed / len(mine):.0f} %)")
+        survivors += [m for m in mine if results[m][0] == 0]
+    print(f"  all: {total_killed} / {len(todo)} ({100 * total_killed / max(len(todo), 1):.1f} %)")
+    if survivors:
+        print("\nsurvivors (see docs/mutants.md):")
+        for m in survivors:
+            source = sources[m.path].splitlines()[m.line - 1].strip()
+            print(f"  {m.path}:{m.line}  {m.what}   | {source}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
