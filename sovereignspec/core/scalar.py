@@ -1,9 +1,11 @@
 """The cost model and the γ choice for one GPU, in plain Python floats.
 
-Two users: the scalar reference (`reference`), which recomputes every GPU for every workload, and
-the placer's incremental updates, where one GPU changed and a numpy call per term would cost more
-than the arithmetic. Every expression is written in the same order as its vectorised twin in
-`roofline` and `optimiser`, so both round alike and decide alike; the tests hold them to that.
+Its users: the placer's incremental updates, where one GPU changed and a numpy call per term would
+cost more than the arithmetic, its re-evaluation of running workloads, and the simulator's profile
+world. The step and speculation's price come from their one home (`roofline.step_formula`,
+`speedup.speculative_step`); the rest is written in the same order as its vectorised twin in
+`optimiser`, so both round alike and decide alike. The scalar reference in tests/reference.py is
+an independent implementation that both are held to.
 """
 
 from __future__ import annotations

@@ -196,3 +196,39 @@ def test_alpha_is_recovered_from_an_engines_draft_acceptance_rate(alpha, gamma):
 
     rate = (float(tau(alpha, gamma)) - 1.0) / gamma
     assert alpha_from_draft_acceptance(rate, gamma) == pytest.approx(alpha, abs=1e-6)
+
+
+def test_nothing_drafted_teaches_no_acceptance_rate():
+    from sovereignspec.core.speedup import alpha_from_draft_acceptance
+
+    assert alpha_from_draft_acceptance(0.7, 0) == 0.0
+    assert alpha_from_draft_acceptance(0.7, -1) == 0.0
+
+
+@pytest.mark.parametrize(
+    "combo", [("H100-SXM", "llama-3.1-8b", "eagle3"), ("A100-80G-SXM", "llama-3.3-70b", "ngram")]
+)
+@pytest.mark.parametrize(("batch", "context"), [(1, 256), (8, 1024), (64, 4096)])
+def test_the_analysis_prices_one_workload_exactly_as_the_decision_does(combo, batch, context):
+    # The regime analysis and the plots read speed-ups through group_outcome / homogeneous_speedup;
+    # for one workload alone on its GPU they must be the optimiser's own terms, γ by γ.
+    from sovereignspec.core.speedup import group_outcome, group_step_time
+
+    roof, c, o = _setup(combo)
+    alpha, gammas = 0.8, np.arange(9)
+    req = SpecRequest(alpha, float(batch), float(context), c, o, 8, 0.02)
+    table = gamma_table(roof, req, np.zeros(1), np.full(1, np.inf))
+    steps = group_step_time(roof, [batch], gammas[:, None], [c], [o], context)
+    own, aggregate, _ = group_outcome(roof, [batch], alpha, gammas[:, None], [c], [o], context)
+    alone = homogeneous_speedup(roof, batch, alpha, gammas, c, o, context)
+    np.testing.assert_allclose(steps, table.step[:, 0], rtol=1e-12)
+    np.testing.assert_allclose(own[:, 0], table.speedup[:, 0], rtol=1e-12)
+    np.testing.assert_allclose(aggregate, table.aggregate[:, 0], rtol=1e-12)
+    np.testing.assert_allclose(alone, table.speedup[:, 0], rtol=1e-12)
+
+
+def test_an_acceptance_rate_above_one_from_a_glitching_counter_reads_as_alpha_one():
+    from sovereignspec.core.speedup import alpha_from_draft_acceptance
+
+    assert alpha_from_draft_acceptance(1.3, 4) == pytest.approx(1.0, abs=1e-8)
+    assert alpha_from_draft_acceptance(-0.2, 4) == pytest.approx(0.0, abs=1e-9)

@@ -2,6 +2,7 @@
 
 import math
 import random
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -64,7 +65,9 @@ def test_all_gpus_saturated_means_plain_decode_not_delay(profiles):
     view = cluster(("a", "H100-SXM", [0.0, 0.0], "eu"), ("b", "A100-80G-SXM", [0.0], "eu"))
     p = Placer(profiles, view).place(wl())
     assert p.outcome == "placed" and p.gamma == 0
-    assert "saturated" in p.record.reason or "S_real" in p.record.reason
+    # Nothing raises the GPU's token rate there: not a self-benefit refusal, not a neighbour's.
+    assert p.record.reason == "no γ raises the GPU's token rate at this headroom (saturated): plain decode"
+    assert p.record.unconstrained_gamma == 0
 
 
 def test_a_tight_neighbour_on_the_only_idle_gpu_keeps_the_newcomer_plain_and_is_named(profiles):
@@ -243,7 +246,9 @@ def test_a_node_pool_limits_placement_and_an_empty_pool_in_jurisdiction_is_rejec
         ("kr-a", "H100-SXM", [1.0], "kr"),
     )
     placer = Placer(profiles, view)
-    assert placer.place(wl("x", node_pool=frozenset({"eu-b"}))).node == "eu-b"
+    x = placer.place(wl("x", node_pool=frozenset({"eu-b"})))
+    assert x.node == "eu-b"
+    assert x.record.excluded["eu-a"] == "node-pool: not selected by the workload's flavor or nodeSelector"
     rejected = placer.place(wl("y", jurisdiction="kr", node_pool=frozenset({"eu-a", "eu-b"})))
     assert rejected.outcome == "rejected" and "jurisdiction kr" in rejected.record.reason
 
@@ -258,6 +263,13 @@ def test_accounting_an_earlier_placement_matches_placing_it(profiles):
     for attr in ("headroom", "slo_ratio", "free"):
         assert (getattr(placed, attr) == getattr(accounted, attr)).all(), attr
     assert not accounted.account(w, "nowhere", 0, 0)
+    # Placed at γ 6 under an older policy, accounted now that the workload may draft at most 2:
+    # what runs is γ 6, and its step is the γ 6 step.
+    lowered = Placer(profiles, view)
+    assert lowered.account(replace(w, gamma_max=2), "n", 1, 6)
+    ran = Placer(profiles, view)
+    assert ran.account(w, "n", 1, 6)
+    assert (lowered.headroom == ran.headroom).all() and (lowered.slo_ratio == ran.slo_ratio).all()
 
 
 # The self-benefit margin, decision by decision: an idle H100, EAGLE-3 on Llama-3.1-8B, 8 sequences
@@ -283,6 +295,192 @@ def test_speculation_must_beat_plain_decode_by_the_self_benefit_margin(
     settings_ = PlacerSettings(margin=margin, headroom_uncertainty=0.0)
     p = Placer(profiles, view, settings_).place(wl(alpha=alpha, seqs=8, context=1024))
     assert (p.mode, p.gamma) == (mode, gamma), p.record.reason
+    if mode == "speculative":
+        assert p.record.reason == (
+            f"γ*={gamma} maximises the GPU's token rate with S_real ≥ {1 + margin:.2f} "
+            "and every neighbour within its TPOT SLO"
+        )
+    # The record's terms agree with each other: the step before it, the step with it and their
+    # ratio; TPOT is the step over τ; its own speed-up is τ times the plain step over the step.
+    r = p.record
+    assert r.step_before_ms * r.neighbour_step_ratio == pytest.approx(r.step_ms, rel=1e-12)
+    assert r.tpot_ms == pytest.approx(r.step_ms / r.tau, rel=1e-12)
+    assert r.speedup == pytest.approx(r.tau * r.step_plain_ms / r.step_ms, rel=1e-12)
+    assert r.headroom_measured == r.headroom == 1.0  # no ledger here: the reading itself
     if mode == "plain" and alpha > 0.2:
         assert p.record.reason == f"no γ reaches S_real ≥ {1 + margin:.2f} at this headroom: plain decode"
         assert p.record.unconstrained_gamma > 0  # the objective wanted it; the margin refused it
+
+
+@pytest.mark.parametrize("batch", [1, 8, 64, 256])
+@pytest.mark.parametrize("context", [256, 4096])
+def test_a_draft_pass_costs_c_of_the_gpus_batch_1_plain_step_whatever_the_batch(profiles, batch, context):
+    # What drafting adds to the decision's step, γ = 1 with the drafter's price against γ = 1 with a
+    # free drafter and no tax, is c of the plain step the same decision makes for one sequence.
+    from dataclasses import replace
+
+    import numpy as np
+
+    from sovereignspec.core.optimiser import gamma_table
+    from sovereignspec.core.placement import spec_request
+    from sovereignspec.core.roofline import roofline_for
+
+    roof = roofline_for(profiles.gpus["H100-SXM"], profiles.models["llama-3.1-8b"])
+    idle, free = np.zeros(1), np.full(1, np.inf)
+
+    def table(seqs, **price):
+        req, _ = spec_request(profiles, PlacerSettings(), wl(seqs=seqs, context=context))
+        return gamma_table(roof, replace(req, **price), idle, free)
+
+    c = spec_request(profiles, PlacerSettings(), wl())[0].draft_cost
+    priced, free_drafter = table(batch, spec_overhead=0.0), table(batch, draft_cost=0.0, spec_overhead=0.0)
+    drafting = priced.step[1, 0] - free_drafter.step[1, 0]
+    batch_1_plain = table(1).step[0, 0]
+    assert drafting == pytest.approx(c * batch_1_plain, rel=1e-12)
+
+
+def test_a_record_names_32_excluded_nodes_and_counts_the_rest(profiles):
+    view = cluster(
+        *[(f"kr{i:02d}", "H100-SXM", [1.0], "kr") for i in range(40)], ("eu", "H100-SXM", [1.0], "eu")
+    )
+    p = Placer(profiles, view).place(wl(jurisdiction="eu"))
+    assert p.node == "eu"
+    named = [k for k in p.record.excluded if k != "..."]
+    assert len(named) == 32 and p.record.excluded["..."] == "8 more nodes excluded"
+
+
+def test_a_workload_may_lower_the_policys_draft_limit_but_not_raise_it(profiles):
+    view = cluster(("idle", "H100-SXM", [1.0], "eu"))
+    high = Placer(profiles, view, PlacerSettings(gamma_max=3)).place(wl(alpha=0.95, seqs=8, gamma_max=16))
+    assert high.gamma == 3
+    low = Placer(profiles, view, PlacerSettings(gamma_max=8)).place(wl(alpha=0.95, seqs=8, gamma_max=2))
+    assert low.gamma == 2
+
+
+@pytest.mark.parametrize(("gamma_max", "mode"), [(0, "plain"), (1, "speculative")])
+def test_a_draft_limit_of_zero_switches_speculation_off_and_says_so(profiles, gamma_max, mode):
+    view = cluster(("idle", "H100-SXM", [1.0], "eu"))
+    p = Placer(profiles, view).place(wl(alpha=0.9, seqs=8, gamma_max=gamma_max))
+    assert p.mode == mode and p.gamma == gamma_max
+    if gamma_max == 0:
+        assert p.record.reason == "speculation disabled (γ_max = 0)"
+
+
+@pytest.mark.parametrize("gamma_max", [1, 8])
+@pytest.mark.parametrize("headroom", [1.0, 0.6, 0.3, 0.12, 0.05, 0.0])
+def test_a_running_workload_is_judged_again_as_a_placement_at_that_reading_would_be(
+    profiles, headroom, gamma_max
+):
+    from sovereignspec.core.placement import reevaluate
+
+    w = wl(alpha=0.7, seqs=32, context=1024, gamma_max=gamma_max)
+    placed = Placer(profiles, cluster(("n", "H100-SXM", [headroom], "eu"))).place(w)
+    again = reevaluate(profiles, PlacerSettings(), w, "H100-SXM", placed.gamma, headroom)
+    assert again is not None and again.gamma_now == placed.gamma
+    assert again.speedup_in_force == pytest.approx(placed.record.speedup, rel=1e-9)
+    # Running a longer draft than the workload may now ask for: judged at the γ it runs.
+    longer = reevaluate(profiles, PlacerSettings(), replace(w, gamma_max=8), "H100-SXM", 6, headroom)
+    capped = reevaluate(profiles, PlacerSettings(), replace(w, gamma_max=2), "H100-SXM", 6, headroom)
+    assert capped is not None and longer is not None
+    assert capped.speedup_in_force == longer.speedup_in_force and capped.gamma_now <= 2
+
+
+def test_the_last_empty_node_kept_free_is_refused_to_shared_work_and_given_to_exclusive_work(profiles):
+    view = cluster(("busy", "H100-SXM", [0.5], "eu", ["other"]), ("empty", "H100-SXM", [1.0], "eu"))
+    settings_ = PlacerSettings(keep_whole_nodes_free=1)
+    shared = Placer(profiles, view, settings_).place(wl("s", tenant="a"))
+    assert shared.node == "busy"  # not the last empty node
+    exclusive = Placer(profiles, view, settings_).place(wl("x", tenant="b", exclusive=True))
+    assert exclusive.node == "empty"
+    # With two empty nodes, one may go to shared work.
+    two = cluster(("e1", "H100-SXM", [1.0], "eu"), ("e2", "H100-SXM", [1.0], "eu"))
+    assert Placer(profiles, two, settings_).place(wl("s", tenant="a")).outcome == "placed"
+
+
+def test_where_a_neighbour_holds_speculation_back_the_record_names_the_gpu_and_the_neighbour(profiles):
+    view = cluster(("only", "H100-SXM", [0.9], "eu", ["old"], [], [1.0005]))
+    placer = Placer(profiles, view)
+    placer.binding[0] = "old-tenant/chat"
+    p = placer.place(wl(seqs=64))
+    assert p.gamma == 0
+    assert list(p.record.held_back) == ["only/gpu0"]
+    assert "would push neighbour old-tenant/chat past its TPOT SLO" in p.record.held_back["only/gpu0"]
+
+
+def test_an_unknown_drafter_means_plain_decode_naming_it(profiles):
+    p = Placer(profiles, cluster(("idle", "H100-SXM", [1.0], "eu"))).place(wl(drafter="magic", seqs=8))
+    assert p.mode == "plain" and p.record.reason == "unknown drafter 'magic'"
+
+
+def test_a_workload_too_big_for_any_node_is_rejected_naming_the_largest(profiles):
+    nodes = [NodeState("four", {JUR: "eu"}, 4, capacity=4), NodeState("two", {JUR: "eu"}, 2, capacity=2)]
+    gpus = [GpuState("four", i, "H100-SXM", 1.0) for i in range(4)] + [
+        GpuState("two", i, "H100-SXM", 1.0) for i in range(2)
+    ]
+    p = Placer(profiles, ClusterView(nodes, gpus)).place(wl(gpus=8))
+    assert p.outcome == "rejected"
+    assert p.record.reason == "it needs 8 GPUs on one node; the largest node it may use has 4"
+
+
+def test_shared_work_facing_only_the_nodes_kept_free_is_told_to_retry(profiles):
+    view = cluster(("empty", "H100-SXM", [1.0], "eu"))
+    p = Placer(profiles, view, PlacerSettings(keep_whole_nodes_free=1)).place(wl())
+    assert p.outcome == "retry" and p.gamma == p.record.gamma == 0 and p.node is None
+    assert p.record.reason == "the last 1 empty node(s) of its pool are kept free for exclusive tenants"
+
+
+def test_the_tightest_neighbour_binds_and_of_two_as_tight_the_first_named():
+    from sovereignspec.core.placement import neighbour_bound
+
+    assert neighbour_bound([("a", 0.1, 0.05), ("b", 0.2, 0.1), ("c", 0.3, 0.1)]) == (2.0, "a")
+    assert neighbour_bound([("a", None, 0.05), ("b", 0.2, None), ("c", 0.25, 0.125)]) == (2.0, "c")
+    assert neighbour_bound([]) == (math.inf, None)
+
+
+def test_the_ledger_memo_is_filled_and_reused_and_optional(profiles):
+    from sovereignspec.core.placement import with_ledger_load
+
+    view = cluster(("n", "H100-SXM", [1.0, 1.0], "eu"))
+    placed = [(wl("a", seqs=64), "n", 0, 0)]
+    memo: dict = {}
+    first = with_ledger_load(view, placed, profiles, memo)
+    assert len(memo) == 1 and first.gpus[0].headroom < 1.0 and first.gpus[1].headroom == 1.0
+    assert with_ledger_load(view, placed, profiles, memo) == first
+    assert with_ledger_load(view, placed, profiles) == first  # no memo: computed afresh
+    # A decision beside the ledger's load still reports what telemetry measured.
+    placer = Placer(profiles, first)
+    assert placer.measured[0] == 1.0 > placer.headroom[0]
+
+
+def test_the_gpus_a_model_needs_are_the_fewest_any_gpu_type_of_its_nodes_allows(profiles):
+    # Llama-3.3-70B: TP 4 on an H100, TP 8 on an RTX 4090; the nodes have 2 GPUs each.
+    nodes = [NodeState("h100", {JUR: "eu"}, 2, capacity=2), NodeState("rtx", {JUR: "eu"}, 2, capacity=2)]
+    gpus = [GpuState("h100", i, "H100-SXM", 1.0) for i in range(2)] + [
+        GpuState("rtx", i, "RTX-4090", 1.0) for i in range(2)
+    ]
+    p = Placer(profiles, ClusterView(nodes, gpus)).place(wl(model="llama-3.3-70b", drafter="ngram"))
+    assert p.outcome == "rejected"
+    assert p.record.reason == "it needs 4 GPUs on one node; the largest node it may use has 2"
+
+
+def test_a_node_exactly_the_size_needed_but_full_now_means_retry_not_reject(profiles):
+    nodes = [NodeState("four", {JUR: "eu"}, 0, capacity=4, tenants=frozenset({"other"}))]
+    gpus = [GpuState("four", i, "H100-SXM", 0.5) for i in range(4)]
+    p = Placer(profiles, ClusterView(nodes, gpus)).place(wl(gpus=4))
+    assert p.outcome == "retry" and p.record.reason == "no admissible node with free GPUs now"
+    assert p.record.excluded == {"four": "capacity: not enough free GPUs"}
+
+
+def test_no_node_in_the_namespaces_jurisdictions_is_rejected_naming_them(profiles):
+    view = cluster(("eu-a", "H100-SXM", [1.0], "eu"))
+    p = Placer(profiles, view).place(wl(allowed_jurisdictions=frozenset({"kr", "jp"})))
+    assert p.outcome == "rejected"
+    assert p.record.reason == "no node of its flavor in the jurisdictions its namespace allows (jp, kr)"
+
+
+def test_a_newcomer_with_an_slo_becomes_the_gpus_binding_neighbour_at_its_margin(profiles):
+    placer = Placer(profiles, cluster(("n", "H100-SXM", [1.0], "eu")))
+    p = placer.place(wl("chat", tpot_slo_s=0.05, seqs=8))
+    margin = PlacerSettings().slo_margin
+    assert placer.binding[0] == "chat"
+    assert placer.slo_ratio[0] == pytest.approx(0.05 / (p.record.tpot_ms / 1e3) / (1 + margin), rel=1e-12)

@@ -102,3 +102,53 @@ def test_tensor_activity_maps_to_headroom_through_the_compute_efficiency():
     assert float(headroom_from_tensor_activity(0.0, 0.7)) == 1.0
     assert float(headroom_from_tensor_activity(0.35, 0.7)) == pytest.approx(0.5)
     assert float(headroom_from_tensor_activity(0.9, 0.7)) == 0.0
+
+
+@pytest.mark.parametrize(("params", "tp"), [(15e9, 1), (30e9, 2), (60e9, 4), (120e9, 8), (300e9, 16)])
+def test_the_tensor_parallel_degree_is_the_smallest_power_of_two_whose_shard_fits(profiles, params, tp):
+    # L40S, 48 GB: a shard of weights may take 85 % of it (40.8 GB) at 2 bytes per parameter.
+    from dataclasses import replace
+
+    from sovereignspec.core.roofline import tensor_parallel_for
+
+    model = replace(profiles.models["llama-3.1-8b"], name="m", params=params, tensor_parallel=1)
+    assert tensor_parallel_for(profiles.gpus["L40S"], model) == tp
+
+
+@pytest.mark.parametrize(("n_tokens", "n_seqs", "context"), [(8, 8, 512), (256, 4, 32768), (4096, 64, 4096)])
+def test_the_explainers_terms_add_up_to_the_step_where_attention_compute_shows_too(
+    profiles, n_tokens, n_seqs, context
+):
+    roof = roofline_for(profiles.gpus["H100-SXM"], profiles.models["llama-3.1-8b"])
+    terms = roof.step_terms(float(n_tokens), float(n_seqs), float(context))
+    assert sum(terms.values()) == pytest.approx(float(roof.step_time(n_tokens, n_seqs, context)), rel=1e-12)
+    if n_tokens / n_seqs >= 64:  # 64 query tokens per sequence at 32K: attention's FLOPs show
+        assert terms["attention_excess"] > 0.1 * terms["kv_reads"]
+
+
+def test_a_reading_outside_0_1_maps_to_the_nearest_end(profiles):
+    roof = roofline_for(profiles.gpus["H100-SXM"], profiles.models["llama-3.1-8b"])
+    assert float(roof.seqs_for_headroom(1.3, 1024)) == float(roof.seqs_for_headroom(1.0, 1024)) == 0.0
+    assert float(roof.seqs_for_headroom(-0.2, 1024)) == float(roof.seqs_for_headroom(0.0, 1024)) > 0.0
+
+
+def test_a_context_under_one_token_counts_as_one_for_kv_capacity(profiles):
+    roof = roofline_for(profiles.gpus["H100-SXM"], profiles.models["llama-3.1-8b"])
+    one = float((roof.capacity_bytes - roof.weight_bytes) / roof.kv_bytes_per_token)
+    assert float(roof.max_seqs(1)) == float(roof.max_seqs(0)) == pytest.approx(one, rel=1e-12)
+
+
+def test_an_infinite_overlap_exponent_is_the_hard_roofline():
+    from sovereignspec.core.roofline import smooth_max
+
+    a, b = np.array([0.0, 1.0, 3.0, 2.0]), np.array([0.0, 2.0, 1.0, 2.0])
+    assert (smooth_max(a, b, math.inf) == np.maximum(a, b)).all()
+    assert (smooth_max(a, b, 8.0) >= np.maximum(a, b)).all() and smooth_max(0.0, 0.0, 8.0) == 0.0
+
+
+def test_every_tensor_parallel_degree_above_one_pays_two_all_reduces_per_layer(profiles):
+    gpu, model = profiles.gpus["H100-SXM"], profiles.models["llama-3.1-8b"]
+    assert float(roofline_for(gpu, model, 1).fixed_s) == gpu.step_overhead_s
+    for tp in (2, 4, 8):
+        fixed = float(roofline_for(gpu, model, tp).fixed_s)
+        assert fixed == pytest.approx(gpu.step_overhead_s + 2 * model.layers * gpu.allreduce_s, rel=1e-12)
