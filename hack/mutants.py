@@ -201,12 +201,25 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("files", nargs="*", default=FILES)
     parser.add_argument("--jobs", type=int, default=2)
-    parser.add_argument("--only", nargs="*", default=None, help="PATH:LINE of the mutants to run")
+    parser.add_argument(
+        "--only", nargs="*", default=None, help="PATH:LINE of the mutants to run (all on that line)"
+    )
+    parser.add_argument(
+        "--survivors-of",
+        type=Path,
+        default=None,
+        help="a previous run's output: run only its survivors again",
+    )
     args = parser.parse_args()
     sources = {f: (REPO / f).read_text() for f in args.files}
     todo = [m for f in args.files for m in mutants(f, sources[f])]
     if args.only:
         todo = [m for m in todo if f"{m.path}:{m.line}" in set(args.only)]
+    if args.survivors_of:
+        # "  PATH:LINE  WHAT   | source" lines after "survivors"; mutants are matched by (path, line, what).
+        text = args.survivors_of.read_text().split("\nsurvivors", 1)[-1]
+        alive = {tuple(line.split("|")[0].split(None, 1)) for line in text.splitlines()[1:] if "|" in line}
+        todo = [m for m in todo if (f"{m.path}:{m.line}", m.what) in {(a, w.strip()) for a, w in alive}]
     root = Path(tempfile.mkdtemp(prefix="sovereignspec-mutants-"))
     works = [_workdir(root, k) for k in range(args.jobs)]
     rc, seconds = _run_tests(works[0], TESTS)

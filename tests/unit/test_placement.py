@@ -237,6 +237,16 @@ def test_records_carry_where_and_how_with_or_without_the_breakdown(profiles, exp
     assert p.record.node == "n" and p.record.gamma == p.gamma and p.record.tpot_ms > 0
     assert (p.record.speedup is not None) is explain
     assert p.record.to_dict()["neighbour_slo_ratio"] is None or explain
+    if not explain:  # a bulk record says the mode as its reason, from γ = 1 up
+        one = Placer(
+            profiles, cluster(("n", "H100-SXM", [1.0], "eu")), PlacerSettings(headroom_uncertainty=0.0)
+        )
+        p1 = one.place(wl(alpha=0.3, seqs=8, context=1024), explain=False)
+        assert p1.gamma == 1 and p1.record.reason == "speculative"
+        saturated = Placer(profiles, cluster(("n", "H100-SXM", [0.0], "eu")))
+        assert saturated.place(wl(), explain=False).record.reason == "plain"
+    else:
+        assert p.record.headroom_pessimistic == pytest.approx(1.0 - PlacerSettings().headroom_uncertainty)
 
 
 def test_a_node_pool_limits_placement_and_an_empty_pool_in_jurisdiction_is_rejected(profiles):
