@@ -232,3 +232,8 @@ def test_an_acceptance_rate_above_one_from_a_glitching_counter_reads_as_alpha_on
 
     assert alpha_from_draft_acceptance(1.3, 4) == pytest.approx(1.0, abs=1e-8)
     assert alpha_from_draft_acceptance(-0.2, 4) == pytest.approx(0.0, abs=1e-9)
+
+
+def test_a_drafter_that_is_always_right_yields_gamma_plus_one_tokens_per_step():
+    assert [float(t) for t in tau(1.0, np.arange(5))] == [1.0, 2.0, 3.0, 4.0, 5.0]
+    assert float(tau(1.0 - 1e-13, 3)) == 4.0  # within 1e-12 of 1: the exact branch

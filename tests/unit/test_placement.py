@@ -494,3 +494,20 @@ def test_a_newcomer_with_an_slo_becomes_the_gpus_binding_neighbour_at_its_margin
     margin = PlacerSettings().slo_margin
     assert placer.binding[0] == "chat"
     assert placer.slo_ratio[0] == pytest.approx(0.05 / (p.record.tpot_ms / 1e3) / (1 + margin), rel=1e-12)
+
+
+def test_a_neighbour_is_blamed_only_for_the_draft_it_refused(profiles):
+    # Saturated beside a tight neighbour: nothing would raise the token rate anyway; the reason says
+    # so and does not blame the neighbour for γ = 0.
+    view = cluster(("n", "H100-SXM", [0.0], "eu", ["old"], [], [1.0005]))
+    placer = Placer(profiles, view)
+    placer.binding[0] = "old-tenant/chat"
+    p = placer.place(wl())
+    assert p.record.reason == "no γ raises the GPU's token rate at this headroom (saturated): plain decode"
+    # An idle GPU where the objective's own favourite is γ = 1, refused by the tight neighbour.
+    view = cluster(("n", "H100-SXM", [1.0], "eu", ["old"], [], [1.0005]))
+    placer = Placer(profiles, view, PlacerSettings(headroom_uncertainty=0.0))
+    placer.binding[0] = "old-tenant/chat"
+    p = placer.place(wl(alpha=0.3, seqs=8, context=1024))
+    assert p.record.unconstrained_gamma == 1
+    assert p.record.reason == "γ=1 would push neighbour old-tenant/chat past its TPOT SLO: plain decode"
