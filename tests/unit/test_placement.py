@@ -504,6 +504,7 @@ def test_a_neighbour_is_blamed_only_for_the_draft_it_refused(profiles):
     placer.binding[0] = "old-tenant/chat"
     p = placer.place(wl())
     assert p.record.reason == "no γ raises the GPU's token rate at this headroom (saturated): plain decode"
+    assert p.record.held_back == {}
     # An idle GPU where the objective's own favourite is γ = 1, refused by the tight neighbour.
     view = cluster(("n", "H100-SXM", [1.0], "eu", ["old"], [], [1.0005]))
     placer = Placer(profiles, view, PlacerSettings(headroom_uncertainty=0.0))
@@ -511,3 +512,19 @@ def test_a_neighbour_is_blamed_only_for_the_draft_it_refused(profiles):
     p = placer.place(wl(alpha=0.3, seqs=8, context=1024))
     assert p.record.unconstrained_gamma == 1
     assert p.record.reason == "γ=1 would push neighbour old-tenant/chat past its TPOT SLO: plain decode"
+
+
+def test_with_pack_shared_work_goes_where_work_already_runs_when_that_costs_it_nothing(profiles):
+    view = cluster(("a-empty", "H100-SXM", [1.0], "eu"), ("b-busy", "H100-SXM", [1.0], "eu", ["other"]))
+    packed = Placer(profiles, view, PlacerSettings(pack=True)).place(wl("s", tenant="t"))
+    assert packed.node == "b-busy"
+    assert Placer(profiles, view).place(wl("s", tenant="t")).node == "a-empty"  # without pack: names
+
+
+def test_a_workload_that_may_draft_one_token_is_told_which_neighbour_held_it_back(profiles):
+    view = cluster(("n", "H100-SXM", [1.0], "eu", ["old"], [], [1.0005]))
+    placer = Placer(profiles, view, PlacerSettings(headroom_uncertainty=0.0))
+    placer.binding[0] = "old-tenant/chat"
+    p = placer.place(wl(alpha=0.3, seqs=8, context=1024, gamma_max=1))
+    assert p.gamma == 0 and p.record.unconstrained_gamma == 1
+    assert p.record.held_back == {"n/gpu0": "γ=1 would push neighbour old-tenant/chat past its TPOT SLO"}
