@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 OUT ?= out
 
-.PHONY: venv lint format typecheck test unit run demo regimes calibration-figure simulate bench bench-operator bench-sim sim-native clean binaries cluster-up cluster-down pod-e2e image multicluster-up multicluster-down demo-multicluster bench-multicluster mutants
+.PHONY: venv lint format typecheck test unit run demo regimes calibration-figure calibrate-profiles simulate bench bench-operator bench-sim sim-native clean binaries cluster-up cluster-down pod-e2e image multicluster-up multicluster-down demo-multicluster bench-multicluster mutants
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -81,6 +81,18 @@ calibration-figure: venv
 
 bench: venv
 	$(BIN)/python -m benchmarks
+
+# Refit the shipped H100 and A100 profiles from the shipped measurements (tests hold the files to this).
+M := profiles/measurements
+calibrate-profiles: venv
+	$(BIN)/sovereignspec calibrate $(M)/h100-sxm_llama-3.1-8b_tp1.csv \
+		--held-out $(M)/h100-sxm_vidur_linear_fit.csv --held-out $(M)/h100-sxm_vidur_linear_held_out.csv \
+		--gpu H100-SXM --model llama-3.1-8b --out profiles/gpus/h100-sxm.yaml
+	$(BIN)/sovereignspec calibrate $(M)/a100-80g-sxm_magicdec_tp8.csv \
+		--held-out $(M)/a100-80g-sxm_vidur_linear_fit.csv --held-out $(M)/a100-80g-sxm_vidur_linear_held_out.csv \
+		--gpu A100-80G-SXM --model llama-3.1-8b --tp 8 --step-overhead-ms 2.2817 \
+		--out profiles/gpus/a100-80g-sxm.yaml
+	$(BIN)/python hack/scale_profiles.py
 
 # Mutation testing of the decision path: every mutant of a fixed list of operators in the core's
 # optimiser, speed-up, roofline and placement, against the unit tests that guard them; survivors

@@ -1,22 +1,27 @@
 """`sovereignspec calibrate MEASUREMENTS.csv --gpu G --model M`: fit a GPU profile to measured steps.
 
 The CSV has a header row `batch,context,query_tokens,step_ms` (and optionally `draft_ms`); lines
-starting with `#` are comments, and a `# source: …` line names where the data comes from. The
-command prints (or writes, with `--out`) the GPU's profile with the fitted coefficients and a
-`calibration` block: the data file, its source, the rows, and the fit's errors.
+starting with `#` are comments, and a `# source: …` line names where the data comes from. Rows of
+the linear layers alone say `part=linear`, with `params_billion`, `layers` and `tp` (see
+`core/calibration.py`). The command prints (or writes, with `--out`) the GPU's profile with the
+fitted coefficients and a `calibration` block: the data files, their sources, the rows, the fit's
+errors (per part, and on held-out data), each coefficient's 95 % interval, and the ridge with its
+interval per model and context. The profile says `measured: true` only where the data pin the ridge.
 """
 
 from __future__ import annotations
 
 import csv
 import io
+import math
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from sovereignspec.core.calibration import Fit, Measurement, fit
+from sovereignspec.core.calibration import Fit, Identification, Measurement, errors_on, fit, identify
 from sovereignspec.core.roofline import tensor_parallel_for
 from sovereignspec.core.specs import GpuSpec, ModelSpec
 from sovereignspec.errors import ConfigError, describe
@@ -32,6 +37,21 @@ class Row(BaseModel):
     step_ms: float = Field(gt=0, description="the step's wall time in ms, > 0")
     draft_ms: float | None = Field(default=None, ge=0, description="drafting time in ms, >= 0, or empty")
     model: str | None = Field(default=None, description="the row's target model, if not --model")
+    part: Literal["step", "linear"] = Field(
+        default="step", description="step (the whole step) or linear (the linear layers alone)"
+    )
+    params_billion: float | None = Field(
+        default=None, gt=0, description="linear rows: the linear layers' parameters in billions, > 0"
+    )
+    layers: int | None = Field(default=None, gt=0, description="linear rows: the layers, > 0")
+    tp: int | None = Field(default=None, ge=1, le=16, description="linear rows: TP degree, 1-16")
+    source_model: str | None = Field(default=None, description="the measured model's own name (a label)")
+
+    @model_validator(mode="after")
+    def _linear_rows_say_their_layers(self) -> Row:
+        if self.part == "linear" and (self.params_billion is None or self.layers is None):
+            raise ValueError("a part=linear row needs params_billion and layers")
+        return self
 
 
 def read_measurements(path: Path) -> tuple[list[Measurement], str]:
@@ -71,11 +91,28 @@ def read_measurements(path: Path) -> tuple[list[Measurement], str]:
                 row.step_ms / 1e3,
                 None if row.draft_ms is None else row.draft_ms / 1e3,
                 row.model,
+                row.part,
+                None if row.params_billion is None else row.params_billion * 1e9,
+                row.layers,
+                row.tp,
             )
         )
     if not rows:
         raise ConfigError(f"{path}: no measurements")
     return rows, source
+
+
+RIDGE_CONTEXTS = (256, 1024, 4096)
+
+
+@dataclass(frozen=True)
+class Calibrated:
+    """A fit, the TP it was made at, what its data identify, and its error on held-out rows."""
+
+    fit: Fit
+    tp: int
+    identification: Identification
+    held_out: tuple[float, float] | None  # (RMS, largest) relative error, None without held-out rows
 
 
 def calibrate(
@@ -84,12 +121,24 @@ def calibrate(
     rows: list[Measurement],
     tp: int | None = None,
     others: dict[str, ModelSpec] | None = None,
-) -> tuple[Fit, int]:
+    held_out: list[Measurement] | None = None,
+) -> Calibrated:
+    """Fit, identify (the ridge for every model in `others` that fits this GPU), test on `held_out`."""
     tp = tp or tensor_parallel_for(gpu, model)
+    ridge_models = []
+    for m in (others or {}).values():
+        try:
+            tensor_parallel_for(gpu, m)
+        except ValueError:
+            continue
+        ridge_models.append(m)
     try:
-        return fit(gpu, model, tp, rows, others), tp
+        result = fit(gpu, model, tp, rows, others)
+        identification = identify(result, gpu, model, tp, rows, others, RIDGE_CONTEXTS, ridge_models)
+        error = errors_on(result, gpu, model, tp, held_out, others) if held_out else None
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
+    return Calibrated(result, tp, identification, error)
 
 
 def split_fixed(
@@ -107,51 +156,97 @@ def split_fixed(
     return step_overhead_ms, 1e3 * rest_ms / allreduces
 
 
+def _pct(x: float) -> float:
+    return round(100 * x, 2)
+
+
+def _side(x: float | None, digits: int) -> float | None:
+    return None if x is None else (x if math.isinf(x) else round(x, digits))
+
+
 def profile_document(
     gpu_file: dict[str, Any],
-    result: Fit,
+    calibrated: Calibrated,
     model: str,
-    tp: int,
-    data: str,
-    source: str,
+    data: list[str],
+    sources: list[str],
     rows: int,
+    held_out: tuple[list[str], int] | None = None,
     step_overhead_ms: float | None = None,
     allreduce_us: float | None = None,
 ) -> dict[str, Any]:
-    """The GPU profile `gpu_file` (its YAML mapping) with the fitted coefficients and their record."""
+    """The GPU profile `gpu_file` (its YAML mapping) with the fitted coefficients and their record.
+
+    `measured` is true only where the data pin the ridge (`Identification.ridge_identified`)."""
+    result, ident = calibrated.fit, calibrated.identification
     doc = dict(gpu_file)
     overhead = result.step_overhead_s * 1e3 if step_overhead_ms is None else step_overhead_ms
     if allreduce_us is not None:
         doc["allreduce_us"] = round(allreduce_us, 2)
+    record: dict[str, Any] = {
+        "data": data[0] if len(data) == 1 else data,
+        "source": "; ".join(s for s in sources if s) or "not stated",
+        "model": model,
+        "tensor_parallel": calibrated.tp,
+        "rows": rows,
+        "rms_error_pct": _pct(result.rms_error),
+        "max_error_pct": _pct(result.max_error),
+        "fixed_ms": round(result.fixed_s * 1e3, 4),
+    }
+    if len(result.part_rms_error) > 1:
+        record["rms_error_pct_by_part"] = {part: _pct(e) for part, e in result.part_rms_error}
+    if held_out is not None and calibrated.held_out is not None:
+        record["held_out"] = {
+            "data": held_out[0][0] if len(held_out[0]) == 1 else held_out[0],
+            "rows": held_out[1],
+            "rms_error_pct": _pct(calibrated.held_out[0]),
+            "max_error_pct": _pct(calibrated.held_out[1]),
+        }
+    record["intervals"] = {
+        name: [_side(i.low, 4), _side(i.high, 4)] for name, i in ident.coefficients.items()
+    }
+    ridge: dict[str, dict[int, list[float | None]]] = {}
+    for (name, context), i in ident.ridge_seqs.items():
+        ridge.setdefault(name, {})[context] = [_side(i.low, 1), _side(i.estimate, 1), _side(i.high, 1)]
+    record["ridge_seqs"] = ridge
+    record["ridge_identified"] = ident.ridge_identified
     doc.update(
-        measured=True,
+        measured=ident.ridge_identified,
         compute_efficiency=round(result.compute_efficiency, 4),
         bandwidth_efficiency=round(result.bandwidth_efficiency, 4),
         step_overhead_ms=round(overhead, 4),
         serial_fraction=round(result.serial_fraction, 4),
         overlap=round(result.overlap, 3),
-        calibration={
-            "data": data,
-            "source": source or "not stated",
-            "model": model,
-            "tensor_parallel": tp,
-            "rows": rows,
-            "rms_error_pct": round(100 * result.rms_error, 2),
-            "max_error_pct": round(100 * result.max_error, 2),
-            "fixed_ms": round(result.fixed_s * 1e3, 4),
-        },
+        calibration=record,
     )
     return doc
 
 
-def render(doc: dict[str, Any], result: Fit) -> str:
+def render(doc: dict[str, Any], calibrated: Calibrated) -> str:
+    result = calibrated.fit
     header = (
         f"# {doc.get('name')}: coefficients fitted by `sovereignspec calibrate` "
-        f"(rms error {100 * result.rms_error:.1f} %, max {100 * result.max_error:.1f} %).\n"
+        f"(rms error {100 * result.rms_error:.1f} %, max {100 * result.max_error:.1f} %"
     )
+    if calibrated.held_out is not None:
+        header += f"; on held-out data {100 * calibrated.held_out[0]:.1f} % rms"
+    header += ").\n"
+    ce = calibrated.identification.coefficients["compute_efficiency"]
+    if calibrated.identification.ridge_identified:
+        header += "# The data pin the compute ridge (calibration.ridge_seqs: low, estimate, high).\n"
+    else:
+        header += (
+            "# The data do NOT pin the compute ridge: compute efficiency "
+            f"{_span(ce.low)}-{_span(ce.high)} fits them (measured: false). Add steps that reach the\n"
+            "# compute-bound region (large batches, or the linear layers at thousands of tokens).\n"
+        )
     if result.drafter_relative_cost is not None:
         header += (
             f"# The data's drafting time fits a relative cost of {result.drafter_relative_cost:.4f} "
             "per drafted token (see the drafter profile).\n"
         )
     return header + yaml.safe_dump(doc, sort_keys=False, allow_unicode=True, width=120)
+
+
+def _span(x: float | None) -> str:
+    return "the bound" if x is None else f"{x:.2f}"

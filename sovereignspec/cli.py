@@ -133,7 +133,18 @@ def build_parser() -> argparse.ArgumentParser:
     pre.add_argument("--format", choices=("table", "json"), default="table")
 
     cal = sub.add_parser("calibrate", help="fit a GPU profile's coefficients to measured step times")
-    cal.add_argument("measurements", help="CSV: batch,context,query_tokens,step_ms[,draft_ms][,model]")
+    cal.add_argument(
+        "measurements",
+        nargs="+",
+        help="CSVs: batch,context,query_tokens,step_ms[,draft_ms][,model][,part,params_billion,layers,tp]",
+    )
+    cal.add_argument(
+        "--held-out",
+        action="append",
+        default=[],
+        metavar="CSV",
+        help="measurements not fitted, to report the fit's error on (repeatable)",
+    )
     cal.add_argument("--gpu", required=True, help="the GPU profile to fit (its datasheet figures stay)")
     cal.add_argument("--model", required=True, help="the target model the steps were measured with")
     cal.add_argument("--tp", type=_bounded_int("--tp", 1, 16), help="tensor parallelism measured")
@@ -350,6 +361,7 @@ def _calibrate(args: argparse.Namespace) -> int:
     import yaml
 
     from sovereignspec.calibrate import calibrate, profile_document, read_measurements, render, split_fixed
+    from sovereignspec.core.calibration import Measurement
     from sovereignspec.profiles import default_profile_dir
 
     profiles = load_profiles(args.profiles)
@@ -361,21 +373,42 @@ def _calibrate(args: argparse.Namespace) -> int:
         for path in [*sorted((root / "gpus").glob("*.yaml")), *sorted(root.glob("*.yaml"))]
         if isinstance(doc := yaml.safe_load(path.read_text()), dict) and doc.get("name") == gpu_name
     )
-    data = Path(args.measurements)
-    rows, source = read_measurements(data)
-    result, tp = calibrate(
-        profiles.gpus[gpu_name], profiles.models[model_name], rows, args.tp, profiles.models
+    files = [Path(f) for f in args.measurements]
+    rows: list[Measurement] = []
+    sources: list[str] = []
+    for path in files:
+        found, source = read_measurements(path)
+        rows += found
+        sources.append(source)
+    held_files = [Path(f) for f in args.held_out]
+    held: list[Measurement] = []
+    for path in held_files:
+        held += read_measurements(path)[0]
+    result = calibrate(
+        profiles.gpus[gpu_name], profiles.models[model_name], rows, args.tp, profiles.models, held or None
     )
-    overhead_ms, allreduce_us = split_fixed(result, profiles.models[model_name], tp, args.step_overhead_ms)
+    overhead_ms, allreduce_us = split_fixed(
+        result.fit, profiles.models[model_name], result.tp, args.step_overhead_ms
+    )
     doc = profile_document(
-        gpu_file, result, model_name, tp, data.as_posix(), source, len(rows), overhead_ms, allreduce_us
+        gpu_file,
+        result,
+        model_name,
+        [f.as_posix() for f in files],
+        sources,
+        len(rows),
+        ([f.as_posix() for f in held_files], len(held)) if held else None,
+        overhead_ms,
+        allreduce_us,
     )
     text = render(doc, result)
     if args.out:
         Path(args.out).write_text(text)
         print(
-            f"{gpu_name}: {len(rows)} rows, rms error {100 * result.rms_error:.2f} %, "
-            f"max {100 * result.max_error:.2f} %; written to {args.out}"
+            f"{gpu_name}: {len(rows)} rows, rms error {100 * result.fit.rms_error:.2f} %, "
+            f"max {100 * result.fit.max_error:.2f} %; ridge "
+            f"{'identified' if result.identification.ridge_identified else 'NOT identified'}; "
+            f"written to {args.out}"
         )
     else:
         print(text, end="")

@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from sovereignspec.core.calibration import COEFFICIENTS
 from sovereignspec.core.specs import DRAFTER_KINDS, DrafterSpec, EngineNames, GpuSpec, ModelSpec, ProfileSet
 from sovereignspec.errors import ConfigError, describe
 
@@ -29,11 +30,22 @@ class _Profile(BaseModel):
     measured: bool = Field(description="true only for figures profiled on real hardware")
 
 
+class HeldOut(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    data: str | list[str] = Field(description="the held-out measurements file(s)")
+    rows: int = Field(ge=1, description="held-out measurements")
+    rms_error_pct: float = Field(ge=0, description="root-mean-square relative error on them, %")
+    max_error_pct: float = Field(ge=0, description="largest relative error on them, %")
+
+
+Side = Annotated[float, Field(ge=0)] | None
+
+
 class Calibration(BaseModel):
-    """What `sovereignspec calibrate` fitted, against which data, and how well."""
+    """What `sovereignspec calibrate` fitted, against which data, how well, and what it pinned."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    data: str = Field(min_length=1, description="the measurements file (path in the repository)")
+    data: str | list[str] = Field(description="the measurements file(s) (paths in the repository)")
     source: str = Field(min_length=1, description="where the measurements come from")
     model: str = Field(min_length=1, description="the target model measured")
     tensor_parallel: int = Field(ge=1, description="the tensor-parallel degree measured")
@@ -46,6 +58,27 @@ class Calibration(BaseModel):
     scaled_from: str = Field(
         default="", description="for a GPU not measured: the calibrated GPU whose fit it borrows"
     )
+    rms_error_pct_by_part: dict[Literal["step", "linear"], float] = Field(
+        default_factory=dict, description="the fit's RMS error per kind of row, %"
+    )
+    held_out: HeldOut | None = Field(default=None, description="the fit's error on data it never saw")
+    intervals: dict[str, tuple[Side, Side]] = Field(
+        default_factory=dict,
+        description="per fitted coefficient, its 95 % interval [low, high] (null: the data allow the bound)",
+    )
+    ridge_seqs: dict[str, dict[int, tuple[Side, Side, Side]]] = Field(
+        default_factory=dict,
+        description="per model and context, the ridge [low, estimate, high] in sequences (.inf: none)",
+    )
+    ridge_identified: bool = Field(default=False, description="whether the data pin every ridge")
+
+    @field_validator("intervals")
+    @classmethod
+    def _known_coefficients(cls, v: dict[str, tuple[Side, Side]]) -> dict[str, tuple[Side, Side]]:
+        unknown = sorted(set(v) - set(COEFFICIENTS))
+        if unknown:
+            raise ValueError(f"unknown coefficient(s) {unknown}; accepted: {', '.join(COEFFICIENTS)}")
+        return v
 
 
 class GpuProfile(_Profile):
@@ -67,6 +100,26 @@ class GpuProfile(_Profile):
         default=None, description="how the coefficients were fitted (sovereignspec calibrate)"
     )
 
+    @model_validator(mode="after")
+    def _measured_only_where_the_ridge_is_pinned(self) -> GpuProfile:
+        if self.measured and (self.calibration is None or not self.calibration.ridge_identified):
+            raise ValueError(
+                "measured: true needs a calibration whose data pin the compute ridge "
+                "(calibration.ridge_identified: true); accepted: measured: false otherwise"
+            )
+        return self
+
+    def compute_efficiency_range(self) -> tuple[float, float]:
+        """The 95 % interval of the compute efficiency the calibration found; an open side (or no
+        calibration) is the coefficient itself: nothing to be cautious about that the data show."""
+        if self.calibration is None or "compute_efficiency" not in self.calibration.intervals:
+            return (self.compute_efficiency, self.compute_efficiency)
+        low, high = self.calibration.intervals["compute_efficiency"]
+        return (
+            self.compute_efficiency if low is None else min(low, self.compute_efficiency),
+            self.compute_efficiency if high is None else max(high, self.compute_efficiency),
+        )
+
     def to_spec(self) -> GpuSpec:
         return GpuSpec(
             name=self.name,
@@ -81,6 +134,8 @@ class GpuProfile(_Profile):
             allreduce_s=self.allreduce_us * 1e-6,
             serial_fraction=self.serial_fraction,
             overlap=self.overlap,
+            compute_efficiency_low=self.compute_efficiency_range()[0],
+            compute_efficiency_high=self.compute_efficiency_range()[1],
         )
 
 

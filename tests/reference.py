@@ -12,7 +12,7 @@ arithmetic runs in the product's order, so that the two round alike and ties fal
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sovereignspec.core.placement import ClusterView, PlacerSettings, WorkloadRequest, tick_order
 from sovereignspec.core.roofline import tensor_parallel_for
@@ -189,8 +189,7 @@ def reference_tick(
             c = Coeffs.of(profiles.gpus[g.gpu_type], model, tp)
             stale = stale_gpu[pos]
             h = headroom[pos]
-            choice = best_gamma(
-                c,
+            args = (
                 taus,
                 b,
                 ctx,
@@ -201,6 +200,17 @@ def reference_tick(
                 slo_ratio[pos] if policy.externality else math.inf,
                 not stale,
             )
+            choice = best_gamma(c, *args)
+            # Near the ridge: if the chosen step has no headroom left at the low end of the
+            # calibrated compute efficiency, the choice there, when it drafts less.
+            gpu = profiles.gpus[g.gpu_type]
+            low_ce = gpu.compute_efficiency_low
+            if choice.gamma > 0 and low_ce is not None and low_ce != gpu.compute_efficiency:
+                low = Coeffs.of(replace(gpu, compute_efficiency=low_ce), model, tp)
+                if low.headroom(choice.load + b * (choice.gamma + 1.0), choice.load + b, ctx) <= 0.0:
+                    careful = best_gamma(low, *args)
+                    if careful.gamma < choice.gamma:
+                        choice = careful
             tpot = choice.step / taus[choice.gamma]
             rows.append(
                 (pos, choice.gamma, tpot, choice.plain, choice.before, h, c, choice.step, need, choice.load)

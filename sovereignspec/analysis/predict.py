@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -43,6 +44,8 @@ def predict(
     )
     zero = np.zeros(1)
     star = choose(gamma_table(roof, req, zero, np.full(1, np.inf)))
+    # The calibration's interval of compute efficiency, carried to the ridge and the speed-up.
+    ends = [roofline_for(replace(gpu, compute_efficiency=ce), model, tp) for ce in gpu.compute_range]
     terms = {
         f"{kind}_{name}_ms": 1e3 * value
         for kind, n in (("plain", n_plain), ("verify", n_spec))
@@ -75,12 +78,19 @@ def predict(
         "step_spec_ms": 1e3 * spec,
         "headroom": float(roof.headroom(n_plain, batch, context)),
         "headroom_with_drafts": float(roof.headroom(n_spec, batch, context)),
+        "compute_efficiency": gpu.compute_efficiency,
+        "compute_efficiency_low": gpu.compute_range[0],
+        "compute_efficiency_high": gpu.compute_range[1],
         "ridge_seqs": float(roof.seqs_for_headroom(0.0, context)),
+        "ridge_seqs_low": float(ends[0].seqs_for_headroom(0.0, context)),
+        "ridge_seqs_high": float(ends[1].seqs_for_headroom(0.0, context)),
         "tpot_plain_ms": 1e3 * plain,
         "tpot_spec_ms": 1e3 * spec / t,
         "tokens_per_s_plain": batch / plain,
         "tokens_per_s_spec": batch * t / spec,
         "speedup": speedup,
+        "speedup_low_compute": float(homogeneous_speedup(ends[0], batch, alpha, gamma, c, o, context)),
+        "speedup_high_compute": float(homogeneous_speedup(ends[1], batch, alpha, gamma, c, o, context)),
         "gamma_star": int(star.gamma[0]),
         "speedup_at_gamma_star": float(star.speedup[0]),
     }

@@ -6,8 +6,16 @@ optionally the drafting time of that step. The fit finds the GPU's bandwidth and
 efficiencies, its fixed per-step cost, the serial fraction κ and the overlap exponent p of
 `roofline` (see its docstring for the formula) that minimise the squared relative error.
 
-The model is linear in the fixed cost, so that is solved exactly for every candidate of the other
-four; those are found by a coarse grid, then refined by Nelder–Mead. Deterministic, numpy only.
+A measurement may also be of the linear layers alone (`part="linear"`: vidur's kernel profiles by
+query tokens, no attention, LM head, sampling or host work), which reach thousands of query tokens
+per step and so the compute-bound region that decode steps at batch 1-64 never see: they pin the
+compute efficiency, and with it the ridge. Their fixed cost is the glue kernels' (norms, rotary,
+activation, adds), a cost per layer of its own.
+
+The model is linear in the fixed costs, so those are solved exactly for every candidate of the
+other four; those are found by a coarse grid, then refined by Nelder–Mead. `identify` then profiles
+each of the four (the fit redone with it held at each point of a grid) for its 95 % interval, and
+the ridge's. Deterministic, numpy only.
 """
 
 from __future__ import annotations
@@ -37,6 +45,19 @@ class Measurement:
     step_s: float
     draft_s: float | None = None
     model: str | None = None  # the target model measured, when not the calibration's default
+    part: str = "step"  # "step": the whole step; "linear": the linear layers and their glue only
+    params: float | None = None  # linear rows: the linear layers' parameters (no embedding, LM head)
+    layers: int | None = None  # linear rows: the layers those parameters are in
+    tp: int | None = None  # tensor parallelism measured, when not the calibration's
+
+    def __post_init__(self) -> None:
+        if self.part not in PARTS:
+            raise ValueError(f"part {self.part!r}: accepted: {', '.join(PARTS)}")
+        if self.part == "linear" and (not self.params or not self.layers or self.params <= 0):
+            raise ValueError(f"a linear-layers row needs params > 0 and layers > 0; got {self}")
+
+
+PARTS = ("step", "linear")
 
 
 @dataclass(frozen=True)
@@ -53,6 +74,13 @@ class Fit:
     max_error: float  # relative
     predicted_s: tuple[float, ...]
     drafter_relative_cost: float | None  # per drafted token, against the batch-1 step, when draft_s given
+    glue_per_layer_s: float = 0.0  # linear rows' fixed cost per layer (0 without linear rows)
+    part_rms_error: tuple[tuple[str, float], ...] = ()  # per part present: relative RMS error
+    sse: float = 0.0  # the objective at the optimum: sum of squared relative errors
+
+    @property
+    def coefficients(self) -> tuple[float, float, float, float]:
+        return (self.bandwidth_efficiency, self.compute_efficiency, self.serial_fraction, self.overlap)
 
     def apply(self, gpu: GpuSpec) -> GpuSpec:
         return replace(
@@ -71,7 +99,8 @@ class _Terms:
     def __init__(
         self, gpu: GpuSpec, models: Sequence[ModelSpec], tp: int, rows: Sequence[Measurement]
     ) -> None:
-        roofs = [roofline_for(gpu, m, tp) for m in models]
+        roofs = [roofline_for(gpu, m, r.tp or tp) for m, r in zip(models, rows, strict=True)]
+        linear = np.array([r.part == "linear" for r in rows], dtype=np.bool_)
         s = np.array([r.batch for r in rows], dtype=np.float64)
         ctx = np.array([r.context for r in rows], dtype=np.float64)
         n = s * np.array([r.query_tokens for r in rows], dtype=np.float64)
@@ -79,16 +108,29 @@ class _Terms:
         def per_row(field: str) -> Array:
             return np.array([float(getattr(r, field)) for r in roofs], dtype=np.float64)
 
+        # A linear-layers row: its own parameters on its own TP degree, no attention, no KV.
+        layer_params = np.array([(r.params or 0.0) / (r.tp or tp) for r in rows], dtype=np.float64)
+        bytes_per_param = np.array([m.bytes_per_param for m in models], dtype=np.float64)
+        weight_bytes = np.where(linear, layer_params * bytes_per_param, per_row("weight_bytes"))
+        gemm_flops = np.where(linear, 2.0 * layer_params, per_row("weight_flops_per_token"))
+
         self.measured = np.array([r.step_s for r in rows], dtype=np.float64)
         # At 100 % of the datasheet: seconds of weight streaming, of KV reads and of compute.
-        self.weights = per_row("weight_bytes") / gpu.mem_bandwidth
-        self.kv = s * ctx * per_row("kv_bytes_per_token") / gpu.mem_bandwidth
-        self.gemm = n * per_row("weight_flops_per_token") / gpu.peak_flops
-        self.attention = n * (per_row("attention_flops_per_token_per_ctx") * ctx) / gpu.peak_flops
-        self.allreduce_s = float(roofs[0].fixed_s) - gpu.step_overhead_s
+        self.weights = weight_bytes / gpu.mem_bandwidth
+        self.kv = np.where(linear, 0.0, s * ctx * per_row("kv_bytes_per_token") / gpu.mem_bandwidth)
+        self.gemm = n * gemm_flops / gpu.peak_flops
+        self.attention = np.where(
+            linear, 0.0, n * (per_row("attention_flops_per_token_per_ctx") * ctx) / gpu.peak_flops
+        )
+        # The fixed costs' regressors: a whole step's fixed cost, once per step; the linear rows'
+        # glue kernels, once per layer.
+        self.regressors = np.stack(
+            [np.where(linear, 0.0, 1.0), np.where(linear, [float(r.layers or 0) for r in rows], 0.0)]
+        )
+        self.allreduce_s = float(roofline_for(gpu, models[0], tp).fixed_s) - gpu.step_overhead_s
 
     def variable(self, be: Array, ce: Array, kappa: Array, p: Array) -> Array:
-        """Everything but the fixed cost, for K candidates (each argument (K, 1)) → (K, rows)."""
+        """Everything but the fixed costs, for K candidates (each argument (K, 1)) → (K, rows)."""
         gemm = self.gemm / ce
         streamed = self.weights / be + kappa * gemm
         return np.asarray(
@@ -97,11 +139,19 @@ class _Terms:
         )
 
     def solve(self, variable: Array) -> tuple[Array, Array]:
-        """(fixed cost ≥ 0, sum of squared relative errors) per candidate."""
+        """(fixed costs ≥ 0: per step and per glue layer, (K, 2); sum of squared relative errors, (K,)).
+
+        Each row has one regressor, so each fixed cost is the weighted least squares of its rows."""
         w = 1.0 / self.measured**2
-        fixed = np.maximum(((self.measured - variable) * w).sum(axis=-1) / w.sum(), 0.0)
-        err = ((fixed[..., None] + variable - self.measured) / self.measured) ** 2
+        x = self.regressors
+        denom = np.maximum((w * x * x).sum(axis=-1), 1e-300)
+        fixed = np.maximum(np.einsum("gr,kr->kg", w * x, self.measured - variable) / denom, 0.0)
+        err = ((fixed @ x + variable - self.measured) / self.measured) ** 2
         return fixed, err.sum(axis=-1)
+
+    def predict(self, coefficients: tuple[float, float, float, float], fixed: Array) -> Array:
+        v = self.variable(*(np.array([[c]]) for c in coefficients))[0]
+        return np.asarray(fixed @ self.regressors + v, dtype=np.float64)
 
 
 def _unpack(x: Array) -> tuple[float, float, float, float]:
@@ -163,6 +213,32 @@ def nelder_mead(f: Callable[[Array], float], x0: Array, step: float = 0.5, iters
     return np.asarray(simplex[int(np.argmin(values))], dtype=np.float64)
 
 
+def _models_for(
+    model: ModelSpec, rows: Sequence[Measurement], others: dict[str, ModelSpec] | None, tp: int
+) -> list[ModelSpec]:
+    if len(rows) < 5:
+        raise ValueError(f"calibration needs at least 5 measurements, got {len(rows)}")
+    bad = [r for r in rows if min(r.batch, r.context, r.query_tokens, r.step_s) <= 0]
+    if bad:
+        raise ValueError(f"batch, context, query tokens and step time must be > 0; got {bad[0]}")
+    # One fixed cost per step holds the all-reduces of one TP degree: whole steps share it.
+    off = [r for r in rows if r.part == "step" and r.tp not in (None, tp)]
+    if off:
+        raise ValueError(f"whole-step rows must be at the calibration's TP {tp}; got {off[0]}")
+    if not any(r.part == "step" for r in rows):
+        raise ValueError("calibration needs whole-step rows (part step); got only linear-layer rows")
+    known = {model.name: model, **(others or {})}
+    unknown = sorted({r.model for r in rows if r.model and r.model not in known})
+    if unknown:
+        raise ValueError(f"unknown model(s) in the measurements: {unknown}; accepted: {sorted(known)}")
+    return [known[r.model] if r.model else model for r in rows]
+
+
+def _optimum(terms: _Terms, start: Array, objective: Callable[[Array], float]) -> Array:
+    x = nelder_mead(objective, start)
+    return nelder_mead(objective, x, step=0.1)  # a restart shakes off a collapsed simplex
+
+
 def fit(
     gpu: GpuSpec,
     model: ModelSpec,
@@ -172,19 +248,10 @@ def fit(
 ) -> Fit:
     """Fit `gpu`'s coefficients to `rows` measured with `model` (or the row's own model, looked
     up in `others`) at tensor parallelism `tp`."""
-    if len(rows) < 5:
-        raise ValueError(f"calibration needs at least 5 measurements, got {len(rows)}")
-    bad = [r for r in rows if min(r.batch, r.context, r.query_tokens, r.step_s) <= 0]
-    if bad:
-        raise ValueError(f"batch, context, query tokens and step time must be > 0; got {bad[0]}")
-    known = {model.name: model, **(others or {})}
-    unknown = sorted({r.model for r in rows if r.model and r.model not in known})
-    if unknown:
-        raise ValueError(f"unknown model(s) in the measurements: {unknown}; accepted: {sorted(known)}")
-    models = [known[r.model] if r.model else model for r in rows]
+    models = _models_for(model, rows, others, tp)
     terms = _Terms(gpu, models, tp, rows)
 
-    # Coarse grid over the four nonlinear coefficients, the fixed cost solved for each candidate.
+    # Coarse grid over the four nonlinear coefficients, the fixed costs solved for each candidate.
     be_axis = np.linspace(0.3, 1.0, 29)
     ce_axis = np.geomspace(0.05, 1.0, 31)
     kappa_axis = np.linspace(0.0, 1.0, 11)
@@ -200,28 +267,29 @@ def fit(
             )
 
     def objective(x: Array) -> float:
-        be, ce, kappa, p = _unpack(x)
-        v = terms.variable(*(np.array([[c]]) for c in (be, ce, kappa, p)))
+        v = terms.variable(*(np.array([[c]]) for c in _unpack(x)))
         return float(terms.solve(v)[1][0])
 
-    x = nelder_mead(objective, _pack(*best[1]))
-    x = nelder_mead(objective, x, step=0.1)  # a restart shakes off a collapsed simplex
-    be, ce, kappa, p = _unpack(x)
-    v = terms.variable(*(np.array([[c]]) for c in (be, ce, kappa, p)))
-    fixed_arr, _ = terms.solve(v)
-    fixed = float(fixed_arr[0])
-    predicted = fixed + v[0]
+    coefficients = _unpack(_optimum(terms, _pack(*best[1]), objective))
+    be, ce, kappa, p = coefficients
+    v = terms.variable(*(np.array([[c]]) for c in coefficients))
+    fixed_arr, sse_arr = terms.solve(v)
+    fixed, glue = (float(f) for f in fixed_arr[0])
+    predicted = fixed_arr[0] @ terms.regressors + v[0]
     rel = np.abs(predicted - terms.measured) / terms.measured
+    parts = np.array([r.part for r in rows])
+    part_rms = tuple(
+        (part, float(np.sqrt(np.mean(rel[parts == part] ** 2)))) for part in PARTS if (parts == part).any()
+    )
 
     draft_cost = None
-    drafted = [(r, p_s) for r, p_s in zip(rows, predicted, strict=True) if r.draft_s is not None]
+    drafted = [(r, m) for r, m in zip(rows, models, strict=True) if r.draft_s is not None]
     if drafted:
         # Relative cost c of one drafted token: draft time = γ·c·T(1, 1, L), least squares (a draft
         # pass is priced against the batch-1 step at the row's context: core/speedup.py).
-        drafted_models = [known[r.model] if r.model else model for r, _ in drafted]
         single = [replace(r, batch=1.0, query_tokens=1.0) for r, _ in drafted]
-        plain = _Terms(gpu, drafted_models, tp, single)
-        t_single = fixed + plain.variable(*(np.array([[c]]) for c in (be, ce, kappa, p)))[0]
+        plain = _Terms(gpu, [m for _, m in drafted], tp, single)
+        t_single = fixed + plain.variable(*(np.array([[c]]) for c in coefficients))[0]
         gammas = np.array([r.query_tokens - 1.0 for r, _ in drafted])
         x_col, _ = speculation_terms(gammas, 1.0, 0.0, t_single, 0.0)  # the drafting term at c = 1
         y = np.array([r.draft_s for r, _ in drafted], dtype=np.float64)
@@ -239,4 +307,175 @@ def fit(
         max_error=float(rel.max()),
         predicted_s=tuple(float(x) for x in predicted),
         drafter_relative_cost=draft_cost,
+        glue_per_layer_s=glue,
+        part_rms_error=part_rms,
+        sse=float(sse_arr[0]),
     )
+
+
+def errors_on(
+    result: Fit,
+    gpu: GpuSpec,
+    model: ModelSpec,
+    tp: int,
+    rows: Sequence[Measurement],
+    others: dict[str, ModelSpec] | None = None,
+) -> tuple[float, float]:
+    """(RMS, largest) relative error of the fitted coefficients on `rows` (data not fitted): each
+    row priced with the fit's fixed cost per step or glue cost per layer, nothing refitted."""
+    known = {model.name: model, **(others or {})}
+    unknown = sorted({r.model for r in rows if r.model and r.model not in known})
+    if unknown:
+        raise ValueError(f"unknown model(s) in the held-out data: {unknown}; accepted: {sorted(known)}")
+    models = [known[r.model] if r.model else model for r in rows]
+    terms = _Terms(gpu, models, tp, rows)
+    predicted = terms.predict(result.coefficients, np.array([result.fixed_s, result.glue_per_layer_s]))
+    rel = np.abs(predicted - terms.measured) / terms.measured
+    return float(np.sqrt(np.mean(rel**2))), float(rel.max())
+
+
+# -- what the data identifies ------------------------------------------------------------------
+
+COEFFICIENTS = ("bandwidth_efficiency", "compute_efficiency", "serial_fraction", "overlap")
+_BOUNDS = ((0.05, 1.0), (0.01, 1.0), (0.0, 1.0), (1.0, MAX_OVERLAP))
+# A measured step time is taken to be known to 2 % (run-to-run spread of a step at one batch; the
+# simulated world's is 3 %) however closely a fit reproduces it: a fit to a formula's own grid
+# (0.0 % error) must not make every other coefficient look pinned.
+MEASUREMENT_NOISE = 0.02
+CHI2_95_1DOF = 3.841  # the 95 % quantile of χ² with one degree of freedom
+# The ridge is identified when the data pin it to within this ratio (high / low) at each context.
+RIDGE_IDENTIFIED_RATIO = 1.5
+_PROFILE_POINTS = 9  # per side, estimate to bound
+_BISECTIONS = 4
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A 95 % profile-likelihood interval; a side is None where the data allow the bound itself."""
+
+    estimate: float
+    low: float | None
+    high: float | None
+
+    @property
+    def identified(self) -> bool:
+        return self.low is not None and self.high is not None
+
+    def pinned(self, ratio: float) -> bool:
+        """Both sides known, and either both infinite or within `ratio` of each other."""
+        if self.low is None or self.high is None:
+            return False
+        if math.isinf(self.low) and math.isinf(self.high):
+            return True
+        return not math.isinf(self.high) and self.high <= ratio * self.low
+
+
+@dataclass(frozen=True)
+class Identification:
+    """Per coefficient, the interval the data allow; the ridge (`Roofline.ridge_seqs`: plain
+    sequences where compute time reaches memory time, inf where none does) per model and context
+    over the same region; whether every ridge is pinned (`RIDGE_IDENTIFIED_RATIO`; a ridge past
+    the KV capacity counts as the capacity, which no load passes)."""
+
+    coefficients: dict[str, Interval]
+    ridge_seqs: dict[tuple[str, int], Interval]
+    threshold_sse: float
+    ridge_identified: bool
+
+
+def identify(
+    result: Fit,
+    gpu: GpuSpec,
+    model: ModelSpec,
+    tp: int,
+    rows: Sequence[Measurement],
+    others: dict[str, ModelSpec] | None = None,
+    contexts: Sequence[int] = (1024, 4096),
+    ridge_models: Sequence[ModelSpec] = (),
+) -> Identification:
+    """Profile likelihood: each coefficient held at each point of a grid over its bounds while the
+    others are refitted. Its interval is where the objective stays within χ²(1)·σ² of the optimum,
+    σ² the larger of the fit's residual variance and `MEASUREMENT_NOISE`². The ridge's interval is
+    the range of ridges over every profiled point inside that region."""
+    models = _models_for(model, rows, others, tp)
+    terms = _Terms(gpu, models, tp, rows)
+    dof = max(len(rows) - len(COEFFICIENTS) - 2, 1)
+    sigma2 = max(result.sse / dof, MEASUREMENT_NOISE**2)
+    threshold = result.sse + CHI2_95_1DOF * sigma2
+    # Each model at the TP degree it is served with on this GPU (the calibration's model first).
+    targets = [model, *(m for m in ridge_models if m.name != model.name)]
+    points = [(m, int(c)) for m in targets for c in contexts]
+
+    # Past what the KV cache holds no load reaches the ridge: there it is pinned at the capacity.
+    capacity = [float(roofline_for(gpu, m).max_seqs(c)) for m, c in points]
+
+    def ridges(coefficients: Sequence[float]) -> list[float]:
+        tuned = replace(gpu, bandwidth_efficiency=coefficients[0], compute_efficiency=coefficients[1])
+        return [float(roofline_for(tuned, m).ridge_seqs(c)) for m, c in points]
+
+    inside: list[list[float]] = [ridges(result.coefficients)]
+    intervals: dict[str, Interval] = {}
+    best = _pack(*result.coefficients)
+    for j, name in enumerate(COEFFICIENTS):
+        lo_bound, hi_bound = _BOUNDS[j]
+        estimate = result.coefficients[j]
+        free = [k for k in range(len(COEFFICIENTS)) if k != j]
+
+        def profiled(value: float, start: Array, j: int = j) -> tuple[float, Array]:
+            held = _pack(*(value if k == j else result.coefficients[k] for k in range(4)))[j]
+
+            def objective(y: Array) -> float:
+                x = np.insert(y, j, held)
+                v = terms.variable(*(np.array([[c]]) for c in _unpack(x)))
+                return float(terms.solve(v)[1][0])
+
+            y = _optimum(terms, start, objective)
+            return objective(y), np.insert(y, j, held)
+
+        sides: list[float | None] = []
+        for bound in (lo_bound, hi_bound):
+            # Walk from the estimate to the bound; the first point outside the region brackets the
+            # edge, which bisection then narrows. No point outside: that side is open.
+            start = best[free]
+            last_inside = estimate
+            edge: float | None = None
+            for value in np.linspace(estimate, bound, _PROFILE_POINTS)[1:]:
+                sse, x = profiled(float(value), start)
+                if sse > threshold:
+                    outside = float(value)
+                    for _ in range(_BISECTIONS):
+                        middle = 0.5 * (last_inside + outside)
+                        sse, x = profiled(middle, start)
+                        if sse > threshold:
+                            outside = middle
+                        else:
+                            last_inside, start = middle, x[free]
+                            inside.append(ridges(_unpack(x)))
+                    edge = 0.5 * (last_inside + outside)
+                    break
+                start = x[free]
+                last_inside = float(value)
+                inside.append(ridges(_unpack(x)))
+            sides.append(edge)
+        intervals[name] = Interval(estimate, sides[0], sides[1])
+
+    # The ridge over every profiled point inside the region; a side of the compute efficiency
+    # left open at its bound leaves the ridge's side open with it.
+    ce = intervals["compute_efficiency"]
+    ridge_intervals = {
+        (m.name, c): Interval(
+            inside[0][i],
+            min(r[i] for r in inside) if ce.low is not None else None,
+            max(r[i] for r in inside) if ce.high is not None else None,
+        )
+        for i, (m, c) in enumerate(points)
+    }
+    pinned = all(
+        Interval(
+            r.estimate,
+            None if r.low is None else min(r.low, cap),
+            None if r.high is None else min(r.high, cap),
+        ).pinned(RIDGE_IDENTIFIED_RATIO)
+        for r, cap in zip(ridge_intervals.values(), capacity, strict=True)
+    )
+    return Identification(intervals, ridge_intervals, threshold, pinned)

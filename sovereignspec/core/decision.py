@@ -41,6 +41,9 @@ class DecisionRecord:
     binding_neighbour: str | None = None
     neighbour_step_ratio: float | None = None  # T_step(γ*) / T_before
     neighbour_slo_ratio: float | None = None  # q = min slo/tpot over neighbours
+    # The compute ridge on that GPU at the workload's context, in plain sequences, at the low end,
+    # the estimate and the high end of the calibrated compute efficiency; inf: memory-bound at any load.
+    ridge_seqs: tuple[float, float, float] | None = None
     candidates: int = 0
     excluded: dict[str, str] = field(default_factory=dict)  # node -> constraint: detail
     # candidate GPUs where speculation would have paid but a neighbour's SLO said no: gpu -> why
@@ -56,8 +59,14 @@ class DecisionRecord:
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
-        # JSON has no infinity; a GPU with no neighbours has no SLO bound.
-        return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in data.items()}
+
+        # JSON has no infinity; a GPU with no neighbours has no SLO bound, a context no ridge.
+        def finite(v: Any) -> Any:
+            if isinstance(v, float) and not math.isfinite(v):
+                return None
+            return [finite(x) for x in v] if isinstance(v, (tuple, list)) else v
+
+        return {k: finite(v) for k, v in data.items()}
 
     def summary(self) -> str:
         """One line for the admission check's message (Kueue caps messages; keep it short)."""
@@ -67,6 +76,14 @@ class DecisionRecord:
         if self.mode == "speculative":
             return (
                 f"speculative γ={self.gamma} on {where}: predicted S_real {self.speedup:.2f}, "
-                f"TPOT {self.tpot_ms:.1f} ms; {self.reason}"
+                f"TPOT {self.tpot_ms:.1f} ms{self._ridge()}; {self.reason}"
             )
-        return f"plain on {where}: {self.reason}"
+        return f"plain on {where}{self._ridge()}: {self.reason}"
+
+    def _ridge(self) -> str:
+        """The ridge with its interval, where the load could reach it."""
+        if self.ridge_seqs is None or not math.isfinite(self.ridge_seqs[1]):
+            return ""
+        low, estimate, high = self.ridge_seqs
+        span = "" if low == high else f" [{low:.0f}-{'∞' if math.isinf(high) else f'{high:.0f}'}]"
+        return f", compute ridge {estimate:.0f}{span} seqs"

@@ -56,7 +56,13 @@ from sovereignspec.core.optimiser import (
     gamma_table,
     quantize,
 )
-from sovereignspec.core.roofline import Roofline, roofline_for, stack_rooflines, tensor_parallel_for
+from sovereignspec.core.roofline import (
+    Roofline,
+    compute_bound,
+    roofline_for,
+    stack_rooflines,
+    tensor_parallel_for,
+)
 from sovereignspec.core.scalar import Coeffs, best_gamma, speedup_at
 from sovereignspec.core.scalar import tau as tau_scalar
 from sovereignspec.core.sovereignty import (
@@ -174,6 +180,9 @@ class _ModelArrays:
     tp: NDArray[np.int64]
     fits: NDArray[np.bool_]
     matrix: NDArray[np.float64]  # roof's fields stacked, for fast subsets
+    # The same at each GPU's low end of its calibrated compute efficiency; None where no GPU type
+    # has an interval (nothing measured around the point).
+    cautious: NDArray[np.float64] | None = None
 
 
 @dataclass
@@ -185,7 +194,7 @@ class _Scores:
 
 
 # What selection and bookkeeping need per GPU; the record recomputes the rest for the chosen GPU.
-_SCORE_FIELDS = ("gamma", "tpot", "step", "step_plain", "before", "bg_seqs")
+_SCORE_FIELDS = ("gamma", "tpot", "step", "step_plain", "before", "bg_seqs", "cautious")
 
 
 def spec_request(
@@ -310,6 +319,7 @@ class Placer:
         if name not in self._models:
             model = self.profiles.models[name]
             per_type: list[Roofline] = []
+            low_end: list[Roofline] = []
             tps: list[int] = []
             fits: list[bool] = []
             for t in self.gpu_types:
@@ -322,12 +332,16 @@ class Placer:
                     fits.append(False)
                 tps.append(tp)
                 per_type.append(roofline_for(gpu, model, tp))
+                low = replace(gpu, compute_efficiency=gpu.compute_range[0])
+                low_end.append(roofline_for(low, model, tp))
             roof = stack_rooflines(per_type).take(self.gpu_type)
+            cautious = stack_rooflines(low_end).take(self.gpu_type).matrix()
             self._models[name] = _ModelArrays(
                 roof,
                 np.array(tps, dtype=np.int64)[self.gpu_type],
                 np.array(fits, dtype=np.bool_)[self.gpu_type],
                 roof.matrix(),
+                None if np.array_equal(cautious, roof.matrix()) else cautious,
             )
         return self._models[name]
 
@@ -354,10 +368,13 @@ class Placer:
         return cached
 
     def _table(
-        self, model: str, req: SpecRequest, idx: NDArray[np.int64]
+        self, model: str, req: SpecRequest, idx: NDArray[np.int64], cautious: bool = False
     ) -> tuple[GammaTable, NDArray[np.float64]]:
-        """The γ table on GPUs `idx`, judged at the pessimistic load each reading maps to."""
-        roof = Roofline.from_matrix(self._model(model).matrix[:, idx])
+        """The γ table on GPUs `idx`, judged at the pessimistic load each reading maps to (with
+        `cautious`, at the low end of each GPU's calibrated compute efficiency)."""
+        m = self._model(model)
+        matrix = m.cautious if cautious and m.cautious is not None else m.matrix
+        roof = Roofline.from_matrix(matrix[:, idx])
         h_pess = np.maximum(self.headroom[idx] - self.policy.headroom_uncertainty, 0.0)
         bg = roof.seqs_for_headroom(h_pess, req.context)
         q = self.slo_ratio[idx] if self.policy.externality else np.full(idx.size, np.inf)
@@ -373,17 +390,42 @@ class Placer:
         a["step_plain"][idx] = table.step[0]
         a["before"][idx] = table.step_before
         a["bg_seqs"][idx] = bg
+        a["cautious"][idx] = 0.0
+        cautious = self._model(model).cautious
+        if cautious is None:
+            return
+        # Where the chosen step is compute-bound at the low end of the calibrated compute
+        # efficiency, the ridge's interval straddles the load: decide there, never drafting more.
+        low = Roofline.from_matrix(cautious[:, idx])
+        near = (choice.gamma > 0) & compute_bound(
+            low, bg + req.seqs * (choice.gamma + 1.0), bg + req.seqs, req.context
+        )
+        if not near.any():
+            return
+        sub = idx[near]
+        t2, bg2 = self._table(model, req, sub, cautious=True)
+        c2 = choose(t2)
+        lower = c2.gamma < choice.gamma[near]
+        if not lower.any():
+            return
+        g = sub[lower]
+        a["gamma"][g] = c2.gamma[lower]
+        a["tpot"][g] = c2.tpot[lower]
+        a["step"][g] = c2.step[lower]
+        a["step_plain"][g] = t2.step[0][lower]
+        a["before"][g] = t2.step_before[lower]
+        a["bg_seqs"][g] = bg2[lower]
+        a["cautious"][g] = 1.0
 
     def _evaluate_scalar(self, model: str, req: SpecRequest, idx: NDArray[np.int64], out: _Scores) -> None:
         """The same as `_evaluate` for a few GPUs (one changed since the last use): plain floats
         beat a dozen numpy calls on one-element arrays."""
-        matrix = self._model(model).matrix
+        m = self._model(model)
         _, _, taus_array = gamma_axis(req.alpha, req.gamma_max)
         taus = taus_array.tolist()
         a = out.arrays
         for g in idx.tolist():
-            choice = best_gamma(
-                Coeffs(*matrix[:, g].tolist()),
+            args = (
                 taus,
                 req.seqs,
                 req.context,
@@ -394,6 +436,16 @@ class Placer:
                 float(self.slo_ratio[g]) if self.policy.externality else math.inf,
                 not bool(self.stale[g]),
             )
+            choice = best_gamma(Coeffs(*m.matrix[:, g].tolist()), *args)
+            a["cautious"][g] = 0.0
+            if m.cautious is not None and choice.gamma > 0:
+                low = Coeffs(*m.cautious[:, g].tolist())
+                n = choice.load + req.seqs * (choice.gamma + 1.0)
+                if compute_bound(low, n, choice.load + req.seqs, req.context):
+                    careful = best_gamma(low, *args)
+                    if careful.gamma < choice.gamma:
+                        choice = careful
+                        a["cautious"][g] = 1.0
             a["gamma"][g] = choice.gamma
             a["tpot"][g] = choice.step / taus[choice.gamma]
             a["step"][g] = choice.step
@@ -665,7 +717,8 @@ class Placer:
         }
         if not explain:  # a tick's bulk decisions: where and how, without the breakdown
             return DecisionRecord(reason="speculative" if gamma > 0 else "plain", **where)  # type: ignore[arg-type]
-        table, _ = self._table(w.model, req, np.array([g]))
+        cautious = bool(s["cautious"][g])
+        table, _ = self._table(w.model, req, np.array([g]), cautious=cautious)
         why_not = blocker(table)
         stale = bool(self.stale[g])
         binding = self.binding[g] if math.isfinite(self.slo_ratio[g]) else None
@@ -689,9 +742,25 @@ class Placer:
                 f"no γ raises the GPU's token rate at headroom {float(self.headroom[g]):.2f} "
                 "(the drafts cost more than they save at this load): plain decode"
             )
+        gpu = self.profiles.gpus[where["gpu_type"]]  # type: ignore[index]
+        tp = int(self._model(w.model).tp[g])
+        low, high = gpu.compute_range
+        model = self.profiles.models[w.model]
+        r_low, r_point, r_high = (
+            float(roofline_for(replace(gpu, compute_efficiency=ce), model, tp).ridge_seqs(req.context))
+            for ce in (low, gpu.compute_efficiency, high)
+        )
+        ridge = (r_low, r_point, r_high)
+        if cautious:
+            reason += (
+                f" (near the compute ridge, which the calibration places at {ridge[0]:.0f}-{ridge[2]:.0f} "
+                f"sequences here: γ decided at the low end of its compute efficiency, {low:.3g} "
+                f"against {gpu.compute_efficiency:.3g})"
+            )
         h = where["headroom"]
         return DecisionRecord(
             reason=reason,
+            ridge_seqs=ridge,
             headroom_pessimistic=None if h is None else max(float(h) - self.policy.headroom_uncertainty, 0.0),
             tau=float(table.taus[gamma]),
             step_plain_ms=1e3 * float(s["step_plain"][g]),

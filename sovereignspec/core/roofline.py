@@ -157,6 +157,16 @@ class Roofline:
         )
         return np.asarray(np.minimum(s, self.max_seqs(ctx)), dtype=np.float64)
 
+    def ridge_seqs(self, context: ArrayLike) -> Array:
+        """The plain-decode load (sequences) at which compute time reaches memory time, whether or
+        not the KV cache could hold it; inf where none does (each sequence's KV reads cost more
+        than its token's compute: memory-bound at any batch)."""
+        ctx = np.asarray(context, dtype=np.float64)
+        denom = self.seconds_per_token(ctx) - ctx * self.kv_bytes_per_token / self.bandwidth
+        with np.errstate(divide="ignore"):
+            s = np.where(denom > 0.0, self.weight_time() / np.where(denom > 0.0, denom, 1.0), np.inf)
+        return np.asarray(s, dtype=np.float64)
+
     def map(self, fn: Callable[[Array], Array]) -> Roofline:
         """The same coefficients with `fn` applied to every field (indexing, reshaping)."""
         return Roofline(**{name: fn(np.asarray(getattr(self, name), dtype=np.float64)) for name in _FIELDS})
@@ -207,6 +217,14 @@ def step_formula(r: StepCoefficients, n_tokens: Any, n_seqs: Any, context: Any, 
     streamed = r.weight_bytes / r.bandwidth + r.serial_fraction * gemm
     kv = n_seqs * context * r.kv_bytes_per_token / r.bandwidth
     return r.fixed_s + smax(kv, attention, r.overlap) + smax(streamed, gemm, r.overlap)
+
+
+def compute_bound(r: StepCoefficients, n_tokens: Any, n_seqs: Any, context: Any) -> Any:
+    """Whether a step's compute time reaches its memory time (headroom 0: at or past the ridge),
+    for arrays or floats alike."""
+    compute = n_tokens * (r.weight_flops_per_token + r.attention_flops_per_token_per_ctx * context) / r.flops
+    memory = (r.weight_bytes + n_seqs * context * r.kv_bytes_per_token) / r.bandwidth
+    return compute >= memory
 
 
 def smooth_max(a: ArrayLike, b: ArrayLike, p: ArrayLike) -> Array:

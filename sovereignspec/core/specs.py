@@ -27,6 +27,17 @@ class GpuSpec:
     allreduce_s: float  # latency of one small all-reduce between tensor-parallel ranks
     serial_fraction: float = 0.0  # κ: share of per-token compute that does not overlap weight streaming
     overlap: float = float("inf")  # p of the smooth maximum between streaming and compute
+    # The calibration's 95 % interval of compute_efficiency (None: the point, nothing measured
+    # around it); decisions near the ridge take its low end (`placement`).
+    compute_efficiency_low: float | None = None
+    compute_efficiency_high: float | None = None
+
+    @property
+    def compute_range(self) -> tuple[float, float]:
+        """(low, high) compute efficiency: the calibration's interval, or the point."""
+        point = self.compute_efficiency
+        low, high = self.compute_efficiency_low, self.compute_efficiency_high
+        return (point if low is None else low, point if high is None else high)
 
     @property
     def effective_flops(self) -> float:
