@@ -392,7 +392,7 @@ class Placer:
         a["bg_seqs"][idx] = bg
         a["cautious"][idx] = 0.0
         cautious = self._model(model).cautious
-        if cautious is None:
+        if cautious is None or not (choice.gamma > 0).any():
             return
         # Where the chosen step is compute-bound at the low end of the calibrated compute
         # efficiency, the ridge's interval straddles the load: decide there, never drafting more.

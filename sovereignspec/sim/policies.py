@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Protocol
 
 from sovereignspec.core.defaults import HEADROOM_UNCERTAINTY
@@ -281,6 +282,17 @@ class SovereignSpec(SimPolicy):
         ] + [(w, g.node, g.index, gamma) for g, w, gamma in pending]
         return with_ledger_load(ClusterView(nodes, gpus), placed, sim.profiles)
 
+    def _profiles(self, sim: SimView) -> ProfileSet:
+        """What the core places with. Knowing the truth, nothing is uncertain: no interval around a
+        GPU's compute efficiency, so no decision near the ridge is made cautious."""
+        if not self.know_truth:
+            return sim.profiles
+        gpus = {
+            name: replace(g, compute_efficiency_low=None, compute_efficiency_high=None)
+            for name, g in sim.profiles.gpus.items()
+        }
+        return replace(sim.profiles, gpus=gpus)
+
     def place(self, sim: SimView, tenant: int, count: int) -> list[tuple[int, int, float | None]]:
         policy = PlacerSettings(
             gamma_max=sim.scenario.gamma_max,
@@ -297,7 +309,7 @@ class SovereignSpec(SimPolicy):
         for k in range(max(count, 0)):
             # One replica per view, so each sees the previous ones on their GPUs and in their slots.
             request = self._request(sim, tenant, f"new{k}")
-            p = Placer(sim.profiles, self._view(sim, pending), policy).place(request, explain=False)
+            p = Placer(self._profiles(sim), self._view(sim, pending), policy).place(request, explain=False)
             if p.outcome != "placed" or p.node is None or p.gpu_index is None:
                 self.last_reason[tenant] = p.record.reason
                 break

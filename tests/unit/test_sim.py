@@ -420,3 +420,16 @@ def test_arrivals_drawn_in_blocks_equal_drawing_one_gap_at_a_time(arrival: Arriv
     assert arrival_times(fast, arrival, 3.0, 900.0) == _one_gap_at_a_time(slow, arrival, 3.0, 900.0)
     # ... and leave the stream where it was left, so the lengths drawn next are the same too.
     assert fast.random(4).tolist() == slow.random(4).tolist()
+
+
+def test_the_oracle_places_without_the_ridges_interval_and_sovereignspec_with_it() -> None:
+    # The oracle knows the world: nothing near the ridge is uncertain to it. SovereignSpec places
+    # with the profiles as shipped, intervals and all (decisions near the ridge are cautious).
+    profiles = load_profiles()
+    sim = Simulator(
+        load("sovereign-split").model_copy(update={"duration_s": 1.0}), profiles, policies.Oracle()
+    )
+    assert profiles.gpus["A100-80G-SXM"].compute_efficiency_low is not None
+    truth = policies.Oracle()._profiles(sim)
+    assert all(g.compute_range == (g.compute_efficiency,) * 2 for g in truth.gpus.values())
+    assert policies.SovereignSpec()._profiles(sim) is sim.profiles
