@@ -21,6 +21,7 @@ import shlex
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 PREFIX = "sovereignspec.io/"
 DEFAULT_ANNOTATIONS = "/etc/podinfo/annotations"
@@ -33,6 +34,19 @@ VLLM_SPECULATIVE = (
 )
 SGLANG_SPECULATIVE = ("--speculative-", "--speculative_")
 PER_BATCH = "num_speculative_tokens_per_batch_size"
+MODES = ("speculative", "plain")
+# What the operator writes (sovereignspec/engines.py), and nothing else: a rewritten annotation
+# cannot smuggle another engine argument or setting through the launcher.
+VLLM_KEYS = ("method", "model", "num_speculative_tokens", PER_BATCH, "prompt_lookup_min", "prompt_lookup_max")
+SGLANG_FLAGS = (
+    "--speculative-algorithm",
+    "--speculative-draft-model-path",
+    "--speculative-num-steps",
+    "--speculative-eagle-topk",
+    "--speculative-num-draft-tokens",
+    "--speculative-ngram-min-bfs-breadth",
+    "--speculative-ngram-max-bfs-breadth",
+)
 
 
 class LaunchError(Exception):
@@ -43,26 +57,76 @@ def log(text: str) -> None:
     print(f"sovereignspec launch: {text}", file=sys.stderr, flush=True)
 
 
+# Go's strconv.Quote escapes (the kubelet writes each value with `%q`: pkg/fieldpath FormatMap).
+_GO_ESCAPES = {"a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v"}
+_GO_ESCAPES.update({"\\": "\\", '"': '"', "'": "'"})
+_GO_HEX = {"x": 2, "u": 4, "U": 8}
+
+
+def unquote_go(quoted: str) -> str:
+    r"""The string a Go `%q` (strconv.Quote) wrote: escapes \a \b \f \n \r \t \v \\ \", \xNN (a byte),
+    \NNN (octal byte), \uNNNN and \UNNNNNNNN; anything else printable as itself. ValueError otherwise."""
+    if len(quoted) < 2 or quoted[0] != '"' or quoted[-1] != '"':
+        raise ValueError("not a double-quoted string")
+    body, out, i = quoted[1:-1], bytearray(), 0
+    while i < len(body):
+        c = body[i]
+        if c == '"':
+            raise ValueError(f"unescaped quote at {i}")
+        if c != "\\":
+            out += c.encode("utf-8")
+            i += 1
+            continue
+        e = body[i + 1 : i + 2]
+        if e in _GO_ESCAPES:
+            out += _GO_ESCAPES[e].encode("utf-8")
+            i += 2
+        elif e in _GO_HEX:
+            digits = body[i + 2 : i + 2 + _GO_HEX[e]]
+            if len(digits) != _GO_HEX[e] or any(d not in "0123456789abcdefABCDEF" for d in digits):
+                raise ValueError(f"bad \\{e} escape at {i}")
+            value = int(digits, 16)
+            if e == "x":
+                out.append(value)
+            else:
+                out += chr(value).encode("utf-8", "surrogatepass")
+            i += 2 + _GO_HEX[e]
+        elif e and e in "01234567":
+            digits = body[i + 1 : i + 4]
+            if len(digits) != 3 or any(d not in "01234567" for d in digits) or int(digits, 8) > 255:
+                raise ValueError(f"bad octal escape at {i}")
+            out.append(int(digits, 8))
+            i += 4
+        else:
+            raise ValueError(f"unknown escape {e!r} at {i}")
+    return out.decode("utf-8", "replace")
+
+
 def read_annotations(path: Path) -> dict[str, str]:
-    """The downward API's annotations file: one `key="value"` per line, the value a quoted string."""
+    """The downward API's annotations file: one `key="value"` per line, the value Go-quoted.
+
+    A line that is not ours and cannot be read is skipped: whatever a neighbour's annotation holds,
+    it does not stop the engine. One of ours that cannot be read is an error naming it."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_bytes().decode("utf-8", "replace")
     except OSError as exc:
         raise LaunchError(
             f"cannot read the pod's annotations at {path} ({exc.strerror or exc}); mount them with a "
             "downwardAPI volume (fieldPath: metadata.annotations), or pass --annotations"
         ) from None
     out: dict[str, str] = {}
-    for n, line in enumerate(text.splitlines(), 1):
+    for n, line in enumerate(text.split("\n"), 1):  # %q escapes every other line break
         if not line.strip():
             continue
         key, sep, value = line.partition("=")
         try:
-            parsed = json.loads(value) if sep else None
+            parsed: str | None = unquote_go(value) if sep else None
         except ValueError:
             parsed = None
-        if not isinstance(parsed, str):
-            raise LaunchError(f'{path} line {n} is not key="value": {line[:120]!r}')
+        if parsed is None:
+            if key.startswith(PREFIX):
+                raise LaunchError(f'{path} line {n}: annotation {key} is not key="value": {line[:120]!r}')
+            continue
         out[key] = parsed
     return out
 
@@ -88,6 +152,8 @@ def plan(
     mode = notes.get(PREFIX + "mode")
     if mode is None:
         return command, "no SovereignSpec decision on this pod: running the command as given", {}
+    if mode not in MODES:
+        raise LaunchError(f"{PREFIX}mode annotation: got {mode!r}; accepted: {', '.join(MODES)}")
     gamma = notes.get(PREFIX + "draft-budget", "0")
     where = f"{notes.get(PREFIX + 'gpu-type', '?')} ({notes.get(PREFIX + 'decided-at', '?')})"
     if mode != "speculative":
@@ -100,7 +166,7 @@ def plan(
         conflicts = _conflicts(command, VLLM_SPECULATIVE)
         if conflicts:
             raise LaunchError(_refusal(conflicts))
-        doc = json.loads(config)
+        doc = _vllm_config(config)
         if vllm_legacy and PER_BATCH in doc:
             # No per-batch table before vLLM 0.24: the fixed γ decided at the declared batch.
             doc.pop(PER_BATCH)
@@ -120,17 +186,69 @@ def plan(
         conflicts = _conflicts(command, SGLANG_SPECULATIVE)
         if conflicts:
             raise LaunchError(_refusal(conflicts))
-        extra = shlex.split(args)
+        extra = _sglang_args(args)
         adaptive = notes.get(PREFIX + "sglang-adaptive-config")
         table = ""
         if adaptive:
             path = config_dir / "sovereignspec-sglang-adaptive.json"
             files[str(path)] = adaptive
             extra += ["--speculative-adaptive", "--speculative-adaptive-config", str(path)]
-            table = f", adaptive over {len(json.loads(adaptive))} batch ranges"
+            table = f", adaptive over {_adaptive_ranges(adaptive)} batch ranges"
     light = " (0 at the declared batch: speculates only at lighter batches)" if _int(gamma) <= 0 else ""
     line = f"speculative γ={gamma}{light} decided on {where}{table}: appending {shlex.join(extra)}"
     return command + extra, line, files
+
+
+def _vllm_config(text: str) -> dict[str, Any]:
+    key = PREFIX + "vllm-speculative-config"
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        raise LaunchError(f"{key} annotation: not JSON: {text[:120]!r}; accepted: a JSON object") from None
+    if not isinstance(doc, dict):
+        raise LaunchError(
+            f"{key} annotation: got {type(doc).__name__} {text[:60]!r}; accepted: a JSON object"
+        )
+    unknown = sorted(set(doc) - set(VLLM_KEYS))
+    if unknown:
+        raise LaunchError(f"{key} annotation: unknown key(s) {unknown}; accepted: {', '.join(VLLM_KEYS)}")
+    k = doc.get("num_speculative_tokens")
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        raise LaunchError(f"{key} annotation: num_speculative_tokens {k!r}; accepted: an integer >= 1")
+    table = doc.get(PER_BATCH, [])
+    if not isinstance(table, list) or not all(
+        isinstance(r, list) and len(r) == 3 and all(type(x) is int for x in r) for r in table
+    ):
+        raise LaunchError(f"{key} annotation: {PER_BATCH} {table!r}; accepted: [[low, high, K], ...]")
+    return doc
+
+
+def _sglang_args(text: str) -> list[str]:
+    key = PREFIX + "sglang-args"
+    try:
+        words = shlex.split(text)
+    except ValueError as exc:
+        raise LaunchError(f"{key} annotation: {exc}: {text[:120]!r}") from None
+    for word in words[0::2]:
+        if word not in SGLANG_FLAGS:
+            raise LaunchError(
+                f"{key} annotation: {word!r} is not a speculative flag SovereignSpec writes; "
+                f"accepted: {', '.join(SGLANG_FLAGS)}, each with a value"
+            )
+    if len(words) % 2:
+        raise LaunchError(f"{key} annotation: {words[-1]} has no value: {text[:120]!r}")
+    return words
+
+
+def _adaptive_ranges(text: str) -> int:
+    key = PREFIX + "sglang-adaptive-config"
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        doc = None
+    if not isinstance(doc, dict) or not all(isinstance(v, dict) for v in doc.values()):
+        raise LaunchError(f"{key} annotation: {text[:120]!r}; accepted: a JSON object of batch ranges")
+    return len(doc)
 
 
 def _int(text: str) -> int:

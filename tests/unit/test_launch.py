@@ -4,6 +4,7 @@ chosen code: what it appends, what it refuses, and that the engine replaces it (
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -37,22 +38,52 @@ SPECULATIVE = {
 }  # fmt: skip
 BASE = ["serve", "meta-llama/Llama-3.1-8B-Instruct", "--port", "8000"]
 PLAIN = {"sovereignspec.io/mode": "plain", "sovereignspec.io/draft-budget": "0"}
+PER_BATCH_KEY = "num_speculative_tokens_per_batch_size"
 
 
-def downward_api_file(path: Path, notes: dict[str, str]) -> Path:
-    """The kubelet's format: key="value" per line, the value a Go-quoted string."""
-    path.write_text("".join(f"{k}={json.dumps(v)}\n" for k, v in sorted(notes.items())))
-    return path
+GOQUOTE = Path(__file__).resolve().parents[1] / "data" / "goquote" / "main.go"
 
 
-def launch(
-    tmp_path: Path, notes: dict[str, str] | None, *args: str, exit_code: int = 0, engine: str = "vllm"
-):
+@pytest.fixture(scope="session")
+def go_quote(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The kubelet's own formatting (Go's `%q`), built once from tests/data/goquote."""
+    go = shutil.which("go") or "/usr/local/go/bin/go"
+    out = tmp_path_factory.mktemp("goquote") / "goquote"
+    subprocess.run([go, "build", "-o", str(out), str(GOQUOTE)], check=True, timeout=600)
+    return out
+
+
+def go_quoted(go_quote: Path, notes: dict[str, str]) -> bytes:
+    return subprocess.run(
+        [str(go_quote)], input=json.dumps(notes).encode(), capture_output=True, check=True, timeout=60
+    ).stdout
+
+
+@pytest.fixture
+def downward_api_file(go_quote: Path):  # type: ignore[no-untyped-def]
+    """Writes `notes` as the kubelet writes a downwardAPI annotations file."""
+
+    def write(path: Path, notes: dict[str, str]) -> Path:
+        path.write_bytes(go_quoted(go_quote, notes))
+        return path
+
+    return write
+
+
+@pytest.fixture
+def launch(downward_api_file):  # type: ignore[no-untyped-def]
+    def run(
+        tmp_path: Path, notes: dict[str, str] | None, *args: str, exit_code: int = 0, engine: str = "vllm"
+    ):  # type: ignore[no-untyped-def]
+        written = downward_api_file(tmp_path / "annotations", notes) if notes is not None else None
+        return _launch(tmp_path, written or tmp_path / "none", *args, exit_code=exit_code, engine=engine)
+
+    return run
+
+
+def _launch(tmp_path: Path, annotations: Path, *args: str, exit_code: int = 0, engine: str = "vllm"):  # type: ignore[no-untyped-def]
     engine_py = tmp_path / "engine.py"
     engine_py.write_text(ENGINE)
-    annotations = (
-        downward_api_file(tmp_path / "annotations", notes) if notes is not None else tmp_path / "none"
-    )
     cmd = [sys.executable, "-m", "sovereignspec.cli", "launch", "--engine", engine,
            "--annotations", str(annotations), "--config-dir", str(tmp_path), *args,
            "--", sys.executable, str(engine_py), *BASE]  # fmt: skip
@@ -66,6 +97,7 @@ def launch(
 
 
 def test_a_speculative_vllm_decision_appends_its_speculative_config_and_the_engine_replaces_the_launcher(
+    launch,
     tmp_path: Path,
 ) -> None:
     proc, ran, err = launch(tmp_path, SPECULATIVE, exit_code=7)
@@ -76,7 +108,7 @@ def test_a_speculative_vllm_decision_appends_its_speculative_config_and_the_engi
     assert err.count("\n") == 1 and "speculative γ=4" in err and "3 batch ranges" in err
 
 
-def test_vllm_before_0_24_gets_the_config_without_the_per_batch_table(tmp_path: Path) -> None:
+def test_vllm_before_0_24_gets_the_config_without_the_per_batch_table(launch, tmp_path: Path) -> None:
     _, ran, _ = launch(tmp_path, SPECULATIVE, "--vllm-legacy")
     assert ran is not None
     config = json.loads(ran["argv"][5])
@@ -84,6 +116,7 @@ def test_vllm_before_0_24_gets_the_config_without_the_per_batch_table(tmp_path: 
 
 
 def test_a_speculative_sglang_decision_appends_its_flags_and_writes_the_adaptive_config(
+    launch,
     tmp_path: Path,
 ) -> None:
     proc, ran, err = launch(tmp_path, SPECULATIVE, engine="sglang")
@@ -97,7 +130,9 @@ def test_a_speculative_sglang_decision_appends_its_flags_and_writes_the_adaptive
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
 @pytest.mark.parametrize("notes", [PLAIN, {"other.io/key": "x"}], ids=["plain", "no-decision"])
-def test_plain_decode_or_no_decision_adds_nothing(tmp_path: Path, engine: str, notes: dict[str, str]) -> None:
+def test_plain_decode_or_no_decision_adds_nothing(
+    launch, tmp_path: Path, engine: str, notes: dict[str, str]
+) -> None:
     proc, ran, err = launch(tmp_path, notes, exit_code=3, engine=engine)
     assert proc.returncode == 3 and ran is not None and ran["argv"] == BASE
     assert "running the command as given" in err
@@ -112,7 +147,7 @@ def test_plain_decode_or_no_decision_adds_nothing(tmp_path: Path, engine: str, n
     ],
 )
 def test_a_command_that_sets_its_own_speculative_argument_is_refused_with_the_flag_named(
-    tmp_path: Path, engine: str, flag: str
+    downward_api_file, tmp_path: Path, engine: str, flag: str
 ) -> None:
     engine_py = tmp_path / "engine.py"
     engine_py.write_text(ENGINE)
@@ -124,13 +159,15 @@ def test_a_command_that_sets_its_own_speculative_argument_is_refused_with_the_fl
     assert f"already sets {flag.split('=', maxsplit=1)[0]}" in proc.stderr and "override" in proc.stderr
 
 
-def test_a_missing_annotations_file_is_a_clear_error_not_a_plain_start(tmp_path: Path) -> None:
+def test_a_missing_annotations_file_is_a_clear_error_not_a_plain_start(launch, tmp_path: Path) -> None:
     proc, ran, err = launch(tmp_path, None)
     assert proc.returncode == 2 and ran is None
     assert "downwardAPI volume" in err and str(tmp_path / "none") in err
 
 
-def test_the_launcher_installs_as_one_standard_library_file_that_runs_on_its_own(tmp_path: Path) -> None:
+def test_the_launcher_installs_as_one_standard_library_file_that_runs_on_its_own(
+    downward_api_file, tmp_path: Path
+) -> None:
     target = tmp_path / "launch.py"
     subprocess.run(
         [sys.executable, "-m", "sovereignspec.cli", "launch", "--install", str(target)], check=True
@@ -139,7 +176,17 @@ def test_the_launcher_installs_as_one_standard_library_file_that_runs_on_its_own
     imports = {
         line.split()[1].split(".")[0] for line in source.splitlines() if line.startswith(("import ", "from "))
     }
-    assert imports <= {"__future__", "argparse", "json", "os", "shlex", "sys", "tempfile", "pathlib"}
+    assert imports <= {
+        "__future__",
+        "argparse",
+        "json",
+        "os",
+        "shlex",
+        "sys",
+        "tempfile",
+        "pathlib",
+        "typing",
+    }
     engine_py = tmp_path / "engine.py"
     engine_py.write_text(ENGINE)
     annotations = downward_api_file(tmp_path / "annotations", SPECULATIVE)
@@ -178,3 +225,74 @@ def test_sglang_runs_plain_when_its_fixed_gamma_is_zero(tmp_path) -> None:
              "sovereignspec.io/sglang-args": ""}  # fmt: skip
     out, line, _ = plan(notes, "sglang", ["python3", "-m", "sglang.launch_server"], tmp_path)
     assert out == ["python3", "-m", "sglang.launch_server"] and "plain decode" in line
+
+
+# Every C0 and C1 control character, DEL, line and paragraph separators, a private-use plane
+# character, a lone replacement character, printable non-ASCII and the quoting characters.
+HOSTILE = "".join(chr(c) for c in [*range(0x20), 0x7F, *range(0x80, 0xA0)])
+HOSTILE += '\u2028\u2029\U000f0000\ufffd é ✓ 🙂 \u0301 "quoted" \\back\\ key=value'
+
+
+def test_go_quoted_values_read_back_exactly_as_the_kubelet_wrote_them(go_quote: Path) -> None:
+    from sovereignspec.launch import unquote_go
+
+    notes = {f"k{c:04x}": f"<{chr(c)}>" for c in range(0x300) if not 0xD800 <= c <= 0xDFFF}
+    notes |= {"hostile": HOSTILE, "astral": "\U0001f600\U000f0000\U0010fffd", "empty": ""}
+    text = go_quoted(go_quote, notes).decode()
+    assert "\\a" in text and "\\x01" in text and "\\u0085" in text and "\\U000f0000" in text
+    read = {}
+    for line in text.split("\n"):
+        key, _, value = line.partition("=")
+        read[key] = unquote_go(value)
+    assert read == notes
+
+
+def test_a_neighbours_annotation_with_every_control_character_never_stops_the_engine(
+    launch, tmp_path: Path
+) -> None:
+    notes = {**SPECULATIVE, "team.example.com/notes": HOSTILE, "z.example.com/x": "\x00"}
+    proc, ran, err = launch(tmp_path, notes)
+    assert proc.returncode == 0 and ran is not None, err
+    assert json.loads(ran["argv"][5]) == VLLM
+
+
+def test_an_unreadable_line_that_is_not_ours_is_skipped_and_one_of_ours_is_named(tmp_path: Path) -> None:
+    from sovereignspec.launch import LaunchError, read_annotations
+
+    path = tmp_path / "annotations"
+    path.write_text(
+        'other.io/a="ok"\nother.io/b=not quoted\nother.io/c="bad \\q escape"\nsovereignspec.io/mode="plain"'
+    )
+    assert read_annotations(path) == {"other.io/a": "ok", "sovereignspec.io/mode": "plain"}
+    path.write_text('sovereignspec.io/mode="plain\nsovereignspec.io/draft-budget="0"')
+    with pytest.raises(LaunchError, match=r"line 1: annotation sovereignspec\.io/mode is not"):
+        read_annotations(path)
+
+
+EAGER = json.dumps({"method": "eagle3", "num_speculative_tokens": 4, "enforce_eager": 1})
+SHORT_ROWS = json.dumps({"method": "eagle3", "num_speculative_tokens": 4, PER_BATCH_KEY: [[1, 2]]})
+
+
+@pytest.mark.parametrize(
+    ("engine", "key", "value", "needle"),
+    [
+        ("vllm", "mode", "turbo", "mode annotation: got 'turbo'; accepted: speculative, plain"),
+        ("vllm", "vllm-speculative-config", "[1, 2]", "accepted: a JSON object"),
+        ("vllm", "vllm-speculative-config", "{not json", "not JSON"),
+        ("vllm", "vllm-speculative-config", EAGER, "unknown key(s) ['enforce_eager']"),
+        ("vllm", "vllm-speculative-config", '{"method": "eagle3", "num_speculative_tokens": "4"}',
+         "num_speculative_tokens '4'; accepted: an integer >= 1"),
+        ("vllm", "vllm-speculative-config", SHORT_ROWS, "num_speculative_tokens_per_batch_size [[1, 2]]"),
+        ("sglang", "sglang-args", "--speculative-algorithm EAGLE3 --trust-remote-code x",
+         "'--trust-remote-code' is not a speculative flag SovereignSpec writes"),
+        ("sglang", "sglang-args", "--speculative-algorithm", "--speculative-algorithm has no value"),
+        ("sglang", "sglang-args", "--speculative-algorithm 'EAGLE3", "No closing quotation"),
+        ("sglang", "sglang-adaptive-config", "[0]", "accepted: a JSON object of batch ranges"),
+    ],
+)  # fmt: skip
+def test_a_malformed_value_of_ours_is_one_clear_line_and_no_engine(
+    launch, tmp_path: Path, engine: str, key: str, value: str, needle: str
+) -> None:
+    proc, ran, err = launch(tmp_path, {**SPECULATIVE, f"sovereignspec.io/{key}": value}, engine=engine)
+    assert proc.returncode == 2 and ran is None
+    assert needle in err and "Traceback" not in err and err.count("\n") == 1, err
