@@ -67,11 +67,17 @@ def plan(policy_name: str, spec: PolicySpec, view: View, profiles: ProfileSet, s
     """The writes for every pending workload of one policy group, in the core's tick order."""
     placer = Placer(profiles, view.cluster, placer_policy(spec))
     writes: list[Write] = []
+    impossible: set[str] = set()
     for p in view.pending:
         if p.request is None:
             why = f"rejected: {p.rejection or 'the workload cannot be read'}"
             writes.append(_rejected(p, why, ""))
-    by_name = {p.key: p for p in view.pending if p.request is not None}
+        elif clash := never_written(p.template_annotations, profiles):
+            # Decided on any GPU, this template would be refused; where none is free it would
+            # wait for one, only to be refused then. Refused now, before placement.
+            writes.append(_rejected(p, _reserved_refusal(clash), ""))
+            impossible.add(p.key)
+    by_name = {p.key: p for p in view.pending if p.request is not None and p.key not in impossible}
     for placement in placer.tick(
         [p.request for p in by_name.values() if p.request is not None], explain=True
     ):
@@ -183,6 +189,32 @@ def reserved_in_template(template_notes: Mapping[str, str]) -> list[str]:
     return sorted(k for k in template_notes if k in ann.OUTPUTS)
 
 
+def never_written(template_notes: Mapping[str, str], profiles: ProfileSet) -> dict[str, str]:
+    """Our output keys the template sets to values no decision of ours could write beside them
+    (a template with any of our keys gets a plain decision, `_placed`): a mode other than plain,
+    a budget other than 0, any engine configuration, an unknown GPU type or a GPU index that is
+    not a number."""
+    out: dict[str, str] = {}
+    for key, value in template_notes.items():
+        if (
+            (key == ann.OUT_MODE and value != "plain")
+            or (key == ann.OUT_BUDGET and value != "0")
+            or key in (ann.OUT_VLLM, ann.OUT_SGLANG, ann.OUT_SGLANG_ADAPTIVE)
+            or (key == ann.OUT_GPU_TYPE and value not in profiles.gpus)
+            or (key == ann.OUT_GPU_INDEX and not (value.isascii() and value.isdigit()))
+        ):
+            out[key] = value
+    return out
+
+
+def _reserved_refusal(clash: Mapping[str, str]) -> str:
+    shown = ", ".join(f"{k}={v!r}" for k, v in sorted(clash.items()))
+    return (
+        f"rejected: the pod template sets {shown}, which only SovereignSpec writes; remove "
+        f"{'it' if len(clash) == 1 else 'them'} from spec.template.metadata.annotations"
+    )
+
+
 def _placed(
     policy_name: str,
     spec: PolicySpec,
@@ -204,13 +236,8 @@ def _placed(
         record = _as_plain(record)
         notes = decision_notes(spec, profiles, p, record, policy_name, stamp, handoff_allowed=False)
         clash = {k: p.template_annotations[k] for k in reserved if notes.get(k) != p.template_annotations[k]}
-        shown = ", ".join(f"{k}={v!r}" for k, v in sorted(clash.items()))
         if clash:
-            why = (
-                f"rejected: the pod template sets {shown}, which only SovereignSpec writes; remove "
-                f"{'it' if len(clash) == 1 else 'them'} from spec.template.metadata.annotations"
-            )
-            return _rejected(p, why, "")
+            return _rejected(p, _reserved_refusal(clash), "")
         reason = f"plain decode: the pod template sets {', '.join(reserved)} (written only by SovereignSpec)"
         events.append(EventNote("ReservedAnnotation", reason + "; remove them from the template", True))
     else:

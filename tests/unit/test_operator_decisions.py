@@ -216,3 +216,35 @@ def test_the_dispatchers_nomination_rides_in_the_same_body() -> None:
     )
     assert body["status"]["nominatedClusterNames"] == ["eu-1"]
     assert "podSetUpdates" not in body["status"]["admissionChecks"][0]
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("mode", "turbo"),
+        ("mode", "speculative"),
+        ("draft_budget", "3"),
+        ("vllm_speculative_config", "{}"),
+        ("sglang_args", "--speculative-algorithm EAGLE3"),
+        ("gpu_type", "B200"),
+        ("gpu_index", "²"),
+    ],
+)
+def test_a_template_setting_our_keys_to_values_no_decision_writes_is_rejected_before_placement(
+    key: str, value: str
+) -> None:
+    # No GPU is free (the node is cordoned): without the check it would wait for one, only to be
+    # refused when placed. It is refused now, naming the key and value.
+    write = _decide([chat().annotate(**{key: value}).obj()], [_cordoned()], snapshot(IDLE))
+    assert write.state == "Rejected", write.message
+    assert f"{ann.PREFIX}{key.replace('_', '-')}={value!r}, which only SovereignSpec writes" in write.message
+
+
+@pytest.mark.parametrize(
+    ("key", "value"), [("mode", "plain"), ("draft_budget", "0"), ("gpu_type", "H100-SXM")]
+)
+def test_a_template_setting_our_keys_to_values_a_plain_decision_could_write_waits_as_any_other(
+    key: str, value: str
+) -> None:
+    write = _decide([chat().annotate(**{key: value}).obj()], [_cordoned()], snapshot(IDLE))
+    assert write.state == "Retry", write.message
