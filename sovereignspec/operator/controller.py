@@ -33,7 +33,7 @@ from sovereignspec.operator.policy import GROUP, PLURAL, VERSION, PolicySpec
 from sovereignspec.operator.role import Role, Settings, TickReport
 from sovereignspec.operator.telemetry_source import TelemetryCache
 from sovereignspec.operator.view import View, World, build, condition, job_name, our_entry
-from sovereignspec.operator.writer import ConflictError, now_rfc3339
+from sovereignspec.operator.writer import TRANSPORT_ERRORS, ConflictError, now_rfc3339
 
 log = logging.getLogger(__name__)
 
@@ -276,6 +276,10 @@ class Controller(Role):
             return "conflict"
         except ApiException as exc:
             log.warning("writing the decision for %s failed: %s %s", w.key, exc.status, exc.reason)
+            return "error"
+        except TRANSPORT_ERRORS as exc:  # this workload's write alone; decided again next tick
+            metrics.TICK_FAILURES.labels(part="write").inc()
+            log.warning("writing the decision for %s failed: %s: %s", w.key, type(exc).__name__, exc)
             return "error"
         self.cache.workloads.put(written)  # the next tick's ledger holds this decision
         for note in w.events:

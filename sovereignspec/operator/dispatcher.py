@@ -60,7 +60,7 @@ from sovereignspec.operator.view import (
     requested_gpus,
     tenancy_of,
 )
-from sovereignspec.operator.writer import ConflictError
+from sovereignspec.operator.writer import TRANSPORT_ERRORS, ConflictError
 from sovereignspec.telemetry.prometheus import PrometheusReader
 from sovereignspec.telemetry.snapshot import Snapshot
 
@@ -411,6 +411,10 @@ class DispatchController(Role):
             return "conflict"
         except ApiException as exc:
             log.warning("writing the dispatch of %s failed: %s %s", k, exc.status, exc.reason)
+            return "error"
+        except TRANSPORT_ERRORS as exc:  # this workload's write alone; decided again next tick
+            metrics.TICK_FAILURES.labels(part="write").inc()
+            log.warning("writing the dispatch of %s failed: %s: %s", k, type(exc).__name__, exc)
             return "error"
         self.cache.workloads.put(written)
         metrics.DISPATCHES.labels(outcome=d.outcome, worker=(d.nominated or ("",))[0]).inc()

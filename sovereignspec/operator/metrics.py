@@ -29,7 +29,7 @@ TELEMETRY_ERRORS = Counter("sovereignspec_telemetry_errors_total", "Telemetry re
 TICK_SECONDS = Histogram("sovereignspec_tick_seconds", "Duration of a decision tick")
 TICK_FAILURES = Counter(
     "sovereignspec_failures_total",
-    "Parts of a tick that failed alone (part: tick, policy, object)",
+    "Parts of a tick that failed alone (part: tick, policy, object, write, event)",
     ["part"],
 )
 TELEMETRY_REJECTED = Counter(

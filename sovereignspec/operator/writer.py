@@ -10,8 +10,11 @@ import logging
 from datetime import UTC, datetime
 from typing import Any, cast
 
+import urllib3
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+
+from sovereignspec.operator import metrics
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +64,13 @@ def check_entry_apply(
         "status": {"admissionChecks": [entry], **(extra_status or {})},
     }
     return f"/apis/{KUEUE}/namespaces/{meta['namespace']}/workloads/{meta['name']}/status", body
+
+
+# What a request can fail with below the API's answer: a connection refused or reset, a server
+# that went away mid-response (urllib3's ProtocolError during an API server shutdown). Each is one
+# request's failure, never the pass's.
+TRANSPORT_ERRORS: tuple[type[Exception], ...] = (urllib3.exceptions.HTTPError, OSError)
+_EVENT_ERRORS: tuple[type[Exception], ...] = (ApiException, *TRANSPORT_ERRORS)
 
 
 class ConflictError(Exception):
@@ -175,11 +185,12 @@ class Writer:
         }
         try:
             client.CoreV1Api(self.api).create_namespaced_event(body["metadata"]["namespace"], cast(Any, body))
-        except ApiException as exc:
+        except _EVENT_ERRORS as exc:
+            metrics.TICK_FAILURES.labels(part="event").inc()
             log.warning(
                 "could not post Event %s on %s/%s: %s",
                 reason,
                 meta.get("namespace"),
                 meta["name"],
-                exc.reason,
+                exc.reason if isinstance(exc, ApiException) else f"{type(exc).__name__}: {exc}",
             )

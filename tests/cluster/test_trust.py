@@ -107,6 +107,21 @@ def test_a_template_that_sets_our_output_keys_still_counts_in_the_ledger(env, na
     assert warning.type == "Warning" and "sovereignspec.io/mode" in warning.message
 
 
+def test_a_template_setting_a_mode_no_decision_writes_is_rejected_even_when_no_gpu_is_free(env, namespace):
+    # The pool's only GPUs are taken: a normal workload waits (Retry); `mode: turbo` could never be
+    # admitted wherever it lands, so it is Rejected now, naming the key, not left to wait.
+    pool = make_pool(env, namespace, [("H100-SXM", "eu", 2, [1.0] * 2)])
+    submit(pool, "holder", gpus=2, **CHAT)
+    assert our_entry(pool, decided(pool, "holder"))["state"] == "Ready"
+    body = job_body(pool, "turbo", **CHAT)
+    body["spec"]["template"]["metadata"]["annotations"]["sovereignspec.io/mode"] = "turbo"
+    submit_body(pool, body)
+    submit(pool, "waiter", **CHAT)
+    state, message = outcome(pool, "turbo")
+    assert state == "Rejected" and "sovereignspec.io/mode='turbo'" in message, message
+    assert outcome(pool, "waiter")[0] == "Retry"
+
+
 def test_two_policies_share_one_ledger_of_capacity_and_tenancy(env, namespace, unique):
     pool = make_pool(env, namespace, [("H100-SXM", "eu", 2, [0.9, 0.9])])
     other = _second_check(env, unique)
