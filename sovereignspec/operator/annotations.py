@@ -27,6 +27,13 @@ JURISDICTION_RE = re.compile(r"[a-z]{2}(-[a-z0-9]{1,16})?", re.ASCII)
 TENANT_RE = re.compile(r"[a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?", re.ASCII)
 DECIMAL_RE = re.compile(r"[0-9]{1,12}(\.[0-9]{1,12})?", re.ASCII)
 INTEGER_RE = re.compile(r"[0-9]{1,12}", re.ASCII)
+# What the caches keep of a template's annotations (operator/informer.py): our keys only, at most
+# MAX_OUR_KEYS, each value at most MAX_OUR_VALUE bytes. Past either bound the cache keeps a
+# marker, refused here by name: one tenant's flood of large annotations cannot grow our memory.
+MAX_OUR_KEYS = 64
+MAX_OUR_VALUE = 4096
+OVERSIZED = "\x00oversized:"
+TOO_MANY_KEYS = PREFIX + "\x00too-many-keys"
 
 
 @dataclass(frozen=True)
@@ -158,8 +165,20 @@ def parse(
     problems: list[Problem] = []
     warnings: list[str] = []
     for k, v in (annotations or {}).items():
-        if isinstance(k, str) and k.startswith(PREFIX):
-            raw[k[len(PREFIX) :]] = v if isinstance(v, str) else repr(v)
+        if k == TOO_MANY_KEYS:
+            problems.append(
+                Problem(
+                    "*", f"{v} keys", f"at most {MAX_OUR_KEYS} {PREFIX} annotations on a pod template", True
+                )
+            )
+        elif isinstance(k, str) and k.startswith(PREFIX):
+            text = v if isinstance(v, str) else repr(v)
+            if text.startswith(OVERSIZED):
+                size = text[len(OVERSIZED) :]
+                accepted = f"a value of at most {MAX_OUR_VALUE} bytes; refused whatever the key"
+                problems.append(Problem(k[len(PREFIX) :], f"{size} bytes", accepted, True))
+                continue
+            raw[k[len(PREFIX) :]] = text
     values: dict[str, Any] = {}
 
     def bad(key: str, value: str, accepted: str | None = None) -> None:

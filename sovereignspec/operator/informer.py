@@ -27,12 +27,16 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from sovereignspec.operator import annotations as ann
 from sovereignspec.operator import metrics
 
 log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
 PAGE = 500  # objects per LIST page: bounds the memory of one response
+# Workloads and Jobs carry tenants' pod templates (up to etcd's 1.5 MB each): a page of them is
+# held whole while it is read and stripped, so it is smaller.
+TEMPLATE_PAGE = 50
 WATCH_SECONDS = 300  # the server ends a watch after this (jittered); it is resumed from its RV
 
 
@@ -78,6 +82,94 @@ def strip(obj: Obj) -> Obj:
     return compact(obj)
 
 
+# A Workload's kept copy holds what decisions read and nothing a tenant can grow at will: of the
+# annotations, only our keys (the border reads no other), at most ann.MAX_OUR_KEYS of them, each
+# value at most ann.MAX_OUR_VALUE bytes (a longer one is kept as ann.OVERSIZED + its size, which
+# the border refuses by name); of each pod template's spec, the containers' names and resources,
+# the nodeSelector and the tolerations; of every check's podSetUpdates, our keys.
+MAX_UPDATE_VALUE = 65536  # our own decisions' values (a per-batch table) are kept up to this
+
+
+def ours(notes: Any, limit: int = ann.MAX_OUR_VALUE) -> dict[str, str]:
+    """Our keys of an annotation map, bounded in count and size (see MAX_OUR_KEYS)."""
+    out: dict[str, str] = {}
+    if not isinstance(notes, dict):
+        return out
+    found = sorted(k for k in notes if isinstance(k, str) and k.startswith(ann.PREFIX))
+    for k in found[: ann.MAX_OUR_KEYS]:
+        v = notes[k]
+        text = v if isinstance(v, str) else repr(v)
+        size = len(text.encode("utf-8", "surrogatepass"))
+        out[k] = text if size <= limit else f"{ann.OVERSIZED}{size}"
+    if len(found) > ann.MAX_OUR_KEYS:
+        out[ann.TOO_MANY_KEYS] = str(len(found))
+    return out
+
+
+def _slim_pod_template(tpl: Any) -> Obj:
+    if not isinstance(tpl, dict):
+        return {}
+    meta: Obj = tpl["metadata"] if isinstance(tpl.get("metadata"), dict) else {}
+    spec: Obj = tpl["spec"] if isinstance(tpl.get("spec"), dict) else {}
+    kept_spec: Obj = {k: spec[k] for k in ("nodeSelector", "tolerations") if k in spec}
+    kept_spec["containers"] = [
+        {"name": c.get("name"), "resources": c.get("resources") or {}}
+        for c in spec.get("containers") or []
+        if isinstance(c, dict)
+    ]
+    kept_meta: Obj = {"annotations": ours(meta.get("annotations"))}
+    if isinstance(meta.get("labels"), dict):
+        kept_meta["labels"] = meta["labels"]
+    return {"metadata": kept_meta, "spec": kept_spec}
+
+
+def strip_workload(obj: Obj) -> Obj:
+    """A Workload as decisions read it, bounded whatever its pod templates carry."""
+    meta = obj.get("metadata")
+    if isinstance(meta, dict):
+        meta["annotations"] = ours(meta.get("annotations"))
+    spec = obj.get("spec")
+    if isinstance(spec, dict) and isinstance(spec.get("podSets"), list):
+        spec["podSets"] = [
+            {
+                **{k: v for k, v in ps.items() if k != "template"},
+                "template": _slim_pod_template(ps.get("template")),
+            }
+            if isinstance(ps, dict)
+            else ps
+            for ps in spec["podSets"]
+        ]
+    status = obj.get("status")
+    if isinstance(status, dict) and isinstance(status.get("admissionChecks"), list):
+        status["admissionChecks"] = [_slim_entry(e) for e in status["admissionChecks"]]
+    return strip(obj)
+
+
+def _slim_entry(entry: Any) -> Any:
+    """A check's entry with its podSetUpdates' annotations cut to our keys (what the ledger and
+    the hand-off read of ours; another check's are not read)."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("podSetUpdates"), list):
+        return entry
+    updates = [
+        {
+            **{k: u[k] for k in ("name", "nodeSelector", "tolerations", "labels") if k in u},
+            "annotations": ours(u.get("annotations"), MAX_UPDATE_VALUE),
+        }
+        if isinstance(u, dict)
+        else u
+        for u in entry["podSetUpdates"]
+    ]
+    return {**entry, "podSetUpdates": updates}
+
+
+def strip_owner(obj: Obj) -> Obj:
+    """A Job's metadata: our keys of its annotations are all that is read (misplaced keys)."""
+    meta = obj.get("metadata")
+    if isinstance(meta, dict):
+        meta["annotations"] = ours(meta.get("annotations"))
+    return strip(obj)
+
+
 def strip_node(obj: Obj) -> Obj:
     status = obj.get("status")
     if isinstance(status, dict):
@@ -121,6 +213,7 @@ class Informer:
     wake: Callable[[str, Obj], bool] = lambda _type, _obj: False  # does this event call for a tick?
     on_wake: Callable[[], None] = lambda: None
     watch_seconds: int = WATCH_SECONDS
+    page: int = PAGE
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -218,7 +311,7 @@ class Informer:
         fresh: dict[str, Obj] = {}
         cont, rv = "", ""
         while True:
-            query = [*self.query, ("limit", str(PAGE))] + ([("continue", cont)] if cont else [])
+            query = [*self.query, ("limit", str(self.page))] + ([("continue", cont)] if cont else [])
             raw = self._request(query, self.accept, (10, 120))
             try:
                 data = raw.read()
@@ -380,7 +473,9 @@ class ClusterCache(InformerSet):
     def __init__(self, api: client.ApiClient, policies_path: str) -> None:
         super().__init__(api)
         informer = self.informer
-        self.workloads = informer(f"{KUEUE}/workloads", "workloads", wake=_has_checks)
+        self.workloads = informer(
+            f"{KUEUE}/workloads", "workloads", wake=_has_checks, transform=strip_workload, page=TEMPLATE_PAGE
+        )
         self.checks = informer(f"{KUEUE}/admissionchecks", "admissionchecks", wake=always)
         self.policies = informer(policies_path, "speculationpolicies", wake=always)
         self.flavors = informer(f"{KUEUE}/resourceflavors", "resourceflavors", wake=always)
@@ -396,7 +491,12 @@ class ClusterCache(InformerSet):
         )
         # Only the Jobs' metadata: to tell a user whose keys sit on the Job itself.
         self.jobs = informer(
-            "/apis/batch/v1/jobs", "jobs", accept=PARTIAL.format("List"), watch_accept=PARTIAL.format("")
+            "/apis/batch/v1/jobs",
+            "jobs",
+            accept=PARTIAL.format("List"),
+            watch_accept=PARTIAL.format(""),
+            transform=strip_owner,
+            page=TEMPLATE_PAGE,
         )
 
 
@@ -405,7 +505,9 @@ class DispatchCache(InformerSet):
 
     def __init__(self, api: client.ApiClient, policies_path: str) -> None:
         super().__init__(api)
-        self.workloads = self.informer(f"{KUEUE}/workloads", "workloads", wake=_has_checks)
+        self.workloads = self.informer(
+            f"{KUEUE}/workloads", "workloads", wake=_has_checks, transform=strip_workload, page=TEMPLATE_PAGE
+        )
         self.checks = self.informer(f"{KUEUE}/admissionchecks", "admissionchecks", wake=always)
         self.policies = self.informer(policies_path, "speculationpolicies", wake=always)
         self.namespaces = self.informer("/api/v1/namespaces", "namespaces")

@@ -3,6 +3,7 @@ logic only; tests/cluster/test_watch_cache.py runs it against a real one)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -120,3 +121,77 @@ def test_a_stripped_pod_holds_the_ledger_as_the_whole_pod_does():
         return n.free_gpus, n.tenants
 
     assert free([strip_pod(pod)]) == free([pod]) == (5, frozenset({"other-tenant"}))
+
+
+FLOOD = "x" * 250 * 1024  # one tenant's 250 KiB annotation
+
+
+def _flooded(w: dict[str, Any]) -> dict[str, Any]:
+    """`w` with what a tenant can grow at will: foreign annotations, env, volumes, another check's
+    podSetUpdates, on top of everything decisions read."""
+    w["metadata"]["annotations"] = {"team.example.com/blob": FLOOD}
+    w["metadata"]["managedFields"] = [{"manager": "kubectl", "fieldsV1": {"f:spec": FLOOD}}]
+    tpl = w["spec"]["podSets"][0]["template"]
+    tpl["metadata"]["annotations"]["team.example.com/blob"] = FLOOD
+    tpl["metadata"]["labels"] = {"app": "chat"}
+    tpl["spec"]["nodeSelector"] = {"kubernetes.io/hostname": "h1"}
+    tpl["spec"]["tolerations"] = [{"key": "gpu", "operator": "Exists"}]
+    tpl["spec"]["volumes"] = [{"name": "v", "configMap": {"name": FLOOD[:200]}}]
+    tpl["spec"]["containers"][0]["env"] = [{"name": "BLOB", "value": FLOOD}]
+    w["status"]["admissionChecks"].append(
+        {
+            "name": "other-check",
+            "state": "Ready",
+            "podSetUpdates": [{"name": "main", "annotations": {"o": FLOOD}}],
+        }
+    )
+    return w
+
+
+def test_a_stripped_workload_is_decided_as_the_whole_one_and_holds_none_of_the_flood():
+    from sovereignspec.operator.informer import strip_workload
+    from sovereignspec.operator.plan import plan
+    from tests.unit.builders import CHECK, NOW, STAMP, chat, node, policy, snapshot, world
+
+    ready = chat("running").check(
+        "Ready",
+        podSetUpdates=[
+            {
+                "name": "main",
+                "nodeSelector": {"kubernetes.io/hostname": "h1"},
+                "annotations": {"sovereignspec.io/mode": "plain", "sovereignspec.io/gpu-index": "1"},
+            }
+        ],
+    )
+    raw = [
+        _flooded(chat("a").obj()),
+        _flooded(chat("b").annotate(model="x" * 5000).obj()),
+        _flooded(ready.obj()),
+    ]
+    stripped = [strip_workload(json.loads(json.dumps(w))) for w in raw]
+    assert all(len(json.dumps(w)) > 500_000 for w in raw)
+    assert all(len(json.dumps(w)) < 4_000 for w in stripped)
+    profiles, spec = load_profiles(None), policy()
+
+    def decide(workloads: list[dict[str, Any]]) -> dict[str, tuple[str, str, Any]]:
+        view = build(world(workloads, [node("h1")], spec), {CHECK}, spec, profiles, snapshot({}), NOW)
+        writes = plan("default", spec, view, profiles, STAMP)
+        return {w.key: (w.state, w.message, w.pod_set_updates) for w in writes}
+
+    whole, kept = decide(raw), decide(stripped)
+    assert {k: v[0] for k, v in kept.items()} == {"team-a/a": "Ready", "team-a/b": "Rejected"}
+    message = kept["team-a/b"][1]
+    assert "sovereignspec.io/model: got '5000 bytes'; accepted: a value of at most 4096 bytes" in message
+    assert kept["team-a/a"] == whole["team-a/a"]  # the same decision, beside the running one
+
+
+def test_a_template_with_more_of_our_keys_than_the_bound_is_refused_by_name():
+    from sovereignspec.operator import annotations as ann
+    from sovereignspec.operator.informer import ours
+
+    notes = {f"sovereignspec.io/k{i}": "v" for i in range(ann.MAX_OUR_KEYS + 6)}
+    kept = ours({**notes, "other.io/x": "y"})
+    assert len(kept) == ann.MAX_OUR_KEYS + 1 and kept[ann.TOO_MANY_KEYS] == str(ann.MAX_OUR_KEYS + 6)
+    declared = ann.parse(kept, "team-a", {"llama-3.1-8b"}, {"eagle3"})
+    (problem,) = [p for p in declared.problems if p.field == "*"]
+    assert problem.sovereignty and "70 keys" in str(problem) and "at most 64" in str(problem)
