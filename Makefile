@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 OUT ?= out
 
-.PHONY: venv lint format typecheck test unit run demo regimes calibration-figure calibrate-profiles simulate bench bench-operator bench-sim sim-native clean binaries cluster-up cluster-down pod-e2e image multicluster-up multicluster-down demo-multicluster bench-multicluster mutants
+.PHONY: venv lint format typecheck test unit run demo regimes calibration-figure calibrate-profiles simulate bench bench-operator bench-flood bench-sim sim-native clean binaries cluster-up cluster-down pod-e2e image multicluster-up multicluster-down demo-multicluster bench-multicluster mutants
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -124,6 +124,11 @@ simulate: venv sim-native
 # control plane with 2,000 simulated GPUs.
 bench-operator: venv binaries
 	$(BIN)/python -m benchmarks.operator $(ARGS)
+
+# One tenant's flood of large annotations (2,000 Jobs x 250 KiB) beside others' admission: the
+# operator's peak RSS and the others' latency, without and with it.
+bench-flood: venv binaries
+	$(BIN)/python -m benchmarks.flood $(ARGS)
 
 clean:
 	rm -rf $(VENV) $(OUT) .mypy_cache .ruff_cache .pytest_cache .hypothesis build/sim-native build/sim-native.log

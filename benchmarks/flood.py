@@ -1,0 +1,149 @@
+"""`python -m benchmarks.flood` (or `make bench-flood`): one tenant's flood of large annotations
+against everyone else's admission, on the local control plane, side by side in one run.
+
+Two phases, each with a fresh operator process: without the flood, then with it. The flood is one
+tenant's namespace filling with `--flood` suspended Jobs (default 2,000), each carrying one pod
+template annotation of `--kib` KiB (default 250) that SovereignSpec never reads, under a quota of
+16 GPUs, so most of them wait, held in every cache. Meanwhile `--others` (default 100) ordinary
+Jobs of other tenants arrive. Printed per phase: the operator's peak RSS (VmHWM) and the others'
+admission latency (QuotaReserved to Admitted, median and p99), and the ratios between phases.
+
+    make bench-flood                       # the full flood: ~10 min, ~1 GB in etcd
+    make bench-flood ARGS="--flood 200"
+"""
+
+from __future__ import annotations
+
+import argparse
+import secrets
+import statistics
+import time
+from typing import Any, cast
+
+from kubernetes import client
+
+from benchmarks.operator import OURS, Recorder, pct
+from localdev import controlplane
+from localdev import kueue as k
+from localdev.gpunodes import apply_node, server_side_apply
+from localdev.operator import OperatorProcess, SyntheticTelemetry, install, policy
+from localdev.prometheus import LocalPrometheus
+
+NODES = 8
+GPUS_PER_NODE = 8
+FLOOD_GPUS = 16
+CHART_LIMIT_MIB = 256  # deploy/chart values.yaml resources.limits.memory
+NOTES = {
+    "sovereignspec.io/model": "llama-3.1-8b",
+    "sovereignspec.io/drafter": "eagle3",
+    "sovereignspec.io/acceptance-rate": "0.8",
+}
+
+
+def _namespace(api: client.ApiClient, name: str, flavor: str, gpus: int, check: str) -> None:
+    k.apply(api, k.cluster_queue(name, {flavor: gpus}, [check], cpu="100000"), "bench")
+    client.CoreV1Api(api).create_namespace(cast(Any, {"metadata": {"name": name}}))
+    k.apply(api, k.local_queue("q", name, name), "bench")
+
+
+def phase(
+    api: client.ApiClient, label: str, flavor: str, check: str, flood: int, kib: int, others: int
+) -> dict[str, float]:
+    token = secrets.token_hex(3)
+    flooded, normal = f"flood-{label}-{token}", f"others-{label}-{token}"
+    _namespace(api, flooded, flavor, FLOOD_GPUS, check)
+    _namespace(api, normal, flavor, NODES * GPUS_PER_NODE - FLOOD_GPUS, check)
+    operator = OperatorProcess(OURS).start()
+    recorder = Recorder(api, {normal: "q"})
+    blob = "x" * (kib * 1024)
+    print(f"[{label}] {flood} Jobs of {kib} KiB in {flooded}, {others} others in {normal} ...", flush=True)
+    started = time.monotonic()
+    step = max(flood // max(others, 1), 1)
+    sent_others = 0
+    for i in range(max(flood, others * step)):
+        if i < flood:
+            notes = {**NOTES, "team.example.com/blob": blob}
+            server_side_apply(api, k.job(f"f{i:05d}", flooded, "q", annotations=notes), "bench")
+        if i % step == 0 and sent_others < others:
+            server_side_apply(api, k.job(f"o{sent_others:04d}", normal, "q", annotations=NOTES), "bench")
+            sent_others += 1
+    deadline = time.monotonic() + 600.0
+    while time.monotonic() < deadline and len(recorder.admitted) < others:
+        time.sleep(1)
+    elapsed = time.monotonic() - started
+    alive = operator.proc is not None and operator.proc.poll() is None
+    peak = operator.peak_rss_bytes() if alive else float("nan")
+    recorder.stop.set()
+    operator.stop()
+    waits = [recorder.admitted[x] - recorder.reserved[x] for x in recorder.admitted if x in recorder.reserved]
+    for ns in (flooded, normal):  # free etcd for the next phase
+        client.CoreV1Api(api).delete_namespace(ns)
+    return {
+        "peak_mib": peak / 2**20,
+        "admitted": float(len(waits)),
+        "median_s": statistics.median(waits) if waits else float("nan"),
+        "p99_s": pct(waits, 0.99) if waits else float("nan"),
+        "elapsed_s": elapsed,
+        "alive": float(alive),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.flood", description=__doc__.split("\n")[0])
+    parser.add_argument("--flood", type=int, default=2000, help="the flooding tenant's Jobs (default 2000)")
+    parser.add_argument("--kib", type=int, default=250, help="KiB of annotation on each (default 250)")
+    parser.add_argument("--others", type=int, default=100, help="other tenants' Jobs (default 100)")
+    args = parser.parse_args(argv)
+    if min(args.flood, args.kib, args.others) < 1:
+        parser.error("--flood, --kib and --others: accepted: positive integers")
+    controlplane.up()
+    api = controlplane.api_client()
+    install(api)
+    token = secrets.token_hex(3)
+    telemetry = SyntheticTelemetry()
+    prometheus = LocalPrometheus(scrape_interval="2s").start()
+    prometheus.set_targets("synthetic", [telemetry.target])
+    for i in range(NODES):
+        name = f"flood-{token}-{i}"
+        cap = {"cpu": "128", "memory": "1Ti", "pods": "110", "nvidia.com/gpu": str(GPUS_PER_NODE)}
+        labels = {
+            "kubernetes.io/hostname": name,
+            "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+            "sovereignspec.io/bench": token,
+            "node-restriction.kubernetes.io/jurisdiction": "eu",
+        }
+        node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}}
+        apply_node(api, {**node, "status": {"capacity": cap, "allocatable": cap}})
+        for g in range(GPUS_PER_NODE):
+            telemetry.set_headroom(name, g, 0.9)
+    while len(prometheus.query("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE")) < NODES * GPUS_PER_NODE:
+        time.sleep(1)
+    flavor, check, policy_name = f"flood-{token}", f"flood-{token}", f"flood-{token}"
+    k.apply(api, k.resource_flavor(flavor, {"sovereignspec.io/bench": token}), "bench")
+    server_side_apply(api, policy(policy_name, prometheus.url), "bench")
+    params = {"apiGroup": "sovereignspec.io", "kind": "SpeculationPolicy", "name": policy_name}
+    k.apply(api, k.admission_check(check, OURS, params), "bench")
+
+    quiet = phase(api, "quiet", flavor, check, 1, 1, args.others)  # one 1 KiB Job: the same shape
+    loud = phase(api, "flood", flavor, check, args.flood, args.kib, args.others)
+    prometheus.close()
+    telemetry.close()
+
+    print(f"\n{args.others} others' Jobs; one tenant's {args.flood} Jobs x {args.kib} KiB: without, with")
+    print(f"{'phase':<10} {'peak RSS MiB':>13} {'admitted':>9} {'median s':>9} {'p99 s':>8} {'operator':>9}")
+    for label, r in (("no flood", quiet), ("flood", loud)):
+        state = "alive" if r["alive"] else "DIED"
+        print(
+            f"{label:<10} {r['peak_mib']:>13.1f} {r['admitted']:>9.0f} {r['median_s']:>9.3f} "
+            f"{r['p99_s']:>8.3f} {state:>9}"
+        )
+    print(f"(the chart's memory limit: {CHART_LIMIT_MIB} MiB)")
+    print(
+        f"ratio flood / no flood: peak RSS {loud['peak_mib'] / quiet['peak_mib']:.2f}, "
+        f"others' median {loud['median_s'] / quiet['median_s']:.2f}, p99 {loud['p99_s'] / quiet['p99_s']:.2f}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
