@@ -92,9 +92,11 @@ class PlacerSettings:
     slo_margin: float = NEIGHBOUR_SLO_MARGIN
     jurisdiction_label: str = DEFAULT_JURISDICTION_LABEL
     # Room for exclusive tenants: shared work takes none of the last N empty nodes of its node pool,
-    # and, with `pack`, goes to a node that already runs work when that costs it nothing.
+    # and, with `pack`, goes to a node that already runs work, and exclusive work to a node its
+    # tenant already holds alone, when that costs it at most `pack_tolerance` of its best TPOT.
     keep_whole_nodes_free: int = 0
     pack: bool = False
+    pack_tolerance: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -535,12 +537,20 @@ class Placer:
         req, off = self.spec_request(w)
         s = self._scores_for(w, req, mask).arrays
         cand = np.nonzero(mask)[0]
+        packed = np.zeros(cand.size)
+        if self.policy.pack:
+            # Fewest nodes: shared work where work already runs, exclusive work where its tenant
+            # already runs alone; within the tolerance that wins outright, else only a tie.
+            home = self.tenancy.alone(w.tenant) if w.exclusive else self.occupied
+            at_home = home[self.gpu_node[cand]]
+            tpot_all = s["tpot"][cand]
+            near = at_home & (tpot_all <= (1.0 + self.policy.pack_tolerance) * tpot_all.min())
+            if self.policy.pack_tolerance > 0.0 and near.any():
+                cand, at_home = cand[near], at_home[near]
+            packed = np.where(at_home, -1.0, 0.0)
         tpot = s["tpot"][cand]
         tpot_q = quantize(tpot / tpot.min())
         head_q = quantize(self.headroom[cand])
-        packed = np.zeros(cand.size)
-        if self.policy.pack and not w.exclusive:  # an occupied node first when it costs nothing
-            packed = np.where(self.occupied[self.gpu_node[cand]], -1.0, 0.0)
         if w.latency_class == "latency":
             chosen = cand[_first_min(tpot_q, packed, -head_q)]
         else:

@@ -164,6 +164,11 @@ class TenancyIndex:
             ok &= np.isin(self.jurisdiction, [self._ids.get("j:" + j, -3) for j in sorted(req.allowed)])
         return ok
 
+    def alone(self, tenant: str) -> NDArray[np.bool_]:
+        """Nodes where `tenant` runs and no one else does."""
+        ident = self._ids.get("t:" + tenant, -3)
+        return np.asarray((self.tenant_count == 1) & (self.some_tenant == ident), dtype=np.bool_)
+
     def place(self, node: int, req: Requirement) -> None:
         """Record that `req`'s tenant now runs on `node`."""
         tenant = self._intern("t:" + req.tenant)

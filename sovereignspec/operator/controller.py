@@ -284,6 +284,8 @@ class Controller(Role):
         self.cache.workloads.put(written)  # the next tick's ledger holds this decision
         for note in w.events:
             self._event(wl, note)
+            if note.reason == "ExclusiveWaiting":
+                metrics.EXCLUSIVE_WAITING.inc()
         if w.outcome == "drift":
             self._drift_reported[w.key] = w.drift
             return "drift"

@@ -27,6 +27,10 @@ TELEMETRY_UP = Gauge(
 )
 TELEMETRY_ERRORS = Counter("sovereignspec_telemetry_errors_total", "Telemetry reads that failed", ["source"])
 TICK_SECONDS = Histogram("sovereignspec_tick_seconds", "Duration of a decision tick")
+EXCLUSIVE_WAITING = Counter(
+    "sovereignspec_exclusive_waiting_total",
+    "Retries of exclusive workloads that have waited past the patience bound (ExclusiveWaiting Events)",
+)
 TICK_FAILURES = Counter(
     "sovereignspec_failures_total",
     "Parts of a tick that failed alone (part: tick, policy, object, write, event)",

@@ -63,6 +63,11 @@ def shorten(text: str, limit: int) -> str:
     return cut + "…"
 
 
+# Retries after which an exclusive workload still waiting raises an ExclusiveWaiting Warning
+# (with the default backoff, 15 s doubling: about 7.5 minutes).
+EXCLUSIVE_PATIENCE = 5
+
+
 def plan(policy_name: str, spec: PolicySpec, view: View, profiles: ProfileSet, stamp: str) -> list[Write]:
     """The writes for every pending workload of one policy group, in the core's tick order."""
     placer = Placer(profiles, view.cluster, placer_policy(spec))
@@ -117,6 +122,20 @@ def _decided(
         retries = retries if isinstance(retries, int) and 0 <= retries < 64 else 0
         after = int(min(spec.retry.max_seconds, spec.retry.base_seconds * 2**retries))
         message = f"retry in {after}s: {record.reason}"
+        events = [EventNote("Retry", shorten(message + _excluded_text(record), EVENT_LIMIT))]
+        if p.request is not None and p.request.exclusive and retries + 1 >= EXCLUSIVE_PATIENCE:
+            # Serving work does not finish: an exclusive workload that keeps waiting may wait for
+            # good. Say so, with the administrator's levers.
+            waited = sum(
+                min(spec.retry.max_seconds, spec.retry.base_seconds * 2**n) for n in range(retries + 1)
+            )
+            lever = (
+                f"an exclusive workload has waited {retries + 1} retries (~{waited // 60} min) for a node "
+                "no other tenant uses; shared work holds the nodes it may use. Levers: "
+                "placement.keepWholeNodesFree (empty nodes kept for exclusive tenants), Kueue "
+                "priority and preemption for this queue, or more nodes in its flavor"
+            )
+            events.append(EventNote("ExclusiveWaiting", shorten(lever, EVENT_LIMIT), True))
         return Write(
             p.key,
             p.workload,
@@ -125,7 +144,7 @@ def _decided(
             "Retry",
             shorten(message, MESSAGE_LIMIT),
             requeue_after=after,
-            events=[EventNote("Retry", shorten(message + _excluded_text(record), EVENT_LIMIT))],
+            events=events,
             outcome="retry",
         )
     return _rejected(p, f"rejected: {record.reason}", _excluded_text(record))

@@ -115,6 +115,9 @@ class PlacementConfig(_Model):
         0, alias="keepWholeNodesFree", ge=0, le=10000, description="an integer >= 0 (nodes per flavor)"
     )
     pack_shared_work: bool = Field(True, alias="packSharedWork", description="true or false")
+    pack_tolerance: float = Field(
+        0.1, alias="packTolerance", ge=0, le=1, description="in [0, 1] (a fraction of the best TPOT)"
+    )
 
 
 class Retry(_Model):

@@ -469,6 +469,7 @@ def placer_policy(spec: PolicySpec) -> PlacerSettings:
         jurisdiction_label=spec.sovereignty.jurisdiction_label,
         keep_whole_nodes_free=spec.placement.keep_whole_nodes_free,
         pack=spec.placement.pack_shared_work,
+        pack_tolerance=spec.placement.pack_tolerance,
     )
 
 

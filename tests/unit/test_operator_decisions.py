@@ -248,3 +248,34 @@ def test_a_template_setting_our_keys_to_values_a_plain_decision_could_write_wait
 ) -> None:
     write = _decide([chat().annotate(**{key: value}).obj()], [_cordoned()], snapshot(IDLE))
     assert write.state == "Retry", write.message
+
+
+@pytest.mark.parametrize(("retries", "warned"), [(3, False), (4, True), (9, True)])
+def test_an_exclusive_workload_still_waiting_after_five_retries_names_the_levers(
+    retries: int, warned: bool
+) -> None:
+    # Another tenant runs on the only node: the exclusive workload can only wait.
+    other = chat("other", namespace="team-b").check(
+        "Ready",
+        podSetUpdates=[{"name": "main", "nodeSelector": {"kubernetes.io/hostname": "h1"}, "annotations": {}}],
+    )
+    mine = chat().annotate(exclusive_node="true").check("Pending", retryCount=retries)
+    namespaces = {"team-a": {"sovereignspec.io/jurisdiction": "eu"}, "team-b": {}}
+    spec = policy()
+    view = build(
+        world([mine.obj(), other.obj()], [node("h1")], spec, namespaces),
+        {CHECK},
+        spec,
+        profiles(),
+        snapshot(IDLE),
+        NOW,
+    )
+    (write,) = plan("default", spec, view, profiles(), STAMP)
+    assert write.state == "Retry"
+    notes = [e for e in write.events if e.reason == "ExclusiveWaiting"]
+    assert bool(notes) is warned
+    if warned:
+        assert (
+            notes[0].warning and "keepWholeNodesFree" in notes[0].message and "preemption" in notes[0].message
+        )
+        assert f"waited {retries + 1} retries" in notes[0].message
