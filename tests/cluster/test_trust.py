@@ -348,6 +348,27 @@ def test_shared_work_leaves_a_whole_node_for_an_exclusive_tenant(env, namespace,
     assert all(_node_of(pool, f"shared-{i}") != vault_node for i in range(4))
 
 
+def test_under_the_defaults_shared_work_packs_and_two_exclusive_tenants_each_get_a_node(env, namespace):
+    # Four 8-GPU nodes, each with one GPU a little faster than the rest: speed alone spreads a
+    # shared tenant's six replicas over every node and both exclusive tenants wait for good.
+    pool = make_pool(env, namespace, [("H100-SXM", "eu", 8, [0.95] + [0.9] * 7) for _ in range(4)])
+    for i in range(6):
+        submit(pool, f"shared-{i}", **CHAT)
+        _node_of(pool, f"shared-{i}")
+    shared_nodes = {_node_of(pool, f"shared-{i}") for i in range(6)}
+    held: dict[str, set[str]] = {}
+    for tenant in ("bank", "vault"):
+        mine = in_namespace(pool, add_namespace(pool, tenant, {"sovereignspec.io/tenant": tenant}))
+        for i in range(2):
+            submit(mine, f"{tenant}-{i}", exclusive_node="true", **CHAT)
+            state, message = outcome(mine, f"{tenant}-{i}")
+            assert state == "Ready", message
+            held.setdefault(tenant, set()).add(_node_of(mine, f"{tenant}-{i}"))
+    assert len(shared_nodes) <= 2
+    assert all(len(nodes) == 1 for nodes in held.values())  # each tenant's two on one node
+    assert not (held["bank"] | held["vault"]) & shared_nodes and held["bank"] != held["vault"]
+
+
 # 11. Sovereignty drift --------------------------------------------------------------------------------
 
 
