@@ -312,10 +312,16 @@ class DispatchController(Role):
         pending: list[tuple[dict[str, Any], dict[str, Any], list[str]]] = []
         for wl in self.cache.workloads.items():
             entry = our_entry(wl, checks)
-            if entry is None or entry.get("state") != "Pending" or not condition(wl, "QuotaReserved"):
+            if entry is None or not condition(wl, "QuotaReserved"):
                 continue
             status = wl.get("status") or {}
             if status.get("clusterName") or condition(wl, "Finished"):
+                continue
+            # Ready with a nomination: the gate is open; judged again below in case another
+            # writer has rewritten the nomination since.
+            if entry.get("state") != "Pending" and not (
+                entry.get("state") == "Ready" and status.get("nominatedClusterNames")
+            ):
                 continue
             k = key_of(wl)
             if k in self._conflicted and self._conflicted[k] == rv_int(wl):
@@ -352,6 +358,11 @@ class DispatchController(Role):
                 out.append(self._wait(wl, entry, "no MultiKueue check of its ClusterQueue lists a worker"))
                 continue
             nominated = [str(n) for n in (wl.get("status") or {}).get("nominatedClusterNames") or []]
+            if entry.get("state") == "Ready":
+                why = admissible_nomination(request, nominated, workers, policy.jurisdiction_label)
+                if why is not None:
+                    out.append(self._reclose(wl, entry, nominated, why))
+                continue
             if nominated:  # someone else nominated: stand behind it, or hold it back
                 why = admissible_nomination(request, nominated, workers, policy.jurisdiction_label)
                 kept = f"keeps the nomination {', '.join(nominated)}"
@@ -390,6 +401,18 @@ class DispatchController(Role):
     def _hold(self, wl: dict[str, Any], entry: dict[str, Any], why: str) -> _Decision:
         text = f"held back: {why}; SovereignSpec stays Pending so MultiKueue cannot dispatch it"
         return _decision(wl, entry, "Pending", text, "hold", None, ("NominationRefused", text, True))
+
+    def _reclose(
+        self, wl: dict[str, Any], entry: dict[str, Any], nominated: list[str], why: str
+    ) -> _Decision:
+        """After our Ready, the nomination now names a worker the workload may not use: another
+        writer rewrote it. Retry: Kueue evicts the workload (its remote copies go, the field is
+        cleared), and the next reservation is nominated again."""
+        text = (
+            f"the nomination was rewritten to {', '.join(nominated)} after SovereignSpec's Ready ({why}): "
+            "Retry, so that Kueue evicts it and SovereignSpec nominates an admissible worker again"
+        )
+        return _decision(wl, entry, "Retry", text, "reclose", None, ("NominationRewritten", text, True))
 
     def _rejected(self, wl: dict[str, Any], entry: dict[str, Any], why: str) -> _Decision:
         return _decision(wl, entry, "Rejected", why, "reject", None, ("NoWorkerCluster", why, True))

@@ -106,6 +106,25 @@ def test_a_nomination_across_a_boundary_keeps_the_gate_closed(controller):
     assert d.event is not None and d.event[0] == "NominationRefused" and d.event[2]
 
 
+def test_a_nomination_rewritten_across_a_boundary_after_ready_reopens_nothing_and_retries(controller):
+    # Our Ready went out with worker-kr; another writer has since set worker-eu.
+    ready = [
+        {"name": CHECK, "state": "Ready", "message": "nominated worker-kr"},
+        {"name": MK, "state": "Pending"},
+    ]
+    d = decide(
+        controller, workload("a", "team-kr", admissionChecks=ready, nominatedClusterNames=["worker-eu"])
+    )["a"]
+    assert (d.state, d.nominated, d.outcome) == ("Retry", None, "reclose")
+    assert "rewritten to worker-eu" in d.message and "jurisdiction" in d.message
+    assert d.event is not None and d.event[0] == "NominationRewritten" and d.event[2]
+    # Rewritten to another admissible worker (or still ours): the gate stays as it is.
+    kept = decide(
+        controller, workload("b", "team-kr", admissionChecks=ready, nominatedClusterNames=["worker-kr"])
+    )
+    assert "b" not in kept
+
+
 @pytest.mark.parametrize(
     "status",
     [
