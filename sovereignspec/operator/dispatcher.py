@@ -18,6 +18,10 @@ its MutatingAdmissionPolicy `clear-nominated-cluster-names` (config/components/m
 resets every check to Pending and we nominate again. We never write the field on a Workload that
 has a clusterName, and never replace a nomination someone else wrote: one we may not stand behind
 (across a boundary, an unknown worker) keeps our check Pending, so MultiKueue cannot dispatch it.
+After our Ready the field is still watched: rewritten by another writer to a worker the workload
+may not use, our check turns Retry (Kueue evicts the workload and removes its remote copies) and the
+next reservation is nominated again. (Nothing stops the write itself: a ValidatingAdmissionPolicy
+on workloads/status would, and is not shipped yet.)
 """
 
 from __future__ import annotations
