@@ -92,8 +92,8 @@ class PlacerSettings:
     slo_margin: float = NEIGHBOUR_SLO_MARGIN
     jurisdiction_label: str = DEFAULT_JURISDICTION_LABEL
     # Room for exclusive tenants: shared work takes none of the last N empty nodes of its node pool,
-    # and, with `pack`, goes to a node that already runs work, and exclusive work to a node its
-    # tenant already holds alone, when that costs it at most `pack_tolerance` of its best TPOT.
+    # and, with `pack`, goes to a node that already runs work when that costs it at most
+    # `pack_tolerance` of its best TPOT; exclusive work to a node its tenant holds alone, if any.
     keep_whole_nodes_free: int = 0
     pack: bool = False
     pack_tolerance: float = 0.0
@@ -539,13 +539,16 @@ class Placer:
         cand = np.nonzero(mask)[0]
         packed = np.zeros(cand.size)
         if self.policy.pack:
-            # Fewest nodes: shared work where work already runs, exclusive work where its tenant
-            # already runs alone; within the tolerance that wins outright, else only a tie.
+            # Fewest nodes. Exclusive work goes where its tenant already runs alone while that has
+            # room: a second whole node is what the next exclusive tenant needs. Shared work goes
+            # where work already runs when that costs at most the tolerance, else only on a tie.
             home = self.tenancy.alone(w.tenant) if w.exclusive else self.occupied
             at_home = home[self.gpu_node[cand]]
             tpot_all = s["tpot"][cand]
             near = at_home & (tpot_all <= (1.0 + self.policy.pack_tolerance) * tpot_all.min())
-            if self.policy.pack_tolerance > 0.0 and near.any():
+            if w.exclusive:
+                near = at_home
+            if (w.exclusive or self.policy.pack_tolerance > 0.0) and near.any():
                 cand, at_home = cand[near], at_home[near]
             packed = np.where(at_home, -1.0, 0.0)
         tpot = s["tpot"][cand]

@@ -348,14 +348,11 @@ def test_shared_work_leaves_a_whole_node_for_an_exclusive_tenant(env, namespace,
     assert all(_node_of(pool, f"shared-{i}") != vault_node for i in range(4))
 
 
-def test_under_the_defaults_shared_work_packs_and_two_exclusive_tenants_each_get_a_node(env, namespace):
-    # Four 8-GPU nodes, each with one GPU a little faster than the rest: speed alone spreads a
-    # shared tenant's six replicas over every node and both exclusive tenants wait for good.
-    pool = make_pool(env, namespace, [("H100-SXM", "eu", 8, [0.95] + [0.9] * 7) for _ in range(4)])
+def _shared_then_two_exclusive_tenants(pool: Pool) -> tuple[set[str], dict[str, set[str]]]:
+    """A shared tenant's six 1-GPU replicas, then two exclusive tenants' two each: where they went."""
     for i in range(6):
         submit(pool, f"shared-{i}", **CHAT)
         _node_of(pool, f"shared-{i}")
-    shared_nodes = {_node_of(pool, f"shared-{i}") for i in range(6)}
     held: dict[str, set[str]] = {}
     for tenant in ("bank", "vault"):
         mine = in_namespace(pool, add_namespace(pool, tenant, {"sovereignspec.io/tenant": tenant}))
@@ -364,9 +361,30 @@ def test_under_the_defaults_shared_work_packs_and_two_exclusive_tenants_each_get
             state, message = outcome(mine, f"{tenant}-{i}")
             assert state == "Ready", message
             held.setdefault(tenant, set()).add(_node_of(mine, f"{tenant}-{i}"))
-    assert len(shared_nodes) <= 2
+    return {_node_of(pool, f"shared-{i}") for i in range(6)}, held
+
+
+def test_under_the_defaults_shared_work_packs_and_two_exclusive_tenants_each_get_a_node(env, namespace):
+    # Four idle 8-GPU nodes: the shared replicas pack onto one, leaving whole nodes.
+    pool = make_pool(env, namespace, [("H100-SXM", "eu", 8, [0.9] * 8) for _ in range(4)])
+    shared, held = _shared_then_two_exclusive_tenants(pool)
+    assert len(shared) == 1
     assert all(len(nodes) == 1 for nodes in held.values())  # each tenant's two on one node
-    assert not (held["bank"] | held["vault"]) & shared_nodes and held["bank"] != held["vault"]
+    assert not (held["bank"] | held["vault"]) & shared and held["bank"] != held["vault"]
+
+
+def test_an_exclusive_tenants_second_workload_joins_its_first_and_leaves_the_other_kept_node(
+    env, namespace, unique
+):
+    # Each node has one GPU a little faster than the rest (7 % in TPOT). Two of four nodes are kept
+    # for exclusive tenants; the first tenant's second workload would rather take the other kept
+    # node's faster GPU (and leave the second tenant nothing), but packs onto its own node.
+    kept = _second_check(env, unique, placement={"keepWholeNodesFree": 2})
+    pool = make_pool(kept, namespace, [("H100-SXM", "eu", 8, [0.95] + [0.9] * 7) for _ in range(4)])
+    shared, held = _shared_then_two_exclusive_tenants(pool)
+    assert len(shared) <= 2
+    assert all(len(nodes) == 1 for nodes in held.values())
+    assert not (held["bank"] | held["vault"]) & shared and held["bank"] != held["vault"]
 
 
 # 11. Sovereignty drift --------------------------------------------------------------------------------
