@@ -29,7 +29,7 @@ from localdev.gpunodes import apply_node, server_side_apply
 from localdev.operator import OperatorProcess, SyntheticTelemetry, install, policy
 from localdev.prometheus import LocalPrometheus
 
-NODES = 8
+NODES = 16  # 128 GPUs: the others' quota (all but the flood's 16) holds every other Job
 GPUS_PER_NODE = 8
 FLOOD_GPUS = 16
 CHART_LIMIT_MIB = 256  # deploy/chart values.yaml resources.limits.memory
@@ -96,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if min(args.flood, args.kib, args.others) < 1:
         parser.error("--flood, --kib and --others: accepted: positive integers")
+    if args.others > NODES * GPUS_PER_NODE - FLOOD_GPUS:
+        parser.error(f"--others: accepted: at most {NODES * GPUS_PER_NODE - FLOOD_GPUS} (their GPUs)")
     controlplane.up()
     api = controlplane.api_client()
     install(api)
