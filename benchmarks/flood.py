@@ -46,9 +46,44 @@ def _namespace(api: client.ApiClient, name: str, flavor: str, gpus: int, check: 
     k.apply(api, k.local_queue("q", name, name), "bench")
 
 
+def _pool(api: client.ApiClient, telemetry: SyntheticTelemetry, prometheus: LocalPrometheus) -> str:
+    """Nodes, a flavor, a policy and our check of their own (a phase's workloads are never
+    deleted here: no namespace controller runs; the next phase must not see them)."""
+    token = secrets.token_hex(3)
+    for i in range(NODES):
+        name = f"flood-{token}-{i}"
+        cap = {"cpu": "128", "memory": "1Ti", "pods": "110", "nvidia.com/gpu": str(GPUS_PER_NODE)}
+        labels = {
+            "kubernetes.io/hostname": name,
+            "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+            "sovereignspec.io/bench": token,
+            "node-restriction.kubernetes.io/jurisdiction": "eu",
+        }
+        node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}}
+        apply_node(api, {**node, "status": {"capacity": cap, "allocatable": cap}})
+        for g in range(GPUS_PER_NODE):
+            telemetry.set_headroom(name, g, 0.9)
+    hosts = f'DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{{Hostname=~"flood-{token}-.*"}}'
+    while len(prometheus.query(hosts)) < NODES * GPUS_PER_NODE:
+        time.sleep(1)
+    name = f"flood-{token}"
+    k.apply(api, k.resource_flavor(name, {"sovereignspec.io/bench": token}), "bench")
+    server_side_apply(api, policy(name, prometheus.url), "bench")
+    params = {"apiGroup": "sovereignspec.io", "kind": "SpeculationPolicy", "name": name}
+    k.apply(api, k.admission_check(name, OURS, params), "bench")
+    return name
+
+
 def phase(
-    api: client.ApiClient, label: str, flavor: str, check: str, flood: int, kib: int, others: int
+    api: client.ApiClient,
+    telemetry: SyntheticTelemetry,
+    prometheus: LocalPrometheus,
+    label: str,
+    flood: int,
+    kib: int,
+    others: int,
 ) -> dict[str, float]:
+    flavor = check = _pool(api, telemetry, prometheus)
     token = secrets.token_hex(3)
     flooded, normal = f"flood-{label}-{token}", f"others-{label}-{token}"
     _namespace(api, flooded, flavor, FLOOD_GPUS, check)
@@ -76,8 +111,6 @@ def phase(
     recorder.stop.set()
     operator.stop()
     waits = [recorder.admitted[x] - recorder.reserved[x] for x in recorder.admitted if x in recorder.reserved]
-    for ns in (flooded, normal):  # free etcd for the next phase
-        client.CoreV1Api(api).delete_namespace(ns)
     return {
         "peak_mib": peak / 2**20,
         "admitted": float(len(waits)),
@@ -101,33 +134,11 @@ def main(argv: list[str] | None = None) -> int:
     controlplane.up()
     api = controlplane.api_client()
     install(api)
-    token = secrets.token_hex(3)
     telemetry = SyntheticTelemetry()
     prometheus = LocalPrometheus(scrape_interval="2s").start()
     prometheus.set_targets("synthetic", [telemetry.target])
-    for i in range(NODES):
-        name = f"flood-{token}-{i}"
-        cap = {"cpu": "128", "memory": "1Ti", "pods": "110", "nvidia.com/gpu": str(GPUS_PER_NODE)}
-        labels = {
-            "kubernetes.io/hostname": name,
-            "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
-            "sovereignspec.io/bench": token,
-            "node-restriction.kubernetes.io/jurisdiction": "eu",
-        }
-        node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}}
-        apply_node(api, {**node, "status": {"capacity": cap, "allocatable": cap}})
-        for g in range(GPUS_PER_NODE):
-            telemetry.set_headroom(name, g, 0.9)
-    while len(prometheus.query("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE")) < NODES * GPUS_PER_NODE:
-        time.sleep(1)
-    flavor, check, policy_name = f"flood-{token}", f"flood-{token}", f"flood-{token}"
-    k.apply(api, k.resource_flavor(flavor, {"sovereignspec.io/bench": token}), "bench")
-    server_side_apply(api, policy(policy_name, prometheus.url), "bench")
-    params = {"apiGroup": "sovereignspec.io", "kind": "SpeculationPolicy", "name": policy_name}
-    k.apply(api, k.admission_check(check, OURS, params), "bench")
-
-    quiet = phase(api, "quiet", flavor, check, 1, 1, args.others)  # one 1 KiB Job: the same shape
-    loud = phase(api, "flood", flavor, check, args.flood, args.kib, args.others)
+    quiet = phase(api, telemetry, prometheus, "quiet", 1, 1, args.others)  # one 1 KiB Job: the same shape
+    loud = phase(api, telemetry, prometheus, "flood", args.flood, args.kib, args.others)
     prometheus.close()
     telemetry.close()
 
