@@ -152,3 +152,23 @@ def test_every_tensor_parallel_degree_above_one_pays_two_all_reduces_per_layer(p
     for tp in (2, 4, 8):
         fixed = float(roofline_for(gpu, model, tp).fixed_s)
         assert fixed == pytest.approx(gpu.step_overhead_s + 2 * model.layers * gpu.allreduce_s, rel=1e-12)
+
+
+@pytest.mark.parametrize("gpu", ["H100-SXM", "A100-80G-SXM", "L40S"])
+@pytest.mark.parametrize("model", ["llama-3.1-8b", "llama-3.3-70b"])
+def test_compute_bound_is_headroom_zero_for_arrays_and_floats(profiles, gpu, model):
+    # The caution near the ridge asks `compute_bound`; the headroom reading answers the same
+    # question another way (1 - min(1, C/M)): they agree on a grid that crosses the ridge.
+    from sovereignspec.core.roofline import compute_bound
+    from sovereignspec.core.scalar import Coeffs
+
+    g, m = profiles.gpus[gpu], profiles.models[model]
+    roof = roofline_for(g, m)
+    c = Coeffs.of(g, m, tensor_parallel_for(g, m))
+    seqs = np.array([1.0, 16.0, 64.0, 200.0, 400.0, 900.0])
+    for context in (128.0, 1024.0, 8192.0):
+        for q in (1.0, 2.0, 4.0, 8.0):
+            bound = compute_bound(roof, seqs * q, seqs, context)
+            assert np.array_equal(bound, roof.headroom(seqs * q, seqs, context) == 0.0)
+            assert [compute_bound(c, s * q, s, context) for s in seqs.tolist()] == bound.tolist()
+    assert compute_bound(roof, 4000.0, 1.0, 128.0) and not compute_bound(roof, 1.0, 1.0, 128.0)
