@@ -213,3 +213,20 @@ def test_where_the_ridge_interval_straddles_the_load_the_decision_drafts_as_the_
 def test_a_record_without_a_reachable_ridge_says_nothing_of_it():
     r = DecisionRecord("w", "t", "placed", "plain", 0, "x", node="n", gpu_index=0, ridge_seqs=(math.inf,) * 3)
     assert "ridge" not in r.summary() and r.to_dict()["ridge_seqs"] == [None, None, None]
+
+
+@pytest.mark.parametrize("gpus", [1, 16])
+def test_gpus_without_an_interval_are_decided_at_their_point_on_both_paths(profiles, gpus):
+    # A profile directory without calibration intervals (as a user's may be): nothing is cautious,
+    # and the float path never looks for the low end that is not there.
+    bare = replace(
+        profiles,
+        gpus={
+            n: replace(g, compute_efficiency_low=None, compute_efficiency_high=None)
+            for n, g in profiles.gpus.items()
+        },
+    )
+    w = wl(seqs=64, context=512)
+    p = Placer(bare, cluster(("n", "H100-SXM", [0.4] * gpus, "eu"))).place(w)
+    assert p.gamma == 3 and "near the compute ridge" not in p.record.reason
+    assert p.record.ridge_seqs[0] == p.record.ridge_seqs[1] == p.record.ridge_seqs[2]
