@@ -84,9 +84,6 @@ def operator_state(api: client.ApiClient) -> str:
     return "\n".join(out) or "no operator Pod"
 
 
-FOREIGN = "".join(chr(c) for c in [*range(0x20), 0x7F, *range(0x80, 0xA0)]) + '\u2028\U000f0000 é "q" \\'
-
-
 def serving_job(name: str, seconds: int = 0) -> dict[str, Any]:
     """The example serving Job (40-workloads.yaml) as it is: its annotations, queue, launcher init
     container, downward-API volume and `sovereignspec launch` entrypoint, with the stand-in engine
@@ -95,9 +92,6 @@ def serving_job(name: str, seconds: int = 0) -> dict[str, Any]:
         next(d for d in yaml.safe_load_all((EXAMPLES / "40-workloads.yaml").read_text()) if d)
     )
     job["metadata"]["name"] = name
-    # A neighbour's annotation with every control character: the kubelet Go-quotes it into the
-    # downward-API file the launcher reads, which must start the engine all the same.
-    job["spec"]["template"]["metadata"].setdefault("annotations", {})["team.example.com/notes"] = FOREIGN
     pod = job["spec"]["template"]["spec"]
     pod["hostNetwork"] = True  # this machine may create no pod network (the CNI has only loopback)
     engine = pod["containers"][0]
