@@ -227,10 +227,17 @@ def _models_for(
         raise ValueError(f"whole-step rows must be at the calibration's TP {tp}; got {off[0]}")
     if not any(r.part == "step" for r in rows):
         raise ValueError("calibration needs whole-step rows (part step); got only linear-layer rows")
+    return _row_models(model, rows, others, "the measurements")
+
+
+def _row_models(
+    model: ModelSpec, rows: Sequence[Measurement], others: dict[str, ModelSpec] | None, where: str
+) -> list[ModelSpec]:
+    """Each row's model: its own (looked up in `others`) or the calibration's."""
     known = {model.name: model, **(others or {})}
     unknown = sorted({r.model for r in rows if r.model and r.model not in known})
     if unknown:
-        raise ValueError(f"unknown model(s) in the measurements: {unknown}; accepted: {sorted(known)}")
+        raise ValueError(f"unknown model(s) in {where}: {unknown}; accepted: {sorted(known)}")
     return [known[r.model] if r.model else model for r in rows]
 
 
@@ -323,11 +330,7 @@ def errors_on(
 ) -> tuple[float, float]:
     """(RMS, largest) relative error of the fitted coefficients on `rows` (data not fitted): each
     row priced with the fit's fixed cost per step or glue cost per layer, nothing refitted."""
-    known = {model.name: model, **(others or {})}
-    unknown = sorted({r.model for r in rows if r.model and r.model not in known})
-    if unknown:
-        raise ValueError(f"unknown model(s) in the held-out data: {unknown}; accepted: {sorted(known)}")
-    models = [known[r.model] if r.model else model for r in rows]
+    models = _row_models(model, rows, others, "the held-out data")
     terms = _Terms(gpu, models, tp, rows)
     predicted = terms.predict(result.coefficients, np.array([result.fixed_s, result.glue_per_layer_s]))
     rel = np.abs(predicted - terms.measured) / terms.measured
