@@ -42,7 +42,8 @@ def engine_config(drafter: DrafterSpec, model: str, gamma: int, table: Table | N
     batches pay and the declared one does not (γ = 0 there). Engines that read a table get it;
     the fixed-γ forms (SGLang's NGRAM and STANDALONE; vLLM before 0.24, see `launch`) run `gamma`.
     No γ > 0 anywhere is plain decode: nothing at all."""
-    top = max((k for _, _, k in table), default=gamma) if table else gamma
+    # Never below the decision at the declared batch, whatever a cautious table says there.
+    top = max(max((k for _, _, k in table), default=gamma), gamma) if table else gamma
     if top <= 0:
         return EngineConfig()
     names = drafter.engines

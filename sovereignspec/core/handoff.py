@@ -35,7 +35,58 @@ def budget_by_batch(
     measured_background: float | None = None,
     caution: float = 0.0,
 ) -> Table:
-    """γ* at each batch breakpoint, as contiguous inclusive ranges.
+    """γ* at each batch breakpoint, as contiguous inclusive ranges (`_budget`)."""
+    ks, _ = _budget(
+        gpu,
+        model,
+        drafter,
+        alpha,
+        context,
+        gamma_max,
+        margin,
+        cap,
+        background,
+        step_limit,
+        decided,
+        measured_background,
+        caution,
+    )
+    return _ranges(ks)
+
+
+def _ranges(ks: list[int]) -> Table:
+    """Breakpoints' K as contiguous inclusive ranges; equal neighbours merge."""
+    out: Table = []
+    start = 1
+    for b, k in zip(BATCH_BREAKPOINTS, ks, strict=True):
+        if out and out[-1][2] == k:
+            out[-1][1] = b
+        else:
+            out.append([start, b, k])
+        start = b + 1
+    return out
+
+
+def _budget(
+    gpu: GpuSpec,
+    model: ModelSpec,
+    drafter: DrafterSpec,
+    alpha: float,
+    context: float,
+    gamma_max: int,
+    margin: float,
+    cap: int | None,
+    background: float,
+    step_limit: float,
+    decided: tuple[float, int] | None,
+    measured_background: float | None,
+    caution: float,
+) -> tuple[list[int], list[GammaTable]]:
+    """(K at each batch breakpoint, the optimiser's table there that judged it).
+
+    Every row is judged armed (`SpecRequest.armed`): an engine handed a table runs in speculative
+    mode at every batch, so K = 0 on its row pays a draft pass and the machinery, and a K > 0 there
+    is weighed against that, not against plain decode.
 
     γ* is the optimiser's at each batch beside `background` sequences of other work, keeping the
     shared step within `step_limit` seconds (the neighbours' TPOT SLOs as a bound on the step: inf
@@ -56,9 +107,17 @@ def budget_by_batch(
     bg = np.full(1, float(background))
     q = np.full(1, float(step_limit) / float(roof.step_time(bg, bg, context)[0]))  # against the step before
     stars = []
+    tables: list[GammaTable] = []
     for b in BATCH_BREAKPOINTS:
         req = SpecRequest(
-            alpha, float(b), context, drafter.cost_for(model.name), drafter.spec_overhead, gamma_max, margin
+            alpha,
+            float(b),
+            context,
+            drafter.cost_for(model.name),
+            drafter.spec_overhead,
+            gamma_max,
+            margin,
+            armed=True,
         )
         table = gamma_table(roof, req, bg, q)
         if measured_background is not None and decided is not None and b < decided[0]:
@@ -72,6 +131,7 @@ def budget_by_batch(
             table = replace(judged, externality_ok=table.externality_ok)
         k = _cautious(table, caution) if caution else int(choose(table).gamma[0])
         stars.append(min(k, cap) if cap is not None else k)
+        tables.append(table)
     ks: list[int] = []
     if decided is None:
         for k in stars:  # non-increasing: the running minimum
@@ -87,20 +147,37 @@ def budget_by_batch(
             k = min(star, decided[1])
             above.append(min(k, above[-1]) if above else k)
         below: list[int] = []
-        carry = above[0] if above else 0
+        carry = decided[1]  # every lighter batch runs at least the decision
         for k in reversed(stars[:first]):
             carry = max(k, carry)
             below.append(carry)
         ks = below[::-1] + above
-    out: Table = []
-    start = 1
-    for b, k in zip(BATCH_BREAKPOINTS, ks, strict=True):
-        if out and out[-1][2] == k:
-            out[-1][1] = b
-        else:
-            out.append([start, b, k])
-        start = b + 1
-    return out
+    return ks, tables
+
+
+def _pays(ks: list[int], tables: list[GammaTable], declared: float, margin: float) -> bool:
+    """Whether arming the engine with the table beats plain decode for its whole life.
+
+    Plain decode is the alternative at every batch, and the table's K = 0 rows are not it (they pay
+    a draft pass and the machinery). With no distribution of the engine's batch to go on, every
+    batch from 1 to the declared one is taken as equally likely (traffic that swings between idle
+    and the declared peak); the GPU's mean aggregate speed-up over them must beat plain by the
+    self-benefit margin, as a single γ must. And no row the engine can run (up to the declared
+    batch) may push a neighbour past its SLO bound, K = 0 rows included."""
+    total = weight = 0.0
+    last = max(1, math.ceil(declared))
+    lo = 1
+    for i, (b, k, table) in enumerate(zip(BATCH_BREAKPOINTS, ks, tables, strict=True)):
+        hi = last if i == len(BATCH_BREAKPOINTS) - 1 else min(b, last)
+        if hi < lo:
+            break
+        if not table.externality_ok[k, 0]:
+            return False
+        count = hi - lo + 1
+        total += count * float(table.aggregate[k, 0])
+        weight += count
+        lo = hi + 1
+    return total >= (1.0 + margin) * weight
 
 
 def handoff(
@@ -141,7 +218,7 @@ def handoff(
     roof = roofline_for(gpu, model)
     background = float(roof.seqs_for_headroom(headroom, context))
     running = float(roof.seqs_for_headroom(headroom if measured is None else measured, context))
-    table = budget_by_batch(
+    ks, tables = _budget(
         gpu,
         model,
         drafter,
@@ -149,16 +226,34 @@ def handoff(
         context,
         gamma_max,
         margin,
-        background=background,
-        step_limit=step_limit,
-        decided=decided,
-        measured_background=running,
-        caution=margin,
+        None,
+        background,
+        step_limit,
+        decided,
+        running,
+        margin,
     )
-    return table if any(k > 0 for _, _, k in table) else None
+    if not any(k > 0 for k in ks) or not _pays(ks, tables, decided[0], margin):
+        return None
+    return _ranges(ks)
 
 
 def _cautious(table: GammaTable, caution: float) -> int:
     """The shortest feasible γ whose objective is within `caution` (relative) of the best one."""
     objective = np.where(table.feasible[:, 0], table.aggregate[:, 0], -np.inf)
     return int(np.flatnonzero(objective * (1.0 + caution) >= objective.max())[0])
+
+
+def armed_at_declared(
+    gpu: GpuSpec, model: ModelSpec, drafter: DrafterSpec, seqs: float, context: float, headroom: float
+) -> tuple[float, float]:
+    """(speed-up, seconds per output token) of an engine armed with a table whose K is 0 at its
+    declared batch `seqs`, beside the load the GPU's `headroom` reading shows: plain decode's work
+    plus a draft pass and the machinery, so below 1. What the decision reports for such an engine."""
+    roof = roofline_for(gpu, model)
+    background = np.full(1, float(roof.seqs_for_headroom(headroom, context)))
+    req = SpecRequest(
+        1.0, float(seqs), context, drafter.cost_for(model.name), drafter.spec_overhead, 0, 0.0, armed=True
+    )
+    table = gamma_table(roof, req, background, np.full(1, np.inf))
+    return float(table.speedup[0, 0]), float(table.step[0, 0])

@@ -53,6 +53,9 @@ class SpecRequest:
     spec_overhead: float  # o: the speculation machinery's per-step cost, relative to the plain step
     gamma_max: int  # 0 disables speculation (no drafter, or policy)
     margin: float  # self-benefit margin: S_real must reach 1 + margin
+    # In speculative mode whatever γ (a row of a per-batch table): γ = 0 pays a draft pass and the
+    # machinery (`speedup.speculation_terms`), and a longer draft is judged against that, not plain.
+    armed: bool = False
 
 
 @dataclass(frozen=True)
@@ -111,7 +114,7 @@ def _terms(
     plain = verify[0]  # γ = 0 verifies one token per sequence: the plain step, T(n + b, n + b, L)
     before = roof.step_time(n, n, ctx)
     single = roof.step_time(1.0, 1.0, ctx)  # a draft pass: speedup.py's docstring
-    step = speculative_step(verify, single, plain, g, req.draft_cost, req.spec_overhead)
+    step = speculative_step(verify, single, plain, g, req.draft_cost, req.spec_overhead, req.armed)
     ratio = plain / step
     t = taus[:, None]
     speedup = t * ratio
@@ -149,7 +152,8 @@ def gamma_table(
         roof = roof.map(np.atleast_1d)
     gammas, gammas_f, taus = gamma_axis(req.alpha, req.gamma_max)
     step, _, before, speedup, aggregate = _terms(roof, req, bg_seqs, gammas_f, taus)
-    self_ok = speedup >= 1.0 + req.margin
+    # Armed, the alternative to drafting at this batch is the armed γ = 0 (below 1), not plain.
+    self_ok = speedup >= (1.0 + req.margin) * speedup[0] if req.armed else speedup >= 1.0 + req.margin
     if allow_spec is not None:
         self_ok &= allow_spec
     externality_ok = step <= slo_ratio * before

@@ -48,24 +48,39 @@ def tau(alpha: ArrayLike, gamma: ArrayLike) -> Array:
 
 
 def speculation_terms(
-    gamma: Any, draft_cost: Any, spec_overhead: Any, single: Any, plain: Any
+    gamma: Any, draft_cost: Any, spec_overhead: Any, single: Any, plain: Any, armed: bool = False
 ) -> tuple[Any, Any]:
     """(drafting, machinery): what drafting `gamma` tokens adds to a step beyond verifying them.
 
     γ draft passes at c of the GPU's batch-1 step `single`, and the speculation machinery at o of
     its plain step `plain`, paid whenever γ > 0 (γ = 0 is plain decode: neither). The one home of
     speculation's price: the optimiser, the scalar twin, predict, calibration and the profile world
-    all call it, over floats or numpy arrays alike."""
+    all call it, over floats or numpy arrays alike.
+
+    `armed`: the engine runs in speculative mode whatever γ, as it does on a row of a per-batch
+    table that says K = 0. There γ = 0 still pays one draft pass and the machinery: vLLM 0.32
+    (`v1/spec_decode/llm_base_proposer.py`, "Dynamic SD decided K=0") runs the drafter's first
+    forward pass to keep its KV cache in sync and returns no drafts, and the speculative step's
+    machinery (rejection sampler, piecewise CUDA graphs) runs all the same; the 6-22 % tax the
+    brief cites was measured at γ = 0. SGLang's adaptive EAGLE worker likewise drafts every step."""
+    if armed:
+        return np.maximum(gamma, 1.0) * (draft_cost * single), spec_overhead * plain + 0.0 * gamma
     return gamma * (draft_cost * single), (gamma > 0) * (spec_overhead * plain)
 
 
 def speculative_step(
-    verify: Any, single: Any, plain: Any, gamma: Any, draft_cost: Any, spec_overhead: Any
+    verify: Any,
+    single: Any,
+    plain: Any,
+    gamma: Any,
+    draft_cost: Any,
+    spec_overhead: Any,
+    armed: bool = False,
 ) -> Any:
     """T_step = T(verify) + γ·c·T(1, 1, L) + o·T_plain·[γ > 0], from the verification step
     `verify` (T(n + (γ+1)·b, n + b, L) for a chain, more tokens for a tree), the batch-1 step and
-    the plain step."""
-    drafting, machinery = speculation_terms(gamma, draft_cost, spec_overhead, single, plain)
+    the plain step; `armed`: max(γ, 1) passes and the machinery at every γ (`speculation_terms`)."""
+    drafting, machinery = speculation_terms(gamma, draft_cost, spec_overhead, single, plain, armed)
     return verify + drafting + machinery
 
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from sovereignspec.core.decision import DecisionRecord
-from sovereignspec.core.handoff import handoff
+from sovereignspec.core.handoff import armed_at_declared, handoff
 from sovereignspec.core.placement import Placement, Placer, spec_request
 from sovereignspec.core.specs import ProfileSet
 from sovereignspec.engines import engine_config
@@ -194,6 +194,19 @@ def decision_notes(
             record.headroom_measured,
         )
     config = engine_config(drafter, req.model, record.gamma, table) if drafter is not None else None
+    if table is not None and drafter is not None and record.gamma == 0 and record.headroom is not None:
+        # Armed at its declared batch with K = 0 there: slower than plain by a draft pass and the
+        # machinery; what it is handed says so.
+        speedup, step = armed_at_declared(
+            profiles.gpus[record.gpu_type],
+            profiles.models[req.model],
+            drafter,
+            float(req.seqs),
+            float(req.context),
+            record.headroom,
+        )
+        notes[ann.OUT_SPEEDUP] = f"{speedup:.3f}"
+        notes[ann.OUT_TPOT] = f"{step * 1e3:.3f}"
     if config is not None and config.vllm:
         notes[ann.OUT_MODE] = "speculative"
         notes[ann.OUT_VLLM] = config.vllm
@@ -273,7 +286,10 @@ def _placed(
     if record.gamma == 0 and notes.get(ann.OUT_MODE) == "speculative":
         table = json.loads(notes[ann.OUT_VLLM]).get("num_speculative_tokens_per_batch_size") or []
         below = max((hi for _, hi, k in table if k > 0), default=0)
-        light = f"; speculates up to batch {below} (per-batch table {table}), plain above"
+        light = (
+            f"; speculates up to batch {below} (per-batch table {table}), K = 0 above: "
+            f"{notes[ann.OUT_SPEEDUP]}x plain at the declared batch (a draft pass and the machinery)"
+        )
     mode = "speculative" if record.gamma > 0 else "light-batch speculative" if light else "plain"
     message = (
         f"{mode} γ={record.gamma} on {record.node}/gpu{record.gpu_index} ({record.gpu_type}); "

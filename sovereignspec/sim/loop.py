@@ -195,6 +195,7 @@ class Simulator:
             self.policy.adopt(self, r, index)
             if self.policy.dynamic and self.policy.own_batch_only:
                 r.by_batch = [self.policy.gamma_at(self, g, r, n) for n in range(r.cap + 1)]
+                r.armed = r.draft is not None and any(k > 0 for k in r.by_batch)
                 g.regamma.add(r.id)  # its γ is decided at the GPU's next change, as for any policy
         missing = t_spec.replicas - sum(r.tenant == tenant for r in self.replicas)
         if missing and t + 30.0 < self.scenario.duration_s:
@@ -396,10 +397,10 @@ class Simulator:
                 continue
             r = self.replicas[rid]
             gamma = r.current if gammas is None else gammas.get(rid, r.current)
-            if gamma > 0 and r.draft is not None:
+            if r.draft is not None and (gamma > 0 or r.armed):
                 if not plain and r.draft.needs_plain:
                     plain = world.step(s, s, ctx)
-                total += r.draft.seconds(gamma, count, ctx, verify, plain)
+                total += r.draft.seconds(gamma, count, ctx, verify, plain, r.armed)
         return total
 
     def step_time(self, g: Gpu, gammas: dict[int, int] | None = None) -> float:

@@ -51,6 +51,7 @@ class Replica:
     queue: deque[Request] = field(default_factory=deque)
     cap: int = 1  # the tenant's max-num-seqs
     by_batch: list[int] = field(default_factory=list)  # γ per batch size 0..cap (own_batch_only policies)
+    armed: bool = False  # its engine runs a table with a K > 0: a draft pass even where K = 0
     active: int = 0
     busy: int = 0  # active + queued: what arrivals are routed by
     slot: int = 0  # its place among its tenant's replicas (placement order)

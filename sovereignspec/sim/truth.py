@@ -179,14 +179,17 @@ class Drafting:
     share: float = 0.0  # ngram: fraction of the verification step
     model: MeasuredGpu | None = None  # draft model: its own steps
 
-    def seconds(self, gamma: int, seqs: float, ctx: float, verify_s: float) -> float:
-        if gamma <= 0:
+    def seconds(self, gamma: int, seqs: float, ctx: float, verify_s: float, armed: bool = False) -> float:
+        """Drafting `gamma` tokens; `armed` (an engine in speculative mode at K = 0 of its table):
+        the first draft pass runs all the same (vLLM 0.32 keeps the drafter's KV cache in sync)."""
+        if gamma <= 0 and not armed:
             return 0.0
+        passes = max(gamma, 1)
         if self.kind == "ngram":
             return self.share * verify_s
         if self.model is not None:
-            return gamma * self.model.step(seqs, seqs, ctx)
-        return gamma * (self.pass_s + self.per_token_s * seqs) + self.kv_s_per_token * seqs * ctx
+            return passes * self.model.step(seqs, seqs, ctx)
+        return passes * (self.pass_s + self.per_token_s * seqs) + self.kv_s_per_token * seqs * ctx
 
 
 @dataclass(frozen=True)

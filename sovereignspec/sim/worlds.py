@@ -29,7 +29,9 @@ class Draft(Protocol):
     @property
     def needs_plain(self) -> bool: ...  # priced against the GPU's plain step (then computed)
 
-    def seconds(self, gamma: int, seqs: float, ctx: float, verify_s: float, plain_s: float) -> float: ...
+    def seconds(
+        self, gamma: int, seqs: float, ctx: float, verify_s: float, plain_s: float, armed: bool = False
+    ) -> float: ...
 
 
 class World(Protocol):
@@ -50,9 +52,11 @@ class _RelativeDraft:
     overhead: float
     needs_plain: bool = True
 
-    def seconds(self, gamma: int, seqs: float, ctx: float, verify_s: float, plain_s: float) -> float:
+    def seconds(
+        self, gamma: int, seqs: float, ctx: float, verify_s: float, plain_s: float, armed: bool = False
+    ) -> float:
         drafting, machinery = speculation_terms(
-            gamma, self.cost, self.overhead, self.coeffs.step(1.0, 1.0, ctx), plain_s
+            gamma, self.cost, self.overhead, self.coeffs.step(1.0, 1.0, ctx), plain_s, armed
         )
         return float(drafting + machinery)
 
@@ -83,8 +87,10 @@ class _MeasuredDraft:
     drafting: truth.Drafting
     needs_plain: bool = False
 
-    def seconds(self, gamma: int, seqs: float, ctx: float, verify_s: float, plain_s: float) -> float:
-        return self.drafting.seconds(gamma, seqs, ctx, verify_s)
+    def seconds(
+        self, gamma: int, seqs: float, ctx: float, verify_s: float, plain_s: float, armed: bool = False
+    ) -> float:
+        return self.drafting.seconds(gamma, seqs, ctx, verify_s, armed)
 
 
 @dataclass(frozen=True)

@@ -207,6 +207,8 @@ def _every_tick_keeps_sovereignty_and_capacity(
             assert top >= budget and top > 0
             table = config.get("num_speculative_tokens_per_batch_size")
             assert top == budget or (table and max(k for _, _, k in table) == top)
+            if budget == 0:  # armed, K = 0 at the declared batch: slower than plain there, and it says so
+                assert float(pod[ann.OUT_SPEEDUP]) < 1.0, pod
     for host, n in used.items():
         assert n <= _capacity(by_host[host]), (host, n)
         if exclusive[host]:

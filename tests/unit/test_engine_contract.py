@@ -76,7 +76,8 @@ def test_every_drafter_and_mode_hands_each_engine_only_fields_and_flags_it_has(
     assert set(vllm) <= VLLM_FIELDS and vllm["method"] in VLLM_METHODS
     per_batch = vllm.get("num_speculative_tokens_per_batch_size", [[1, 1, vllm["num_speculative_tokens"]]])
     vllm_table_is_valid(per_batch)
-    assert vllm["num_speculative_tokens"] == max(k for _, _, k in per_batch) <= gamma
+    # The table is capped at γ; the engine's ceiling is the decision (vLLM clamps every K to it).
+    assert max(k for _, _, k in per_batch) <= gamma == vllm["num_speculative_tokens"]
     if vllm["method"] == "ngram":
         assert vllm["prompt_lookup_min"] <= vllm["prompt_lookup_max"]
     words = shlex.split(cfg.sglang)
@@ -86,7 +87,8 @@ def test_every_drafter_and_mode_hands_each_engine_only_fields_and_flags_it_has(
     assert value["--speculative-algorithm"] in SGLANG_ALGORITHMS
     # SGLang's adaptive mode (EAGLE/EAGLE3) reads the table: its steps are the table's largest K;
     # the other algorithms run the fixed γ decided at the declared batch.
-    steps = max(k for _, _, k in table) if value["--speculative-algorithm"] in {"EAGLE", "EAGLE3"} else gamma
+    adaptive = value["--speculative-algorithm"] in {"EAGLE", "EAGLE3"}
+    steps = max(max(k for _, _, k in table), gamma) if adaptive else gamma
     assert int(value["--speculative-num-draft-tokens"]) == steps + 1
     if value["--speculative-algorithm"] == "NGRAM":  # a chain of γ tokens, as priced
         assert (
@@ -107,10 +109,15 @@ def test_every_drafter_and_mode_hands_each_engine_only_fields_and_flags_it_has(
         assert cfg.sglang_adaptive == ""  # SGLang's adaptive mode refuses other algorithms
 
 
-def gamma_star(gpu: str, drafter: str, alpha: float, batch: int, gamma_max: int = 8) -> int:
+def gamma_star(
+    gpu: str, drafter: str, alpha: float, batch: int, gamma_max: int = 8, armed: bool = True
+) -> int:
+    """γ* on an idle GPU; `armed`: as a row of a table (K = 0 pays a draft pass and the machinery)."""
     d = PROFILES.drafters[drafter]
     m = PROFILES.models[_model(drafter)]
-    req = SpecRequest(alpha, float(batch), 1024.0, d.cost_for(m.name), d.spec_overhead, gamma_max, 0.02)
+    req = SpecRequest(
+        alpha, float(batch), 1024.0, d.cost_for(m.name), d.spec_overhead, gamma_max, 0.02, armed=armed
+    )
     return int(
         choose(gamma_table(roofline_for(PROFILES.gpus[gpu], m), req, np.zeros(1), np.full(1, np.inf))).gamma[
             0
@@ -193,18 +200,19 @@ def test_no_batch_that_pays_is_plain_decode() -> None:
     )
 
 
-def test_a_light_batch_beside_a_neighbour_declared_to_saturate_the_gpu_still_speculates() -> None:
+def test_a_table_whose_k0_rows_cost_more_than_its_light_rows_gain_is_not_handed() -> None:
     from sovereignspec.core.handoff import handoff
 
     gpu, model, d = PROFILES.gpus["H100-SXM"], PROFILES.models["llama-3.1-8b"], PROFILES.drafters["eagle3"]
     # Telemetry reads the GPU idle (1.0: the neighbour's engine is not running yet); the ledger reads
-    # it full (0.0: the neighbour's declared 256 sequences). Judged beside all of it, no batch pays;
-    # beside the same fraction of the declared load as this engine runs, light ones do.
-    table = handoff(gpu, model, d, 0.7, 144.0, 8, 0.02, 0.0, math.inf, (256.0, 0), measured=1.0)
-    assert table is not None
-    vllm_table_is_valid(table)
-    assert table[0][2] > 0
-    assert all(k == 0 for _, hi, k in table if hi >= 256)
+    # it full (0.0: the neighbour's declared 256 sequences). The light batches would pay (1.03-1.29
+    # beside the same fraction of the neighbour's load), but from 129 to 256 sequences, half of the
+    # batches up to the declared one, the armed engine pays a draft pass and the machinery for
+    # nothing (0.90): over a day that swings evenly from idle to the peak it is slower than plain.
+    assert handoff(gpu, model, d, 0.7, 144.0, 8, 0.02, 0.0, math.inf, (256.0, 0), measured=1.0) is None
+    # Alone on an idle GPU the light rows gain far more (up to 1.8x) and the table is handed.
+    table = handoff(gpu, model, d, 0.7, 144.0, 8, 0.02, 1.0, math.inf, (256.0, 0))
+    assert table is not None and table[0][2] > 0
 
 
 def test_load_that_telemetry_measures_counts_in_full_at_every_batch() -> None:
@@ -216,29 +224,63 @@ def test_load_that_telemetry_measures_counts_in_full_at_every_batch() -> None:
     assert handoff(gpu, model, d, 0.7, 144.0, 8, 0.02, 0.0, math.inf, (8.0, 0)) is None
 
 
-def test_the_neighbours_bound_is_held_beside_their_whole_load_at_every_batch() -> None:
+def test_the_neighbours_bound_counts_the_draft_pass_and_machinery_of_the_k0_rows() -> None:
     from sovereignspec.core.handoff import handoff
     from sovereignspec.core.roofline import roofline_for
 
     gpu, model, d = PROFILES.gpus["H100-SXM"], PROFILES.models["llama-3.1-8b"], PROFILES.drafters["eagle3"]
     roof = roofline_for(gpu, model)
-    background = float(roof.seqs_for_headroom(0.0, 144.0))
-    before = float(roof.step_time(background, background, 144.0))
-    # A neighbour already at its SLO: no step may grow at all. The light rows' optimism about the
-    # neighbours' load must not buy a single drafted token.
-    assert handoff(gpu, model, d, 0.7, 144.0, 8, 0.02, 0.0, before, (256.0, 0), measured=1.0) is None
-    # With 30 % of room the light batches speculate, with shorter drafts than with no bound.
-    some = handoff(gpu, model, d, 0.7, 144.0, 8, 0.02, 0.0, before * 1.3, (256.0, 0), measured=1.0)
-    free = handoff(gpu, model, d, 0.7, 144.0, 8, 0.02, 0.0, math.inf, (256.0, 0), measured=1.0)
-    assert some is not None and free is not None
+    ctx, declared = 144.0, 64.0
+    background = float(roof.seqs_for_headroom(0.9, ctx))
+    n = background + declared
+    plain = float(roof.step_time(n, n, ctx))
+    # The armed engine at its declared batch, where the table says K = 0: one draft pass (c of the
+    # batch-1 step) and the machinery (o of the plain step) on top of the plain step.
+    armed = plain + d.cost_for(model.name) * float(roof.step_time(1.0, 1.0, ctx)) + d.spec_overhead * plain
 
-    def at(table: list[list[int]], b: int) -> int:
-        return next(k for lo, hi, k in table if lo <= b <= hi)
+    def table(limit: float) -> list[list[int]] | None:
+        return handoff(gpu, model, d, 0.7, ctx, 8, 0.02, 0.9, limit, (declared, 0), measured=1.0)
 
-    # Batch by batch (ranges merge, so their count or sum says little).
-    assert some[0][2] > 0
-    assert all(at(some, b) <= at(free, b) for b in BATCH_BREAKPOINTS)
-    assert any(at(some, b) < at(free, b) for b in BATCH_BREAKPOINTS)
+    # A bound plain decode keeps but the armed K = 0 row does not: no table, a truly plain engine
+    # (here the K = 0 row at the declared batch is the longest step the table can run).
+    assert table(plain * 1.01) is None
+    assert table(armed * 0.999) is None
+    some = table(armed * 1.001)
+    assert some is not None and some[0][2] > 0
+    assert all(k == 0 for _, hi, k in some if hi >= declared)
+    # A neighbour already at its SLO (no step may grow at all): nothing.
+    before = float(roof.step_time(background, background, ctx))
+    assert table(before) is None
+
+
+def test_a_row_of_a_table_at_k0_pays_a_draft_pass_and_the_machinery() -> None:
+    gpu, model, d = PROFILES.gpus["H100-SXM"], PROFILES.models["llama-3.1-8b"], PROFILES.drafters["eagle3"]
+    roof = roofline_for(gpu, model)
+    c, o = d.cost_for(model.name), d.spec_overhead
+    b, ctx = 256.0, 1024.0
+    plain = float(roof.step_time(b, b, ctx))
+    single = float(roof.step_time(1.0, 1.0, ctx))
+    rows = {}
+    for armed in (False, True):
+        req = SpecRequest(0.7, b, ctx, c, o, 8, 0.02, armed=armed)
+        rows[armed] = gamma_table(roof, req, np.zeros(1), np.full(1, np.inf))
+    assert rows[False].step[0, 0] == pytest.approx(plain, rel=1e-12)  # plain decode: no draft at all
+    assert rows[True].step[0, 0] == pytest.approx(plain + c * single + o * plain, rel=1e-12)
+    assert rows[True].speedup[0, 0] == pytest.approx(plain / (plain + c * single + o * plain), rel=1e-12)
+    # γ > 0 costs the same armed or not: γ passes and the machinery either way.
+    assert np.allclose(rows[True].step[1:], rows[False].step[1:], rtol=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("gpu", "alpha", "batch"), [("H100-SXM", 0.3, 256), ("H100-SXM", 0.4, 512), ("A100-80G-SXM", 0.5, 64)]
+)
+def test_an_armed_row_weighs_a_draft_against_the_armed_k0_not_against_plain_decode(
+    gpu: str, alpha: float, batch: int
+) -> None:
+    # Here one draft token does not beat plain decode by the margin, but it beats the armed K = 0
+    # (which pays the pass and machinery anyway): in a table the row runs K = 1.
+    assert gamma_star(gpu, "eagle3", alpha, batch, armed=False) == 0
+    assert gamma_star(gpu, "eagle3", alpha, batch, armed=True) == 1
 
 
 def test_in_the_hand_off_a_longer_draft_must_beat_a_shorter_one_by_the_margin() -> None:
@@ -254,3 +296,26 @@ def test_in_the_hand_off_a_longer_draft_must_beat_a_shorter_one_by_the_margin() 
     assert all(at(cautious, b) <= at(best, b) for b in BATCH_BREAKPOINTS)
     assert any(at(cautious, b) < at(best, b) for b in BATCH_BREAKPOINTS)
     assert at(cautious, 1) > 0  # caution shortens drafts; it does not switch speculation off
+
+
+@pytest.mark.parametrize("gpu", ["A100-80G-SXM", "H100-SXM"])
+@pytest.mark.parametrize("declared", [8.0, 16.0, 48.0])
+def test_below_the_declared_batch_the_table_never_drafts_less_than_the_decision(
+    gpu: str, declared: float
+) -> None:
+    from sovereignspec.core.handoff import handoff
+
+    model, d = PROFILES.models["llama-3.1-8b"], PROFILES.drafters["eagle3"]
+    # A cautious row (the shortest γ within the margin of the best) can sit below a decision made at
+    # the declared batch; the lighter batches still run at least the decision, and the engine's
+    # num_speculative_tokens is never below it (A100, α 0.5, idle: rows of 2 and 1 under a γ = 3).
+    for alpha in (0.5, 0.6, 0.7, 0.8):
+        for headroom in (0.2, 0.5, 1.0):
+            for gamma in range(1, 6):
+                table = handoff(PROFILES.gpus[gpu], model, d, alpha, 1024.0, 8, 0.02, headroom, math.inf,
+                                (declared, gamma))  # fmt: skip
+                if table is None:
+                    continue
+                assert all(k >= gamma for _, hi, k in table if hi < declared), (alpha, headroom, gamma, table)
+                top = json.loads(engine_config(d, model.name, gamma, table).vllm)["num_speculative_tokens"]
+                assert top >= gamma

@@ -279,3 +279,25 @@ def test_an_exclusive_workload_still_waiting_after_five_retries_names_the_levers
             notes[0].warning and "keepWholeNodesFree" in notes[0].message and "preemption" in notes[0].message
         )
         assert f"waited {retries + 1} retries" in notes[0].message
+
+
+def test_an_engine_armed_only_for_its_light_batches_is_handed_its_slowdown_at_the_declared_one() -> None:
+    # 256 sequences of EAGLE-3 at α 0.6 saturate the H100 (plain at the declared batch); its light
+    # batches pay enough to arm the engine with a table that says K = 0 from 129 up. There the engine
+    # still runs a draft pass and the machinery: what the pod is handed and the message say so.
+    heavy = chat().annotate(max_num_seqs="256", acceptance_rate="0.6", context_length="144")
+    write = _decide([heavy.obj()], [node("h1")], snapshot(IDLE))
+    notes = write.pod_set_updates[0]["annotations"]  # type: ignore[index]
+    table = json.loads(notes[ann.OUT_VLLM])["num_speculative_tokens_per_batch_size"]
+    assert notes[ann.OUT_MODE] == "speculative" and notes[ann.OUT_BUDGET] == "0"
+    assert table[0][2] > 0 and all(k == 0 for _, hi, k in table if hi >= 256)
+    p = profiles()
+    gpu, model, d = p.gpus["H100-SXM"], p.models["llama-3.1-8b"], p.drafters["eagle3"]
+    from sovereignspec.core.roofline import roofline_for
+
+    roof = roofline_for(gpu, model)
+    plain = float(roof.step_time(256.0, 256.0, 144.0))  # idle: no one else's sequences
+    armed = plain + d.cost_for(model.name) * float(roof.step_time(1.0, 1.0, 144.0)) + d.spec_overhead * plain
+    assert float(notes[ann.OUT_SPEEDUP]) == pytest.approx(plain / armed, abs=6e-4)
+    assert float(notes[ann.OUT_TPOT]) == pytest.approx(armed * 1e3, abs=6e-4)
+    assert f"{float(notes[ann.OUT_SPEEDUP]):.3f}x plain at the declared batch" in write.message
