@@ -88,7 +88,7 @@ def test_every_drafter_and_mode_hands_each_engine_only_fields_and_flags_it_has(
     # SGLang's adaptive mode (EAGLE/EAGLE3) reads the table: its steps are the table's largest K;
     # the other algorithms run the fixed γ decided at the declared batch.
     adaptive = value["--speculative-algorithm"] in {"EAGLE", "EAGLE3"}
-    steps = max(max(k for _, _, k in table), gamma) if adaptive else gamma
+    steps = max(gamma, *(k for _, _, k in table)) if adaptive else gamma
     assert int(value["--speculative-num-draft-tokens"]) == steps + 1
     if value["--speculative-algorithm"] == "NGRAM":  # a chain of γ tokens, as priced
         assert (
