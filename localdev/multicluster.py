@@ -348,13 +348,15 @@ class Fleet:
                     "sovereignspec.io/speculation", kubeconfig=kubeconfig(member, "operator")
                 ).start()
         if dispatcher:
+            sa_name = f"sovereignspec-{int(time.time() * 1000) % 10**9}"
             sa = service_account_kubeconfig(
                 api("manager"),
                 "kueue-system",
-                f"sovereignspec-{int(time.time() * 1000) % 10**9}",
+                sa_name,
                 admin_kubeconfig=kubeconfig("manager"),
                 extra_roles=("sovereignspec-dispatcher",),
             )
+            guard_nomination(api("manager"), "kueue-system", sa_name)
             self.operators["manager"] = OperatorProcess(
                 "sovereignspec.io/dispatcher", extra=["--role", "dispatcher"], kubeconfig=sa
             ).start()
@@ -366,6 +368,76 @@ class Fleet:
             prom.close()
         for t in self.telemetry.values():
             t.close()
+
+
+def guard_nomination(a: client.ApiClient, namespace: str, service_account: str) -> None:
+    """The chart's ValidatingAdmissionPolicy that lets only the dispatcher set
+    nominatedClusterNames, rendered by the pinned helm as `helm install --set role=dispatcher`
+    renders it for this ServiceAccount (Kueue's harness user `kueue` listed as Kueue's account)."""
+    cache = Path(os.environ.get("SOVEREIGNSPEC_CACHE", Path.home() / ".cache/sovereignspec"))
+    found = sorted((cache / "bin").glob("helm-*"))
+    if not found:
+        raise RuntimeError("helm not built yet: run `make binaries`")
+    chart = REPO / "charts" / "sovereignspec"
+    args = [
+        str(found[-1]),
+        "template",
+        "sovereignspec",
+        str(chart),
+        "-n",
+        namespace,
+        "--kube-version",
+        "1.36.0",
+    ]
+    args += ["--set", "role=dispatcher", "--set", f"serviceAccount.name={service_account}"]
+    args += [
+        "--set",
+        "dispatcher.nominationWriters={kueue}",
+        "--show-only",
+        "templates/nomination-policy.yaml",
+    ]
+    out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
+    for doc in yaml.safe_load_all(out):
+        if doc:
+            server_side_apply(a, doc, MANAGER)
+    # The API server loads a new policy asynchronously: wait until it refuses (in a dry run, on a
+    # throwaway Workload no queue serves) the write it exists to refuse.
+    probe = {
+        "apiVersion": f"{k.GROUP}/{k.VERSION}",
+        "kind": "Workload",
+        "metadata": {"name": "nomination-probe", "namespace": namespace},
+        "spec": {"podSets": [{"name": "main", "count": 1, "template": {"spec": {"containers": [
+            {"name": "c", "image": "probe"}]}}}]},
+    }  # fmt: skip
+    server_side_apply(a, probe, MANAGER)
+    body = {**probe, "spec": None, "status": {"nominatedClusterNames": ["probe"]}}
+    del body["spec"]
+    path = f"/apis/{k.GROUP}/{k.VERSION}/namespaces/{namespace}/workloads/nomination-probe/status"
+    try:
+        deadline = time.monotonic() + 30.0
+        while time.monotonic() < deadline:
+            resp = a.call_api(
+                *a.param_serialize(
+                    method="PATCH",
+                    resource_path=path,
+                    query_params=[("fieldManager", "nomination-probe"), ("force", "true"), ("dryRun", "All")],
+                    header_params={
+                        "Content-Type": "application/apply-patch+yaml",
+                        "Accept": "application/json",
+                    },
+                    body=body,
+                    auth_settings=["BearerToken"],
+                )
+            )
+            resp.read()
+            if resp.status == 403:
+                return
+            time.sleep(0.2)
+        raise RuntimeError("the nomination policy did not refuse a nomination within 30 s")
+    finally:
+        client.CustomObjectsApi(a).delete_namespaced_custom_object(
+            k.GROUP, k.VERSION, namespace, "workloads", "nomination-probe"
+        )
 
 
 def up(

@@ -9,6 +9,7 @@ Beside ours, the manager's ClusterQueue carries a third check, written by anothe
 
 from __future__ import annotations
 
+import json
 import secrets
 import threading
 import time
@@ -270,3 +271,63 @@ def test_a_worker_going_away_never_sends_its_work_across_and_everything_is_admit
     on = {m: worker_jobs(m) for m in mc.WORKERS}
     for j in everything:  # admitted once: on exactly one worker
         assert [m for m in mc.WORKERS if j in on[m]] == [where[j]], j
+
+
+def test_nobody_but_the_dispatcher_can_nominate_a_worker_and_the_work_stays_in_its_jurisdiction(
+    fleet: mc.Fleet,
+) -> None:
+    # Another controller (here the harness's admin user, as any over-privileged controller would be)
+    # tries again and again, from the Workload's creation to its admission, to point a kr-bound
+    # workload at worker-eu by server-side apply. The chart's ValidatingAdmissionPolicy refuses every
+    # try; the workload runs on worker-kr and worker-eu never holds a copy.
+    name = f"rogue-{secrets.token_hex(2)}"
+    submit(name, "team-kr")
+    refused: list[str] = []
+    accepted: list[int] = []
+    copies: list[str] = []
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and not admitted_on("team-kr", name):
+        wl = manager_workload("team-kr", name)
+        if wl is not None:
+            body = {
+                "apiVersion": f"{k.GROUP}/{k.VERSION}",
+                "kind": "Workload",
+                "metadata": {"name": wl["metadata"]["name"], "namespace": "team-kr"},
+                "status": {"nominatedClusterNames": ["worker-eu"]},
+            }
+            try:
+                server_side_apply(mc.api("manager"), body, "rogue-controller", subresource="status")
+                accepted.append(1)
+            except client.ApiException as e:
+                # Ours (403) until MultiKueue sets clusterName; then Kueue's own CRD rule answers first.
+                assert e.status == 403 or (e.status == 422 and "mutually exclusive" in str(e.reason)), e
+                if e.status == 403:
+                    refused.append(str(e.reason))
+        if any(ns == "team-kr" and job == name for ns, job in worker_jobs("worker-eu")):
+            copies.append("worker-eu")
+        time.sleep(0.05)
+    assert admitted_on("team-kr", name) == "worker-kr"
+    assert accepted == [] and refused, (len(accepted), len(refused))
+    assert "only the SovereignSpec dispatcher" in refused[0] and "refused for admin" in refused[0], refused[0]
+    # After admission (Kueue cleared the field) setting it is refused too.
+    wl = manager_workload("team-kr", name)
+    assert wl is not None and not (wl["status"].get("nominatedClusterNames") or [])
+    with pytest.raises(client.ApiException) as late:
+        server_side_apply(
+            mc.api("manager"),
+            {
+                "apiVersion": f"{k.GROUP}/{k.VERSION}",
+                "kind": "Workload",
+                "metadata": {"name": wl["metadata"]["name"], "namespace": "team-kr"},
+                "status": {"nominatedClusterNames": ["worker-eu"]},
+            },
+            "rogue-controller",
+            subresource="status",
+        )
+    # Refused either way: by Kueue's own rule first (no nomination beside a clusterName: 422), or ours.
+    assert late.value.status in (403, 422), late.value
+    after = manager_workload("team-kr", name)
+    assert after is not None and not (after["status"].get("nominatedClusterNames") or [])
+    time.sleep(3)  # what MultiKueue would have sent is gone or never came: nothing on worker-eu
+    assert copies == [] and (("team-kr", name) not in worker_jobs("worker-eu"))
+    assert not [w for w in k.workloads(mc.api("worker-eu"), "team-kr") if name in json.dumps(w["metadata"])]

@@ -4,6 +4,7 @@ and its values schema refuses what it should. Rendering uses the pinned helm bin
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -188,3 +189,27 @@ def test_the_values_schema_refuses_an_unknown_role(helm):
     args = [str(helm), "template", "t", str(CHART), "--set", "role=manager"]
     result = subprocess.run(args, capture_output=True, text=True, check=False)
     assert result.returncode != 0 and "role" in result.stderr
+
+
+def test_the_dispatcher_role_ships_a_policy_that_lets_only_it_and_kueue_nominate_workers(helm):
+    docs = render(helm, "role=dispatcher")
+    policy = next(d for d in docs if d["kind"] == "ValidatingAdmissionPolicy")
+    binding = next(d for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert rule["resources"] == ["workloads/status"] and rule["apiGroups"] == ["kueue.x-k8s.io"]
+    allowed = next(v["expression"] for v in policy["spec"]["variables"] if v["name"] == "allowed")
+    assert json.loads(allowed) == [
+        "system:serviceaccount:sovereignspec-system:t-sovereignspec",  # the chart's own account
+        "system:serviceaccount:kueue-system:kueue-controller-manager",
+    ]
+    # The workers' role has nothing to guard; the policy can be left out; before 1.30 there is no v1.
+    assert not any(d["kind"] == "ValidatingAdmissionPolicy" for d in render(helm))
+    off = render(helm, "role=dispatcher", "dispatcher.guardNomination=false")
+    assert not any(d["kind"].startswith("ValidatingAdmissionPolicy") for d in off)
+    old = subprocess.run(
+        [str(helm), "template", "t", str(CHART), "--kube-version", "1.29.4", "--set", "role=dispatcher"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert "ValidatingAdmissionPolicy" not in old
