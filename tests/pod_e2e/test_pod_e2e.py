@@ -84,6 +84,9 @@ def operator_state(api: client.ApiClient) -> str:
     return "\n".join(out) or "no operator Pod"
 
 
+FOREIGN = "".join(chr(c) for c in [*range(0x20), 0x7F, *range(0x80, 0xA0)]) + '\u2028\U000f0000 é "q" \\'
+
+
 def serving_job(name: str, seconds: int = 0) -> dict[str, Any]:
     """The example serving Job (40-workloads.yaml) as it is: its annotations, queue, launcher init
     container, downward-API volume and `sovereignspec launch` entrypoint, with the stand-in engine
@@ -92,6 +95,9 @@ def serving_job(name: str, seconds: int = 0) -> dict[str, Any]:
         next(d for d in yaml.safe_load_all((EXAMPLES / "40-workloads.yaml").read_text()) if d)
     )
     job["metadata"]["name"] = name
+    # A neighbour's annotation with every control character: the kubelet Go-quotes it into the
+    # downward-API file the launcher reads, which must start the engine all the same.
+    job["spec"]["template"]["metadata"].setdefault("annotations", {})["team.example.com/notes"] = FOREIGN
     pod = job["spec"]["template"]["spec"]
     pod["hostNetwork"] = True  # this machine may create no pod network (the CNI has only loopback)
     engine = pod["containers"][0]
@@ -122,6 +128,28 @@ def our_state(wl: dict[str, Any] | None) -> str | None:
     return None
 
 
+def _job_story(api: client.ApiClient, job: str) -> str:
+    core = client.CoreV1Api(api)
+    wl = workload_of(api, job)
+    out = [f"workload checks: {((wl or {}).get('status') or {}).get('admissionChecks')}",
+           f"workload conditions: {((wl or {}).get('status') or {}).get('conditions')}"]  # fmt: skip
+    for p in core.list_namespaced_pod(SERVING_NS, label_selector=f"job-name={job}").items:
+        statuses = [*(p.status.init_container_statuses or []), *(p.status.container_statuses or [])]
+        out.append(
+            f"pod {p.metadata.name} {p.status.phase}: {[(c.name, c.state.to_dict()) for c in statuses]}"
+        )
+        for c in [*(p.spec.init_containers or []), *p.spec.containers]:
+            try:
+                log = core.read_namespaced_pod_log(p.metadata.name, SERVING_NS, container=c.name)
+                out.append(f"  {c.name} log: {log[-1500:]}")
+            except client.ApiException as e:
+                out.append(f"  {c.name} log: {e.status}")
+    for e in core.list_namespaced_event(SERVING_NS).items:
+        if job in e.involved_object.name:
+            out.append(f"event {e.involved_object.kind}/{e.involved_object.name} {e.reason}: {e.message}")
+    return "\n".join(out)
+
+
 def decision_line(api: client.ApiClient, job: str) -> dict[str, Any]:
     """What the stand-in engine printed: the decision it read through the downward API."""
     core = client.CoreV1Api(api)
@@ -130,7 +158,10 @@ def decision_line(api: client.ApiClient, job: str) -> dict[str, Any]:
         pods = core.list_namespaced_pod(SERVING_NS, label_selector=f"job-name={job}").items
         return next((p for p in pods if p.status.phase == "Succeeded"), None)
 
-    pod = wait_until(finished_pod, 180, f"the pod of {job} to run and finish")
+    try:
+        pod = wait_until(finished_pod, 180, f"the pod of {job} to run and finish")
+    except AssertionError as e:  # say where it stopped: the check, the Job, its pods and their logs
+        raise AssertionError(f"{e}\n{_job_story(api, job)}") from None
     assert pod.spec.node_name == NODE
     logs = core.read_namespaced_pod_log(pod.metadata.name, SERVING_NS)
     line = next(x for x in logs.splitlines() if x.startswith("SOVEREIGNSPEC-DECISION "))
@@ -232,6 +263,8 @@ def test_examples_apply_as_the_readme_says_and_a_serving_job_runs_speculative_on
     kubectl("apply", "-f", "-", stdin=yaml.safe_dump(serving_job("acme-chat-speculative")))
     seen = decision_line(cluster, "acme-chat-speculative")
     assert our_state(workload_of(cluster, "acme-chat-speculative")) == "Ready"
+    # It ran with the neighbour's annotation of every control character, as written.
+    assert seen["pod"].metadata.annotations["team.example.com/notes"] == FOREIGN
     decision = seen["decision"]
     # The chart's policy (telemetry from the Prometheus given at install) survived the examples.
     assert decision["mode"] == "speculative", seen["logs"]

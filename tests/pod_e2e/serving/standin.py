@@ -10,11 +10,14 @@ ANNOTATIONS = "/etc/podinfo/annotations"
 
 
 def annotations(path: Path) -> dict[str, str]:
-    # The downward API writes one `key="value"` per line, the value quoted as a Go string.
+    # The downward API writes one `key="value"` per line, the value quoted as a Go string (`\x00`,
+    # `\a`: not JSON). Only SovereignSpec's own values are read, and they are plain ASCII JSON
+    # strings; a neighbour's annotation (the test gives one every control character) is skipped.
     out = {}
-    for line in path.read_text().splitlines():
+    for line in path.read_text().split("\n"):
         key, _, value = line.partition("=")
-        out[key] = json.loads(value)
+        if key.startswith(PREFIX):
+            out[key] = json.loads(value)
     return out
 
 
