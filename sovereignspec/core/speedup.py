@@ -62,7 +62,9 @@ def speculation_terms(
     (`v1/spec_decode/llm_base_proposer.py`, "Dynamic SD decided K=0") runs the drafter's first
     forward pass to keep its KV cache in sync and returns no drafts, and the speculative step's
     machinery (rejection sampler, piecewise CUDA graphs) runs all the same; the 6-22 % tax the
-    brief cites was measured at γ = 0. SGLang's adaptive EAGLE worker likewise drafts every step."""
+    brief cites was measured at γ = 0. SGLang's adaptive mode takes 0 steps as a "nospec
+    interval" (`speculative/adaptive_spec_params.py`); whether its worker still runs a draft pass
+    there is not established, and its K = 0 rows are priced as vLLM's (the cautious reading)."""
     if armed:
         return np.maximum(gamma, 1.0) * (draft_cost * single), spec_overhead * plain + 0.0 * gamma
     return gamma * (draft_cost * single), (gamma > 0) * (spec_overhead * plain)
