@@ -80,7 +80,7 @@ calibration-figure: venv
 	$(BIN)/python -c "from sovereignspec.analysis.plots import plot_calibration; from sovereignspec.profiles import load_profiles; plot_calibration(load_profiles(), 'docs/figures/calibration.png')"
 
 bench: venv
-	$(BIN)/python -m benchmarks
+	$(BIN)/python -m benchmarks $(ARGS)
 
 # Refit the shipped H100 and A100 profiles from the shipped measurements (tests hold the files to this).
 M := profiles/measurements

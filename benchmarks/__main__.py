@@ -1,31 +1,42 @@
-"""`python -m benchmarks` (or `make bench`): placement speed against the scalar reference.
+"""`python -m benchmarks` (or `make bench`): placement speed against the scalar reference and
+against an older tree, measured side by side in one run.
 
-Measured in one run, on one cluster of 2,000 mixed GPUs:
+On one cluster of 2,000 mixed GPUs (benchmarks/cluster.py, seeded):
 
 1. one workload placed over all 2,000 GPUs, from scratch (no cached γ tables): median and p99,
    decision only and decision plus the full decision record, beside the scalar reference;
 2. one scheduling tick deciding 10,000 pending workloads (200 tenants' workload shapes) over the
    same GPUs, beside the scalar reference. The reference recomputes every GPU for every workload,
-   so its cost per workload is constant; it runs the first REF_TICK workloads of the tick (checked
+   so its cost per workload is constant; it runs the first 100 workloads of the tick (checked
    decision for decision against the fast tick) and its total is scaled from that.
+
+Each tree is measured by benchmarks/placement.py in a fresh interpreter, the trees alternating
+round by round so that a machine's drift falls on both: the older tree (`--base`, default BASE:
+the code issue 31 measured; unpacked from git into build/bench-base/; `--base none`: left out),
+this tree as its processes run (with `sovereignspec.heap`'s allocator setting), and this tree on
+the default allocator, which shows what the code and what the setting each bring. Times are
+wall-clock; on a shared machine compare the columns of one run, not runs.
+
+    make bench
+    make bench ARGS="--base 2ed12d4 --rounds 3"
 """
 
 from __future__ import annotations
 
+import argparse
+import io
+import json
+import os
 import statistics
+import subprocess
 import sys
-import time
+import tarfile
+from pathlib import Path
+from typing import Any
 
-from benchmarks.cluster import mixed_cluster, one_off_workloads, pending_workloads
-from sovereignspec.core.placement import Placer, tick_order
-from sovereignspec.profiles import load_profiles
-from tests.reference import reference_tick
-
-N_GPUS = 2_000
-N_PENDING = 10_000
-SINGLE_RUNS = 300
-REF_SINGLE = 20
-REF_TICK = 100
+REPO = Path(__file__).resolve().parent.parent
+PROBE = REPO / "benchmarks" / "placement.py"
+BASE = "ac55e90"  # main when issue 31 was filed: 2.17 ms median, 3.13 ms p99, 14x the reference
 
 
 def pct(values: list[float], q: float) -> float:
@@ -33,64 +44,102 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
+def unpack(rev: str) -> Path:
+    """The tree at `rev`, unpacked once into build/bench-base/<commit>."""
+    commit = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "--verify", f"{rev}^{{commit}}"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    dest = REPO / "build" / "bench-base" / commit
+    if not (dest / ".unpacked").exists():
+        archive = subprocess.run(
+            ["git", "-C", str(REPO), "archive", "--format=tar", commit], capture_output=True, check=True
+        ).stdout
+        dest.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+            tar.extractall(dest, filter="data")
+        (dest / ".unpacked").touch()
+    return dest
+
+
+def probe(tree: Path, *flags: str) -> dict[str, Any]:
+    # -P: nothing before PYTHONPATH on sys.path, so the tree's own package is the one imported.
+    done = subprocess.run(
+        [sys.executable, "-P", str(PROBE), *flags],
+        cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise SystemExit(f"measuring {tree} failed:\n{done.stderr[-4000:]}")
+    return dict(json.loads(done.stdout))
+
+
+def pooled(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    single = [s for r in runs for s in r["single"]]
+    explained = [s for r in runs for s in r["single_explained"]]
+    ref = [s for r in runs for s in r["reference_single"]]
+    return {
+        "median": statistics.median(single),
+        "p99": pct(single, 0.99),
+        "explained_median": statistics.median(explained),
+        "explained_p99": pct(explained, 0.99),
+        "reference": statistics.median(ref),
+        "speedup": statistics.median(ref) / statistics.median(single),
+        "tick": statistics.median(r["tick_s"] for r in runs),
+        "reference_tick": statistics.median(r["reference_tick_s"] for r in runs),
+        "same": all(r["same_as_reference"] for r in runs),
+        "outcomes": runs[-1]["outcomes"],
+        "speculative": runs[-1]["speculative"],
+        "shape": f"{runs[-1]['gpus']} GPUs on {runs[-1]['nodes']} nodes",
+    }
+
+
 def main() -> int:
-    profiles = load_profiles()
-    view = mixed_cluster(N_GPUS)
-    print(f"cluster: {len(view.gpus)} GPUs on {len(view.nodes)} nodes; python {sys.version.split()[0]}")
-
-    singles = one_off_workloads(SINGLE_RUNS)
-    placer = Placer(profiles, view)
-    placer.place(singles[0], commit=False)  # warm imports and per-model coefficients
-    fast, fast_explained = [], []
-    for w in singles:
-        placer._scores.clear()  # from scratch every time
-        t = time.perf_counter()
-        placer.place(w, commit=False, explain=False)
-        fast.append(time.perf_counter() - t)
-        placer._scores.clear()
-        t = time.perf_counter()
-        placer.place(w, commit=False, explain=True)
-        fast_explained.append(time.perf_counter() - t)
-    ref = []
-    for w in singles[:REF_SINGLE]:
-        t = time.perf_counter()
-        reference_tick(profiles, view, [w])
-        ref.append(time.perf_counter() - t)
-    med, p99 = statistics.median(fast), pct(fast, 0.99)
-    print("\none workload over 2,000 GPUs (no cache)")
-    print(f"  vectorised, decision            median {med * 1e3:7.3f} ms   p99 {p99 * 1e3:7.3f} ms")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--base", default=BASE, help="the older tree's commit (default %(default)s), or none")
+    parser.add_argument("--rounds", type=int, default=2, help="measurements per tree, alternating")
+    args = parser.parse_args()
+    trees: dict[str, tuple[Path, tuple[str, ...]]] = {
+        "this tree": (REPO, ()),
+        "default malloc": (REPO, ("--default-allocator",)),
+    }
+    if args.base != "none":
+        trees = {f"{args.base} (base)": (unpack(args.base), ()), **trees}
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in trees}
+    for _ in range(args.rounds):
+        for name, (tree, flags) in trees.items():
+            runs[name].append(probe(tree, *flags))
+    figures = {name: pooled(r) for name, r in runs.items()}
+    names = list(figures)
+    here = figures["this tree"]
+    base = figures[names[0]] if args.base != "none" else None
     print(
-        f"  vectorised, decision + record   median {statistics.median(fast_explained) * 1e3:7.3f} ms"
-        f"   p99 {pct(fast_explained, 0.99) * 1e3:7.3f} ms"
+        f"cluster: {here['shape']}; python {sys.version.split()[0]}; {args.rounds} rounds per column, "
+        f"alternating; {len(runs['this tree'][0]['single']) * args.rounds} single placements pooled"
     )
-    print(f"  scalar reference ({REF_SINGLE} runs)     median {statistics.median(ref) * 1e3:7.1f} ms")
-    print(f"  speed-up (medians)              {statistics.median(ref) / med:7.1f}x")
+    header = "".join(f"{n:>18}" for n in names) + ("   this / base" if base else "")
 
-    pending = pending_workloads(N_PENDING)
-    t = time.perf_counter()
-    decisions = Placer(profiles, view).tick(pending, explain=False)
-    tick_s = time.perf_counter() - t
-    first = sorted(pending, key=tick_order)[:REF_TICK]
-    t = time.perf_counter()
-    ref_decisions = reference_tick(profiles, view, first)
-    ref_s = (time.perf_counter() - t) / REF_TICK * N_PENDING
-    same = all(
-        (d.workload, d.outcome, d.node, d.gpu_index, d.gamma)
-        == (r.workload, r.outcome, r.node, r.gpu_index, r.gamma)
-        for d, r in zip(decisions, ref_decisions, strict=False)
-    )
-    outcomes = {o: sum(d.outcome == o for d in decisions) for o in ("placed", "retry", "rejected")}
-    spec = sum(d.gamma > 0 for d in decisions)
-    print(f"\none tick: {N_PENDING:,} pending workloads over 2,000 GPUs")
-    print(
-        f"  vectorised                      {tick_s:7.3f} s"
-        f"   ({tick_s / N_PENDING * 1e6:.1f} µs per workload)"
-    )
-    print(f"  scalar reference (scaled from the first {REF_TICK})  {ref_s:7.1f} s")
-    print(f"  speed-up                        {ref_s / tick_s:7.1f}x")
-    print(f"  first {REF_TICK} decisions identical to the reference: {same}")
-    print(f"  outcomes: {outcomes}; speculative: {spec}")
-    return 0 if same else 1
+    def row(label: str, key: str, scale: float, unit: str, fmt: str = "9.3f") -> None:
+        cells = "".join(f"{figures[n][key] * scale:{fmt}} {unit:<8}" for n in names)
+        ratio = f"  {here[key] / base[key]:9.2f}x" if base and base[key] else ""
+        print(f"  {label:38}{cells}{ratio}")
+
+    print(f"\n{'one workload over 2,000 GPUs (no cache)':40}{header}")
+    row("decision, median", "median", 1e3, "ms")
+    row("decision, p99", "p99", 1e3, "ms")
+    row("decision + record, median", "explained_median", 1e3, "ms")
+    row("decision + record, p99", "explained_p99", 1e3, "ms")
+    row("scalar reference, median", "reference", 1e3, "ms", "9.1f")
+    row("speed-up over the reference (medians)", "speedup", 1, "x", "9.1f")
+    print(f"\n{'one tick: 10,000 pending workloads':40}{header}")
+    row("vectorised", "tick", 1, "s")
+    row("scalar reference (scaled from 100)", "reference_tick", 1, "s", "9.1f")
+    for n in names:
+        f = figures[n]
+        print(
+            f"  {n}: {f['reference_tick'] / f['tick']:.1f}x the reference; first 100 decisions "
+            f"identical to it: {f['same']}; outcomes {f['outcomes']}, speculative {f['speculative']}"
+        )
+    return 0 if here["same"] else 1
 
 
 if __name__ == "__main__":

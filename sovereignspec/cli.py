@@ -16,6 +16,7 @@ from typing import NoReturn
 
 from sovereignspec.core.defaults import GAMMA_LIMIT, GAMMA_MAX, HEADROOM_UNCERTAINTY, SELF_BENEFIT_MARGIN
 from sovereignspec.errors import ConfigError
+from sovereignspec.heap import keep_heap_pad
 from sovereignspec.profiles import load_profiles, resolve_name
 
 
@@ -465,6 +466,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     handler = HANDLERS[args.command]
+    keep_heap_pad()  # the operator's, the simulator's and every CLI decision's hot path
     try:
         return handler(args)
     except ConfigError as exc:

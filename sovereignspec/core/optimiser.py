@@ -110,10 +110,11 @@ def _terms(
     b = req.seqs
     ctx = req.context
     g = gammas[:, None]
-    verify = roof.step_time(n + (g + 1.0) * b, n + b, ctx)
+    rates = roof.step_rates(ctx)
+    verify = roof.step_at(rates, n + (g + 1.0) * b, n + b)
     plain = verify[0]  # γ = 0 verifies one token per sequence: the plain step, T(n + b, n + b, L)
-    before = roof.step_time(n, n, ctx)
-    single = roof.step_time(1.0, 1.0, ctx)  # a draft pass: speedup.py's docstring
+    before = roof.step_at(rates, n, n)
+    single = roof.step_at(rates, 1.0, 1.0)  # a draft pass: speedup.py's docstring
     step = speculative_step(verify, single, plain, g, req.draft_cost, req.spec_overhead, req.armed)
     ratio = plain / step
     t = taus[:, None]

@@ -185,6 +185,10 @@ class _ModelArrays:
     # The same at each GPU's low end of its calibrated compute efficiency; None where no GPU type
     # has an interval (nothing measured around the point).
     cautious: NDArray[np.float64] | None = None
+    # Per GPU type (Placer.gpu_types' order), as floats for the scalar path: every GPU of a type
+    # has the same coefficients.
+    coeffs: list[Coeffs] = field(default_factory=list)
+    cautious_coeffs: list[Coeffs] = field(default_factory=list)
 
 
 @dataclass
@@ -286,6 +290,7 @@ class Placer:
         self.gpu_types = sorted({g.gpu_type for g in gpus})
         type_index = {t: i for i, t in enumerate(self.gpu_types)}
         self.gpu_type = np.array([type_index[g.gpu_type] for g in gpus], dtype=np.int64)
+        self._type_of: list[int] = self.gpu_type.tolist()
         self.stale = np.array([g.headroom is None for g in gpus], dtype=np.bool_)
         self.headroom = np.array([_headroom(g) for g in gpus], dtype=np.float64)
         # What telemetry measured, before declared placements (the ledger's, and this tick's).
@@ -344,6 +349,8 @@ class Placer:
                 np.array(fits, dtype=np.bool_)[self.gpu_type],
                 roof.matrix(),
                 None if np.array_equal(cautious, roof.matrix()) else cautious,
+                [Coeffs(*stack_rooflines([r]).matrix()[:, 0].tolist()) for r in per_type],
+                [Coeffs(*stack_rooflines([r]).matrix()[:, 0].tolist()) for r in low_end],
             )
         return self._models[name]
 
@@ -438,10 +445,10 @@ class Placer:
                 float(self.slo_ratio[g]) if self.policy.externality else math.inf,
                 not bool(self.stale[g]),
             )
-            choice = best_gamma(Coeffs(*m.matrix[:, g].tolist()), *args)
+            choice = best_gamma(m.coeffs[self._type_of[g]], *args)
             a["cautious"][g] = 0.0
             if m.cautious is not None and choice.gamma > 0:
-                low = Coeffs(*m.cautious[:, g].tolist())
+                low = m.cautious_coeffs[self._type_of[g]]
                 n = choice.load + req.seqs * (choice.gamma + 1.0)
                 if compute_bound(low, n, choice.load + req.seqs, req.context):
                     careful = best_gamma(low, *args)
@@ -615,7 +622,7 @@ class Placer:
         m = self._model(w.model)
         # The reading (or, without telemetry, the estimate) moves by what the workload adds to the
         # load it reports (not the pessimistic one).
-        c = Coeffs(*m.matrix[:, g].tolist())
+        c = m.coeffs[self._type_of[g]]
         n = c.seqs_for_headroom(float(self.headroom[g]), req.context)
         self.headroom[g] = c.headroom(n + req.seqs * (gamma + 1.0), n + req.seqs, req.context)
         # Every neighbour's TPOT grows with the step; the newcomer joins them with its own SLO.

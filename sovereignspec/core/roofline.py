@@ -110,6 +110,16 @@ class Roofline:
             dtype=np.float64,
         )
 
+    def step_rates(self, context: ArrayLike) -> tuple[Array, Array, Array, Array]:
+        """`step_rates` at `context`, for several `step_at` calls at one context."""
+        return step_rates(self, np.asarray(context, dtype=np.float64))
+
+    def step_at(
+        self, rates: tuple[Array, Array, Array, Array], n_tokens: ArrayLike, n_seqs: ArrayLike
+    ) -> Array:
+        """`step_time` at the context `rates` were computed for."""
+        return np.asarray(step_at(self, rates, n_tokens, n_seqs, smooth_max), dtype=np.float64)
+
     def step_terms(self, n_tokens: float, n_seqs: float, context: float) -> dict[str, float]:
         """`step_time` term by term, in seconds, for the explainer: the terms add up to the step."""
         gemm = n_tokens * float(self.weight_flops_per_token / self.flops)
@@ -209,14 +219,38 @@ class StepCoefficients(Protocol):
     def overlap(self) -> Any: ...
 
 
+def step_rates(r: StepCoefficients, context: Any) -> tuple[Any, Any, Any, Any]:
+    """T(n, s, L)'s per-GPU quotients at context L: GEMM and attention seconds per query token,
+    the weights' streaming seconds, KV-read seconds per sequence. Computed once for every step a
+    decision prices at that context (the verification steps, the plain step, the batch-1 step)."""
+    return (
+        r.weight_flops_per_token / r.flops,
+        r.attention_flops_per_token_per_ctx * context / r.flops,
+        r.weight_bytes / r.bandwidth,
+        context * r.kv_bytes_per_token / r.bandwidth,
+    )
+
+
+def step_at(
+    r: StepCoefficients, rates: tuple[Any, Any, Any, Any], n_tokens: Any, n_seqs: Any, smax: Any
+) -> Any:
+    """T(n, s, L) of the module docstring from `step_rates(r, L)`: the step's one home, for arrays
+    (`Roofline.step_time`, `smooth_max`) and floats (`scalar.Coeffs`, its float twin), which so
+    round alike. Each term is one pass over the (draft lengths × GPUs) arrays; the sums are in
+    place (for floats `+=` simply rebinds)."""
+    gemm_rate, attention_rate, weights, kv_rate = rates
+    gemm = n_tokens * gemm_rate
+    streamed = r.serial_fraction * gemm
+    streamed += weights
+    step = smax(n_seqs * kv_rate, n_tokens * attention_rate, r.overlap)
+    step += smax(streamed, gemm, r.overlap)
+    step += r.fixed_s
+    return step
+
+
 def step_formula(r: StepCoefficients, n_tokens: Any, n_seqs: Any, context: Any, smax: Any) -> Any:
-    """T(n, s, L) of the module docstring: the step's one home, for `Roofline.step_time` (numpy
-    arrays, `smooth_max`) and `scalar.Coeffs.step` (floats, its float twin), which so round alike."""
-    gemm = n_tokens * r.weight_flops_per_token / r.flops
-    attention = n_tokens * (r.attention_flops_per_token_per_ctx * context) / r.flops
-    streamed = r.weight_bytes / r.bandwidth + r.serial_fraction * gemm
-    kv = n_seqs * context * r.kv_bytes_per_token / r.bandwidth
-    return r.fixed_s + smax(kv, attention, r.overlap) + smax(streamed, gemm, r.overlap)
+    """T(n, s, L) with n query tokens over s sequences of context L (`step_at` at `step_rates`)."""
+    return step_at(r, step_rates(r, context), n_tokens, n_seqs, smax)
 
 
 def compute_bound(r: StepCoefficients, n_tokens: Any, n_seqs: Any, context: Any) -> Any:
@@ -228,16 +262,25 @@ def compute_bound(r: StepCoefficients, n_tokens: Any, n_seqs: Any, context: Any)
 
 
 def smooth_max(a: ArrayLike, b: ArrayLike, p: ArrayLike) -> Array:
-    """(a^p + b^p)^(1/p) for a, b ≥ 0, computed as hi·(1 + (lo/hi)^p)^(1/p); max(a, b) at p = inf."""
+    """(a^p + b^p)^(1/p) for a, b ≥ 0, computed as hi·(1 + (lo/hi)^p)^(1/p); max(a, b) at p = inf.
+
+    No special cases: at p = inf, (1 + r^inf)^(1/inf) is x^0 = 1 for every r in [0, 1], and where
+    both are 0 the floored divisor gives r = 0 and the product 0. The hot path's cost is its passes
+    over the arrays, so each one is done in place."""
     x = np.asarray(a, dtype=np.float64)
     y = np.asarray(b, dtype=np.float64)
     hi = np.maximum(x, y)
-    lo = np.minimum(x, y)
+    r = np.minimum(x, y)
+    r /= np.maximum(hi, _TINY)
     pp = np.asarray(p, dtype=np.float64)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        r = np.where(hi > 0.0, lo / np.where(hi > 0.0, hi, 1.0), 0.0)
-        bump = np.where(np.isinf(pp), 1.0, (1.0 + r**pp) ** (1.0 / pp))
-    return np.asarray(hi * bump, dtype=np.float64)
+    r **= pp
+    r += 1.0
+    r **= 1.0 / pp
+    r *= hi
+    return r
+
+
+_TINY = np.finfo(np.float64).tiny  # the smallest normal double: any positive time is at least this
 
 
 def _f(x: float) -> Array:

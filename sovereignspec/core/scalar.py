@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from sovereignspec.core.roofline import roofline_for, step_formula
+from sovereignspec.core.roofline import roofline_for, step_at, step_formula, step_rates
 from sovereignspec.core.specs import GpuSpec, ModelSpec
 from sovereignspec.core.speedup import speculative_step
 
@@ -48,6 +48,14 @@ class Coeffs:
     def step(self, n_tokens: float, n_seqs: float, ctx: float) -> float:
         """T(n, s, L), as `Roofline.step_time`: the same formula (`roofline.step_formula`)."""
         return float(step_formula(self, n_tokens, n_seqs, ctx, _smax))
+
+    def rates(self, ctx: float) -> tuple[float, float, float, float]:
+        """`roofline.step_rates` at `ctx`, for several `step_at` calls at one context."""
+        return step_rates(self, ctx)
+
+    def step_at(self, rates: tuple[float, float, float, float], n_tokens: float, n_seqs: float) -> float:
+        """`step` at the context `rates` were computed for: the same arithmetic, bit for bit."""
+        return float(step_at(self, rates, n_tokens, n_seqs, _smax))
 
     def headroom(self, n_tokens: float, n_seqs: float, ctx: float) -> float:
         return 1.0 - min(1.0, (n_tokens * self.spt(ctx)) / self.memory(n_seqs, ctx))
@@ -101,19 +109,19 @@ def best_gamma(
     """γ* on one GPU: the optimiser's rule, γ by γ. `taus[γ]` = τ(α, γ) for γ = 0..γ_max."""
     b = seqs
     n = c.seqs_for_headroom(judged_headroom, ctx)
-    plain = c.step(n + b, n + b, ctx)
-    before = c.step(n, n, ctx)
-    single = c.step(1.0, 1.0, ctx)
+    rates = c.rates(ctx)
+    plain = c.step_at(rates, n + b, n + b)
+    before = c.step_at(rates, n, n)
+    single = c.step_at(rates, 1.0, 1.0)
     # γ = 0 first: always feasible; its step is the plain step and the ratio exactly 1.
     best = (quantize(((b / (n + b)) * taus[0] + n / (n + b)) * (plain / plain)), 0, plain)
     for gamma in range(1, len(taus) if allow_spec else 1):
-        verify = c.step(n + (gamma + 1.0) * b, n + b, ctx)
+        verify = c.step_at(rates, n + (gamma + 1.0) * b, n + b)
         step = speculative_step(verify, single, plain, gamma, draft_cost, spec_overhead)
         t = taus[gamma]
         ratio = plain / step
-        aggregate = ((b / (n + b)) * t + n / (n + b)) * ratio
         if t * ratio >= 1.0 + margin and step <= slo_ratio * before:
-            score = quantize(aggregate)
+            score = quantize(((b / (n + b)) * t + n / (n + b)) * ratio)
             if score > best[0]:
                 best = (score, gamma, step)
     return Choice(best[1], best[2], plain, before, n)

@@ -172,3 +172,40 @@ def test_compute_bound_is_headroom_zero_for_arrays_and_floats(profiles, gpu, mod
             assert np.array_equal(bound, roof.headroom(seqs * q, seqs, context) == 0.0)
             assert [compute_bound(c, s * q, s, context) for s in seqs.tolist()] == bound.tolist()
     assert compute_bound(roof, 4000.0, 1.0, 128.0) and not compute_bound(roof, 1.0, 1.0, 128.0)
+
+
+@pytest.mark.parametrize("p", [1.5, 8.0, 63.578, math.inf])
+def test_the_smooth_maximum_is_its_definition_and_its_float_twin(p):
+    from sovereignspec.core.roofline import smooth_max
+    from sovereignspec.core.scalar import _smax
+
+    rng = np.random.default_rng(7)
+    a = np.concatenate([rng.random(200) * 1e-2, [0.0, 0.0, 1e-3, 5e-4]])
+    b = np.concatenate([rng.random(200) * 1e-2, [0.0, 2e-3, 1e-3, 0.0]])
+    got = smooth_max(a, b, p)
+    # numpy's vectorised pow may differ from libm's by an ulp; every other operation is the same.
+    twin = [_smax(x, y, p) for x, y in zip(a.tolist(), b.tolist(), strict=True)]
+    assert got == pytest.approx(twin, rel=1e-15, abs=0.0)
+    if math.isinf(p):
+        assert (got == np.maximum(a, b)).all()
+    else:
+        assert got == pytest.approx((a**p + b**p) ** (1.0 / p), rel=1e-12, abs=0.0)
+    # Broadcast as the verification steps use it: one value per GPU against a row per draft length.
+    rows = smooth_max(a, np.stack([b, 2.0 * b]), p)
+    assert rows.shape == (2, a.size) and rows[0].tolist() == got.tolist()
+
+
+@pytest.mark.parametrize("gpu", ["H100-SXM", "A100-80G-SXM", "RTX-4090"])
+def test_the_step_is_one_formula_for_arrays_and_floats(profiles, gpu):
+    from sovereignspec.core.scalar import Coeffs
+
+    roof = roofline_for(profiles.gpus[gpu], profiles.models["llama-3.1-8b"])
+    c = Coeffs(*roof.matrix().tolist())
+    tokens = np.array([1.0, 9.0, 64.0, 300.0, 2048.0])
+    for ctx in (1.0, 512.0, 8192.0):
+        rates = roof.step_rates(ctx)
+        arrays = roof.step_at(rates, tokens, tokens / 2.0)
+        assert arrays.tolist() == roof.step_time(tokens, tokens / 2.0, ctx).tolist()
+        floats = [c.step_at(c.rates(ctx), n, n / 2.0) for n in tokens.tolist()]
+        assert floats == [c.step(n, n / 2.0, ctx) for n in tokens.tolist()]
+        assert arrays == pytest.approx(floats, rel=1e-15, abs=0.0)  # an ulp of pow at most
