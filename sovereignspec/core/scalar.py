@@ -113,15 +113,16 @@ def best_gamma(
     plain = c.step_at(rates, n + b, n + b)
     before = c.step_at(rates, n, n)
     single = c.step_at(rates, 1.0, 1.0)
+    own, others = b / (n + b), n / (n + b)  # the aggregate's weights, as the optimiser rounds them
     # γ = 0 first: always feasible; its step is the plain step and the ratio exactly 1.
-    best = (quantize(((b / (n + b)) * taus[0] + n / (n + b)) * (plain / plain)), 0, plain)
+    best = (quantize((own * taus[0] + others) * (plain / plain)), 0, plain)
     for gamma in range(1, len(taus) if allow_spec else 1):
         verify = c.step_at(rates, n + (gamma + 1.0) * b, n + b)
         step = speculative_step(verify, single, plain, gamma, draft_cost, spec_overhead)
         t = taus[gamma]
         ratio = plain / step
         if t * ratio >= 1.0 + margin and step <= slo_ratio * before:
-            score = quantize(((b / (n + b)) * t + n / (n + b)) * ratio)
+            score = quantize((own * t + others) * ratio)
             if score > best[0]:
                 best = (score, gamma, step)
     return Choice(best[1], best[2], plain, before, n)

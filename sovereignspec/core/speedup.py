@@ -66,7 +66,7 @@ def speculation_terms(
     interval" (`speculative/adaptive_spec_params.py`); whether its worker still runs a draft pass
     there is not established, and its K = 0 rows are priced as vLLM's (the cautious reading)."""
     if armed:
-        return np.maximum(gamma, 1.0) * (draft_cost * single), spec_overhead * plain + 0.0 * gamma
+        return np.maximum(gamma, 1.0) * (draft_cost * single), (gamma >= 0) * (spec_overhead * plain)
     return gamma * (draft_cost * single), (gamma > 0) * (spec_overhead * plain)
 
 
