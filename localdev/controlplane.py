@@ -79,14 +79,34 @@ def down() -> None:
         raise RuntimeError(f"hack/cluster-down.sh failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
 
 
-def kubectl(*args: str, stdin: str | None = None, user: str = "admin") -> subprocess.CompletedProcess[str]:
-    """The pinned kubectl that `make binaries` builds, against this control plane (never raises)."""
+# Which pin of hack/versions.env names each binary's version (`make binaries` caches NAME-VERSION).
+_PINNED_BY = {"kubectl": "KUBERNETES_VERSION", "kube-apiserver": "KUBERNETES_VERSION", "helm": "HELM_VERSION"}
+
+
+def pinned_binary(name: str) -> Path | None:
+    """The binary `make binaries` built for `name` at the version hack/versions.env pins (None
+    until it is built), under ${SOVEREIGNSPEC_CACHE:-~/.cache/sovereignspec}/bin as cluster-lib.sh
+    puts it."""
+    pins = dict(
+        line.split("=", 1) for line in (HACK / "versions.env").read_text().splitlines() if "=" in line
+    )
     cache = Path(os.environ.get("SOVEREIGNSPEC_CACHE", Path.home() / ".cache/sovereignspec"))
-    found = sorted((cache / "bin").glob("kubectl-*"))
-    if not found:
-        raise RuntimeError("kubectl not built yet: run `make binaries`")
+    path = cache / "bin" / f"{name}-{pins[_PINNED_BY[name]].strip()}"
+    return path if path.exists() else None
+
+
+def require_binary(name: str) -> Path:
+    path = pinned_binary(name)
+    if path is None:
+        raise RuntimeError(f"{name} not built yet: run `make binaries`")
+    return path
+
+
+def kubectl(*args: str, stdin: str | None = None, user: str = "admin") -> subprocess.CompletedProcess[str]:
+    """The pinned kubectl that `make binaries` builds, against this control plane (raises only
+    when it is not built)."""
     return subprocess.run(
-        [str(found[-1]), "--kubeconfig", str(kubeconfig(user)), *args],
+        [str(require_binary("kubectl")), "--kubeconfig", str(kubeconfig(user)), *args],
         input=stdin,
         capture_output=True,
         text=True,

@@ -374,13 +374,9 @@ def guard_nomination(a: client.ApiClient, namespace: str, service_account: str) 
     """The chart's ValidatingAdmissionPolicy that lets only the dispatcher set
     nominatedClusterNames, rendered by the pinned helm as `helm install --set role=dispatcher`
     renders it for this ServiceAccount (Kueue's harness user `kueue` listed as Kueue's account)."""
-    cache = Path(os.environ.get("SOVEREIGNSPEC_CACHE", Path.home() / ".cache/sovereignspec"))
-    found = sorted((cache / "bin").glob("helm-*"))
-    if not found:
-        raise RuntimeError("helm not built yet: run `make binaries`")
     chart = REPO / "charts" / "sovereignspec"
     args = [
-        str(found[-1]),
+        str(controlplane.require_binary("helm")),
         "template",
         "sovereignspec",
         str(chart),

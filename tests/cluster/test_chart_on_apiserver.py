@@ -3,9 +3,7 @@ CRDs of Kueue and SovereignSpec installed), and its values set the policy the co
 
 from __future__ import annotations
 
-import os
 import subprocess
-from pathlib import Path
 
 import yaml
 
@@ -16,8 +14,7 @@ from tests.unit.test_chart import _helm_path, render
 
 
 def _kubectl() -> str:
-    cache = Path(os.environ.get("SOVEREIGNSPEC_CACHE", Path.home() / ".cache/sovereignspec"))
-    return str(sorted((cache / "bin").glob("kubectl-*"))[-1])
+    return str(controlplane.require_binary("kubectl"))
 
 
 def test_the_rendered_chart_is_accepted_by_the_api_server(api, namespace):

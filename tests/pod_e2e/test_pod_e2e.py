@@ -33,8 +33,7 @@ DECISIONS = ("SpeculativeDecode", "PlainDecode")
 
 
 def helm(*args: str) -> str:
-    cache = Path(os.environ.get("SOVEREIGNSPEC_CACHE", Path.home() / ".cache/sovereignspec"))
-    binary = sorted((cache / "bin").glob("helm-*"))[-1]
+    binary = controlplane.require_binary("helm")
     kubeconfig = str(controlplane.kubeconfig())
     from tests.pod_e2e.conftest import run
 

@@ -12,21 +12,14 @@ from pathlib import Path
 import pytest
 import yaml
 
+from localdev import controlplane
+
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "sovereignspec"
 
 
 def _helm_path() -> Path | None:
-    version = next(
-        line.split("=", 1)[1].strip()
-        for line in (REPO / "hack/versions.env").read_text().splitlines()
-        if line.startswith("HELM_VERSION=")
-    )
-    path = (
-        Path(os.environ.get("SOVEREIGNSPEC_CACHE", Path.home() / ".cache/sovereignspec"))
-        / f"bin/helm-{version}"
-    )
-    return path if path.exists() else None
+    return controlplane.pinned_binary("helm")
 
 
 @pytest.fixture(scope="module")
