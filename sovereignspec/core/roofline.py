@@ -161,10 +161,8 @@ class Roofline:
         compute_per_seq = self.seconds_per_token(ctx)
         memory_per_seq = ctx * self.kv_bytes_per_token / self.bandwidth
         denom = compute_per_seq - u * memory_per_seq
-        # Where denom > 0 the floor changes nothing; elsewhere the quotient is discarded.
-        s = np.where(
-            denom > 0.0, u * (self.weight_bytes / self.bandwidth) / np.maximum(denom, 1e-300), np.inf
-        )
+        with np.errstate(divide="ignore", invalid="ignore"):  # where denom ≤ 0 the quotient is discarded
+            s = np.where(denom > 0.0, u * (self.weight_bytes / self.bandwidth) / denom, np.inf)
         return np.asarray(np.minimum(s, self.max_seqs(ctx)), dtype=np.float64)
 
     def ridge_seqs(self, context: ArrayLike) -> Array:
@@ -173,8 +171,8 @@ class Roofline:
         than its token's compute: memory-bound at any batch)."""
         ctx = np.asarray(context, dtype=np.float64)
         denom = self.seconds_per_token(ctx) - ctx * self.kv_bytes_per_token / self.bandwidth
-        with np.errstate(divide="ignore"):
-            s = np.where(denom > 0.0, self.weight_time() / np.where(denom > 0.0, denom, 1.0), np.inf)
+        with np.errstate(divide="ignore", invalid="ignore"):  # where denom ≤ 0 the quotient is discarded
+            s = np.where(denom > 0.0, self.weight_time() / denom, np.inf)
         return np.asarray(s, dtype=np.float64)
 
     def map(self, fn: Callable[[Array], Array]) -> Roofline:
