@@ -146,11 +146,10 @@ def gamma_table(
 ) -> GammaTable:
     """Evaluate every γ on every GPU at background loads `bg_seqs` (already the pessimistic ones).
 
-    `roof`'s fields and the per-GPU arrays have shape (G,). `allow_spec` (per GPU) forces plain
-    decode where it is False, e.g. where telemetry is stale.
+    The per-GPU arrays have shape (G,); `roof`'s fields too, or are scalars (one GPU type for all:
+    they broadcast). `allow_spec` (per GPU) forces plain decode where it is False, e.g. where
+    telemetry is stale.
     """
-    if np.ndim(roof.weight_bytes) == 0:
-        roof = roof.map(np.atleast_1d)
     gammas, gammas_f, taus = gamma_axis(req.alpha, req.gamma_max)
     step, _, before, speedup, aggregate = _terms(roof, req, bg_seqs, gammas_f, taus)
     # Armed, the alternative to drafting at this batch is the armed γ = 0 (below 1), not plain.
