@@ -283,6 +283,21 @@ def test_an_armed_row_weighs_a_draft_against_the_armed_k0_not_against_plain_deco
     assert gamma_star(gpu, "eagle3", alpha, batch, armed=True) == 1
 
 
+@pytest.mark.parametrize(("alpha", "batch"), [(0.22, 256.0), (0.28, 512.0)])
+def test_an_armed_row_drafts_only_where_that_beats_the_armed_k0_by_the_margin(
+    alpha: float, batch: float
+) -> None:
+    # One draft token is a little faster than the armed K = 0 here (0.5-0.6 %), short of the 5 %
+    # margin that covers the model's error: the row stays at K = 0.
+    gpu, model, d = PROFILES.gpus["H100-SXM"], PROFILES.models["llama-3.1-8b"], PROFILES.drafters["eagle3"]
+    req = SpecRequest(alpha, batch, 1024.0, d.cost_for(model.name), d.spec_overhead, 8, 0.05, armed=True)
+    table = gamma_table(roofline_for(gpu, model), req, np.zeros(1), np.full(1, np.inf))
+    best = int(np.argmax(table.speedup[:, 0]))
+    assert best > 0 and 1.0 < table.speedup[best, 0] / table.speedup[0, 0] < 1.05
+    assert int(choose(table).gamma[0]) == 0
+    assert not table.self_ok[1:, 0].any()
+
+
 def test_in_the_hand_off_a_longer_draft_must_beat_a_shorter_one_by_the_margin() -> None:
     from sovereignspec.core.handoff import budget_by_batch
 
