@@ -282,6 +282,23 @@ def test_accounting_an_earlier_placement_matches_placing_it(profiles):
     assert (lowered.headroom == ran.headroom).all() and (lowered.slo_ratio == ran.slo_ratio).all()
 
 
+def test_accounting_a_speculating_placement_registers_its_own_slo_at_its_speculative_tpot(profiles):
+    # γ > 0, so the TPOT is the step over τ: accounted as placed, the workload becomes the GPU's
+    # binding neighbour at the same ratio of its SLO to that TPOT.
+    view = cluster(("n", "H100-SXM", [1.0, 1.0], "eu"))
+    w = wl("a", alpha=0.8, tpot_slo_s=0.05)
+    placed = Placer(profiles, view)
+    p = placed.place(w)
+    assert p.gamma > 0
+    accounted = Placer(profiles, view)
+    assert accounted.account(w, p.node, p.gpu_index, p.gamma)
+    g = accounted._position[(p.node, p.gpu_index)]
+    assert accounted.binding[g] == placed.binding[g] == "a"
+    assert accounted.slo_ratio[g] == pytest.approx(placed.slo_ratio[g], rel=1e-12)
+    own = 0.05 / (p.record.tpot_ms / 1e3) / (1.0 + placed.policy.slo_margin)
+    assert placed.slo_ratio[g] == pytest.approx(own, rel=1e-12)
+
+
 # The self-benefit margin, decision by decision: an idle H100, EAGLE-3 on Llama-3.1-8B, 8 sequences
 # at 1K context. Own S_real at the best γ: 1.04 (α 0.25, γ 1), 1.08 (α 0.3, γ 1), 1.18 (α 0.4, γ 2).
 @pytest.mark.parametrize(
