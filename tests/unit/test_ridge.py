@@ -230,3 +230,29 @@ def test_gpus_without_an_interval_are_decided_at_their_point_on_both_paths(profi
     p = Placer(bare, cluster(("n", "H100-SXM", [0.4] * gpus, "eu"))).place(w)
     assert p.gamma == 3 and "near the compute ridge" not in p.record.reason
     assert p.record.ridge_seqs[0] == p.record.ridge_seqs[1] == p.record.ridge_seqs[2]
+
+
+def test_the_float_path_and_the_vectorised_path_keep_the_same_terms_where_the_ridge_makes_them_careful(
+    profiles,
+):
+    # Every field a placement reads (γ, TPOT, the steps, the background, the cautious flag), on
+    # GPUs from clear of the ridge to past it: the cautious low-end row must replace the point
+    # row field for field on both paths alike.
+    from sovereignspec.core.placement import _SCORE_FIELDS, _Scores
+
+    h100 = profiles.gpus["H100-SXM"]
+    wide = replace(profiles, gpus={**profiles.gpus, "H100-SXM": replace(h100, compute_efficiency_low=0.35)})
+    headrooms = [0.2, 0.3, 0.35, 0.4, 0.45, 0.5, 0.6, 0.9]
+    placer = Placer(wide, cluster(("n", "H100-SXM", headrooms, "eu")))
+    w = wl(seqs=64, context=512)
+    req, _ = placer.spec_request(w)
+    idx = np.arange(len(headrooms))
+    out = {}
+    for path in ("_evaluate", "_evaluate_scalar"):
+        scores = _Scores(version=np.full(len(headrooms), -1))
+        scores.arrays = {f: np.zeros(len(headrooms)) for f in _SCORE_FIELDS}
+        getattr(placer, path)(w.model, req, idx, scores)
+        out[path] = scores.arrays
+    assert out["_evaluate"]["cautious"].any() and not out["_evaluate"]["cautious"].all()
+    for f in _SCORE_FIELDS:
+        assert out["_evaluate"][f] == pytest.approx(out["_evaluate_scalar"][f], rel=1e-12), f
