@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from localdev.ports import free_port
+
 Cut = Callable[[str, str], bool]  # (method, path without query) -> reset this request?
 
 
@@ -35,6 +37,7 @@ class CuttingProxy:
     _loop: asyncio.AbstractEventLoop | None = None
     _thread: threading.Thread | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _upstream: ssl.SSLContext | None = None
 
     @property
     def url(self) -> str:
@@ -48,8 +51,8 @@ class CuttingProxy:
             serving = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
             serving.load_cert_chain(str(self.pki / "apiserver.crt"), str(self.pki / "apiserver.key"))
             serving.set_alpn_protocols(["http/1.1"])
-            # Port 0: the kernel picks a free port and we hold it from that moment (no bind race).
-            server = await asyncio.start_server(self._relay, "127.0.0.1", 0, ssl=serving)
+            # Below the ephemeral range, as every harness port (localdev/ports.py).
+            server = await asyncio.start_server(self._relay, "127.0.0.1", free_port(), ssl=serving)
             self.port = server.sockets[0].getsockname()[1]
             ready.set()
             async with server:
@@ -77,11 +80,12 @@ class CuttingProxy:
             self._thread.join(10)
 
     async def _relay(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
-        upstream = ssl.create_default_context(cafile=str(self.pki / "ca.crt"))
-        upstream.set_alpn_protocols(["http/1.1"])
+        if self._upstream is None:  # one TLS context for every connection
+            self._upstream = ssl.create_default_context(cafile=str(self.pki / "ca.crt"))
+            self._upstream.set_alpn_protocols(["http/1.1"])
         try:
             up_r, up_w = await asyncio.open_connection(
-                "127.0.0.1", self.upstream_port, ssl=upstream, server_hostname="127.0.0.1"
+                "127.0.0.1", self.upstream_port, ssl=self._upstream, server_hostname="127.0.0.1"
             )
         except OSError:
             _reset(client_w)
