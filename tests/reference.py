@@ -24,7 +24,7 @@ USABLE_MEMORY = 0.92  # of a GPU's memory, for weights and KV cache
 
 
 def quantize(x: float) -> float:
-    return math.floor(x / TIE_QUANTUM + 0.5)
+    return round(x / TIE_QUANTUM)
 
 
 def tau(alpha: float, gamma: float) -> float:

@@ -38,8 +38,9 @@ TIE_QUANTUM = 1e-9
 
 
 def quantize(x: NDArray[np.float64]) -> NDArray[np.float64]:
-    """Round to the tie quantum with plain IEEE operations, so the scalar reference rounds alike."""
-    return np.floor(x / TIE_QUANTUM + 0.5)
+    """Round to the tie quantum (half to even, as IEEE and Python's `round` do, so the scalar
+    reference rounds alike)."""
+    return np.rint(x / TIE_QUANTUM)
 
 
 @dataclass(frozen=True)

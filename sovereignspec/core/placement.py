@@ -77,6 +77,9 @@ from sovereignspec.core.specs import ProfileSet
 LatencyClass = Literal["latency", "throughput"]
 EXPLAIN_LIMIT = 32  # excluded nodes named in one record; the rest are counted
 SCALAR_UPDATE_LIMIT = 8  # GPUs to refresh below which plain floats beat numpy
+# As many GPUs as any node could have: a node of unknown capacity, and the ledger's idle nodes.
+UNBOUNDED_GPUS = int(np.iinfo(np.int32).max)
+IDLE_HEADROOM = 1.0  # a GPU nothing runs on
 
 
 @dataclass(frozen=True)
@@ -264,7 +267,7 @@ def reevaluate(
     judged = max(headroom - policy.headroom_uncertainty, 0.0)
     taus = [tau_scalar(req.alpha, g) for g in range(max(req.gamma_max, gamma) + 1)]
     now = best_gamma(c, taus[: req.gamma_max + 1], req.seqs, req.context, req.draft_cost,
-                     req.spec_overhead, req.margin, judged, math.inf, req.gamma_max > 0)  # fmt: skip
+                     req.spec_overhead, req.margin, judged, math.inf, True)  # fmt: skip
     own, aggregate = speedup_at(
         c, taus, gamma, req.seqs, req.context, req.draft_cost, req.spec_overhead, judged
     )
@@ -304,7 +307,8 @@ class Placer:
         self.free = np.array([n.free_gpus for n in nodes], dtype=np.int64)
         # Capacity unknown (None): no size is ever ruled out for good.
         self.capacity = np.array(
-            [2**31 if n.capacity is None else max(n.capacity, n.free_gpus) for n in nodes], dtype=np.int64
+            [UNBOUNDED_GPUS if n.capacity is None else max(n.capacity, n.free_gpus) for n in nodes],
+            dtype=np.int64,
         )
         self.occupied = np.array(
             [bool(n.tenants) or (n.capacity is not None and n.free_gpus < n.capacity) for n in nodes],
@@ -334,8 +338,8 @@ class Placer:
                 try:
                     tp = tensor_parallel_for(gpu, model)
                     fits.append(True)
-                except ValueError:
-                    tp = 1
+                except ValueError:  # never chosen: `fits` excludes the type; any degree builds it
+                    tp = model.tensor_parallel
                     fits.append(False)
                 tps.append(tp)
                 per_type.append(roofline_for(gpu, model, tp))
@@ -544,7 +548,7 @@ class Placer:
         req, off = self.spec_request(w)
         s = self._scores_for(w, req, mask).arrays
         cand = np.nonzero(mask)[0]
-        packed = np.zeros(cand.size)
+        away = np.zeros(cand.size, np.bool_)  # False sorts first: packing prefers home
         if self.policy.pack:
             # Fewest nodes. Exclusive work goes where its tenant already runs alone while that has
             # room: a second whole node is what the next exclusive tenant needs. Shared work goes
@@ -557,12 +561,12 @@ class Placer:
                 near = at_home
             if (w.exclusive or self.policy.pack_tolerance > 0.0) and near.any():
                 cand, at_home = cand[near], at_home[near]
-            packed = np.where(at_home, -1.0, 0.0)
+            away = ~at_home
         tpot = s["tpot"][cand]
         tpot_q = quantize(tpot / tpot.min())
         head_q = quantize(self.headroom[cand])
         if w.latency_class == "latency":
-            chosen = cand[_first_min(tpot_q, packed, -head_q)]
+            chosen = cand[_first_min(tpot_q, away, -head_q)]
         else:
             fits_own = tpot <= w.tpot_slo_s if w.tpot_slo_s is not None else np.ones(cand.size, np.bool_)
             keeps_neighbours = s["step_plain"][cand] <= self.slo_ratio[cand] * s["before"][cand]
@@ -579,7 +583,7 @@ class Placer:
                 1.0 / s["before"][idx] - 1.0 / s["step"][idx]
             )
             gain_q = quantize(gain / np.abs(gain).max()) if np.abs(gain).max() > 0 else np.zeros(idx.size)
-            chosen = int(idx[_first_min(-gain_q, packed[local], tpot_q[local])])
+            chosen = int(idx[_first_min(-gain_q, away[local], tpot_q[local])])
 
         record = self._record(w, req, off, int(chosen), s, int(cand.size), mask, explain)
         if commit:
@@ -815,11 +819,12 @@ def _headroom(g: GpuState) -> float:
     return 0.0 if g.stale_estimate is None else g.stale_estimate
 
 
-def tick_order(w: WorkloadRequest) -> tuple[int, float, str]:
-    return (0 if w.latency_class == "latency" else 1, -w.alpha, w.name)
+def tick_order(w: WorkloadRequest) -> tuple[bool, float, str]:
+    """Latency work first, then the most likely to gain (highest α), then by name."""
+    return (w.latency_class != "latency", -w.alpha, w.name)
 
 
-def _first_min(primary: NDArray[np.float64], *then: NDArray[np.float64]) -> int:
+def _first_min(primary: NDArray[np.float64], *then: NDArray[Any]) -> int:
     """The first position minimising (primary, *then) in that order; GPUs are in (node name, index)
     order."""
     best = primary == primary.min()
@@ -863,8 +868,12 @@ def with_ledger_load(
     if todo:
         nodes = {node for node, _ in todo}
         idle = ClusterView(
-            [NodeState(n.name, n.labels, 10**6) for n in cluster.nodes if n.name in nodes],
-            [GpuState(g.node, g.index, g.gpu_type, 1.0) for g in cluster.gpus if (g.node, g.index) in todo],
+            [NodeState(n.name, n.labels, UNBOUNDED_GPUS) for n in cluster.nodes if n.name in nodes],
+            [
+                GpuState(g.node, g.index, g.gpu_type, IDLE_HEADROOM)
+                for g in cluster.gpus
+                if (g.node, g.index) in todo
+            ],
         )
         ledger = Placer(profiles, idle)
         for w, node, gpu, gamma in placed:
@@ -876,12 +885,12 @@ def with_ledger_load(
     for k in [k for k in memo if k not in wanted]:
         del memo[k]
     implied = {slot: memo[k] for slot, k in keys.items()}
-    gpus = [  # a GPU with no placement implies an idle one (1.0)
-        replace(g, stale_estimate=implied.get((g.node, g.index), 1.0))
+    gpus = [  # a GPU with no placement implies an idle one
+        replace(g, stale_estimate=implied.get((g.node, g.index), IDLE_HEADROOM))
         if g.headroom is None
         else replace(
             g,
-            headroom=min(g.headroom, implied.get((g.node, g.index), 1.0)),
+            headroom=min(g.headroom, implied.get((g.node, g.index), IDLE_HEADROOM)),
             measured=g.headroom if g.measured is None else g.measured,
         )
         for g in cluster.gpus

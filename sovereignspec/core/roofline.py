@@ -316,5 +316,5 @@ def headroom_from_tensor_activity(tensor_active: ArrayLike, compute_efficiency: 
     Decode kernels reach `compute_efficiency` of peak at best, so a pipe busy that fraction of the
     time is saturated: h = 1 − min(1, activity / efficiency).
     """
-    activity = np.clip(np.asarray(tensor_active, dtype=np.float64), 0.0, 1.0)
+    activity = np.maximum(np.asarray(tensor_active, dtype=np.float64), 0.0)  # above 1 reads saturated
     return np.asarray(1.0 - np.minimum(1.0, activity / np.asarray(compute_efficiency)), dtype=np.float64)

@@ -82,7 +82,7 @@ def tau(alpha: float, gamma: float) -> float:
 
 
 def quantize(x: float) -> float:
-    return math.floor(x / TIE_QUANTUM + 0.5)
+    return round(x / TIE_QUANTUM)
 
 
 @dataclass(frozen=True)

@@ -42,8 +42,8 @@ def tau(alpha: ArrayLike, gamma: ArrayLike) -> Array:
     a = np.asarray(alpha, dtype=np.float64)
     g = np.asarray(gamma, dtype=np.float64)
     near_one = np.abs(1.0 - a) < 1e-12
-    safe = np.where(near_one, 0.5, a)
-    geometric = (1.0 - safe ** (g + 1.0)) / (1.0 - safe)
+    with np.errstate(divide="ignore", invalid="ignore"):  # near 1 the geometric sum is discarded
+        geometric = (1.0 - a ** (g + 1.0)) / (1.0 - a)
     return np.asarray(np.where(near_one, g + 1.0, geometric), dtype=np.float64)
 
 
@@ -161,7 +161,7 @@ def alpha_from_draft_acceptance(rate: float, gamma: float) -> float:
     bisection."""
     if gamma <= 0:
         return 0.0
-    target = min(max(rate, 0.0), 1.0) * gamma + 1.0
+    target = max(rate, 0.0) * gamma + 1.0  # above γ + 1 (a rate above 1) the bisection ends at 1
     lo, hi = 0.0, 1.0
     for _ in range(60):
         mid = (lo + hi) / 2
