@@ -577,3 +577,68 @@ def test_shared_packing_never_costs_more_than_the_tolerance_and_exclusive_packin
     placer = Placer(profiles, view, PlacerSettings(pack=True, pack_tolerance=0.1))
     placer.place(wl("a", tenant="x", exclusive=exclusive, gpus=1))
     assert placer.place(wl("b", tenant="x", exclusive=exclusive, gpus=1)).node == second
+
+
+def test_by_default_packing_costs_shared_work_nothing(profiles):
+    # The same cluster as above: with `pack` and no tolerance given, the second shared workload
+    # takes n1's faster GPU rather than a 7 % slower one on n0, where work already runs.
+    view = cluster(("n0", "H100-SXM", [0.95] + [0.9] * 7, "eu"), ("n1", "H100-SXM", [0.95] + [0.9] * 7, "eu"))
+    placer = Placer(profiles, view, PlacerSettings(pack=True))
+    placer.place(wl("a", tenant="x", gpus=1))
+    then = placer.place(wl("b", tenant="x", gpus=1))
+    assert (then.node, then.gpu_index) == ("n1", 0)
+
+
+@pytest.mark.parametrize("drafter", [None, "no-such-drafter"])
+def test_a_workload_that_cannot_draft_is_priced_with_no_draft_cost_or_overhead(profiles, drafter):
+    from sovereignspec.core.placement import spec_request
+
+    req, off = spec_request(profiles, PlacerSettings(), wl(drafter=drafter))
+    assert off and (req.draft_cost, req.spec_overhead, req.gamma_max) == (0.0, 0.0, 0)
+
+
+def test_without_telemetry_a_gpu_is_estimated_from_its_placements_on_an_idle_gpu(profiles):
+    from sovereignspec.core.placement import with_ledger_load
+
+    # No reading on either GPU; one placement on gpu0. gpu0's estimate is what an idle GPU
+    # (headroom 1) has left after taking that placement in; gpu1, with none, is estimated idle.
+    view = ClusterView(
+        [NodeState("n", {JUR: "eu"}, free_gpus=2)],
+        [GpuState("n", 0, "H100-SXM", None), GpuState("n", 1, "H100-SXM", None)],
+    )
+    w = wl("a", seqs=64)
+    estimated = with_ledger_load(view, [(w, "n", 0, 2)], profiles)
+    idle = Placer(profiles, cluster(("n", "H100-SXM", [1.0, 1.0], "eu")))
+    assert idle.account(w, "n", 0, 2)
+    assert [g.stale_estimate for g in estimated.gpus] == [float(idle.headroom[0]), 1.0]
+    assert 0.0 < estimated.gpus[0].stale_estimate < 1.0
+
+
+def test_a_node_whose_gpus_are_all_free_is_empty_and_kept_free_and_one_in_use_is_not(profiles):
+    # Capacity known (as the operator reads it from the Node): 8 GPUs, 8 free is an empty node,
+    # the last one, kept for exclusive tenants; with one GPU in use it takes shared work.
+    def view(free):
+        node = NodeState("n", {JUR: "eu"}, free_gpus=free, capacity=8)
+        return ClusterView([node], [GpuState("n", i, "H100-SXM", 1.0) for i in range(8)])
+
+    settings_ = PlacerSettings(keep_whole_nodes_free=1)
+    assert Placer(profiles, view(8), settings_).place(wl("s", gpus=1)).outcome == "retry"
+    assert Placer(profiles, view(7), settings_).place(wl("s", gpus=1)).outcome == "placed"
+
+
+def test_a_reading_exactly_at_the_uncertainty_is_called_saturated(profiles):
+    # Judged one uncertainty worse, a reading of exactly the uncertainty is no headroom at all.
+    unc = PlacerSettings().headroom_uncertainty
+    p = Placer(profiles, cluster(("n", "H100-SXM", [unc], "eu"))).place(wl(alpha=0.6, seqs=64))
+    assert p.gamma == 0
+    assert p.record.reason == "no γ raises the GPU's token rate at this headroom (saturated): plain decode"
+
+
+def test_a_node_whose_gpus_cannot_hold_the_model_is_excluded_saying_so(profiles):
+    # A GPU type too small for the model at any tensor-parallel degree (no shipped pair is).
+    h100 = profiles.gpus["H100-SXM"]
+    tiny = replace(profiles, gpus={**profiles.gpus, "tiny": replace(h100, name="tiny", mem_bytes=1e6)})
+    view = cluster(("a-tiny", "tiny", [1.0], "eu"), ("b-h100", "H100-SXM", [1.0], "eu"))
+    p = Placer(tiny, view).place(wl())
+    assert p.node == "b-h100"
+    assert p.record.excluded == {"a-tiny": "capacity: llama-3.1-8b does not fit this node's GPUs"}
