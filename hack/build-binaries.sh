@@ -83,6 +83,24 @@ build_kueue() {
   rm -rf "$work"
 }
 
+# The LeaderWorkerSet controller, at the version Kueue's go.mod requires (its leaderworkerset
+# integration is built against that API).
+build_lws() {
+  local out=$BIN_DIR/lws-$LWS_VERSION
+  [[ -x $out ]] && { log "lws $LWS_VERSION cached"; return; }
+  local work; work=$(mktemp -d)
+  local logf=$CACHE_DIR/build-lws.log
+  log "building the LeaderWorkerSet controller $LWS_VERSION (log: $logf)"
+  (  # a wrapper module: the proxy here serves the version but not the module's version list
+    cd "$work"
+    go mod init sovereignspec.local/lws-build
+    go get "sigs.k8s.io/lws@$LWS_VERSION"
+    go build -trimpath -ldflags '-s -w' -o "$out.tmp" sigs.k8s.io/lws/cmd
+  ) >"$logf" 2>&1 || fail lws "$logf"
+  mv "$out.tmp" "$out"
+  rm -rf "$work"
+}
+
 build_helm() {
   local out=$BIN_DIR/helm-$HELM_VERSION
   [[ -x $out ]] && { log "helm $HELM_VERSION cached"; return; }
@@ -178,6 +196,11 @@ fetch_prometheus() {
   rm -rf "$work"
 }
 
+# The LeaderWorkerSet module's directory: its CRDs, RBAC and webhooks (never copied here either).
+lws_dir() {
+  (cd /tmp && GOFLAGS= go mod download -json "sigs.k8s.io/lws@$LWS_VERSION" | sed -n 's/.*"Dir": "\(.*\)",*/\1/p')
+}
+
 # The Kueue module's own CRDs (never copied into this repository).
 kueue_crd_dir() {
   local dir
@@ -186,13 +209,15 @@ kueue_crd_dir() {
 }
 
 case ${1:-all} in
-  all) build_etcd; build_kubernetes; build_kueue; build_helm; fetch_prometheus ;;
+  all) build_etcd; build_kubernetes; build_kueue; build_lws; build_helm; fetch_prometheus ;;
   node) build_node ;;
   helm) build_helm ;;
   prometheus) fetch_prometheus ;;
   etcd) build_etcd ;;
   kubernetes) build_kubernetes ;;
   kueue) build_kueue ;;
+  lws) build_lws ;;
   crd-dir) kueue_crd_dir ;;
-  *) echo "usage: $0 [all|node|etcd|kubernetes|kueue|helm|prometheus|crd-dir]" >&2; exit 2 ;;
+  lws-dir) lws_dir ;;
+  *) echo "usage: $0 [all|node|etcd|kubernetes|kueue|lws|helm|prometheus|crd-dir|lws-dir]" >&2; exit 2 ;;
 esac

@@ -5,7 +5,7 @@ set -uo pipefail
 source "$(dirname "$0")/cluster-lib.sh"
 
 stopped=0
-for name in kueue kube-apiserver etcd; do # the reverse of cluster-up's order
+for name in kueue lws kube-apiserver etcd; do # the reverse of cluster-up's order
   if alive "$name"; then
     pid=$(pid_of "$name")
     kill -TERM "$pid" 2>/dev/null
@@ -27,7 +27,8 @@ fi
 rm -rf "$STATE_DIR"
 
 busy=()
-for port in "$ETCD_PORT" "$ETCD_PEER_PORT" "$APISERVER_PORT" "$KUEUE_HEALTH_PORT" "$KUEUE_METRICS_PORT" "$KUEUE_WEBHOOK_PORT"; do
+for port in "$ETCD_PORT" "$ETCD_PEER_PORT" "$APISERVER_PORT" "$KUEUE_HEALTH_PORT" "$KUEUE_METRICS_PORT" "$KUEUE_WEBHOOK_PORT" \
+  "$LWS_HEALTH_PORT" "$LWS_METRICS_PORT" "$LWS_WEBHOOK_PORT"; do
   port_in_use "$port" && busy+=("$port")
 done
 if ((${#busy[@]})); then

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Bring up a real control plane on loopback: etcd, kube-apiserver (RBAC, client certificates) and
-# the Kueue manager (batch/job integration, webhooks served on 127.0.0.1), from pinned Go modules.
+# the Kueue manager (its batch/job, pod, deployment, statefulset and leaderworkerset integrations,
+# webhooks served on 127.0.0.1) and the LeaderWorkerSet controller, from pinned Go modules.
 #
 #   hack/cluster-up.sh        # builds what is not cached, starts, waits, prints where things are
 #   hack/cluster-down.sh      # stops exactly what this started and removes the state directory
@@ -27,16 +28,18 @@ SovereignSpec local control plane is up (state: $STATE_DIR)
   etcd            $ETCD_VERSION   http://127.0.0.1:$ETCD_PORT     pid $(pid_of etcd)   log $STATE_DIR/logs/etcd.log
   kube-apiserver  $KUBERNETES_VERSION  https://127.0.0.1:$APISERVER_PORT  pid $(pid_of kube-apiserver)   log $STATE_DIR/logs/kube-apiserver.log
   kueue manager   $KUEUE_VERSION  health http://127.0.0.1:$KUEUE_HEALTH_PORT, webhooks https://127.0.0.1:$KUEUE_WEBHOOK_PORT  pid $(pid_of kueue)   log $STATE_DIR/logs/kueue.log
+  lws controller  $LWS_VERSION   health http://127.0.0.1:$LWS_HEALTH_PORT, webhooks https://127.0.0.1:$LWS_WEBHOOK_PORT  pid $(pid_of lws)   log $STATE_DIR/logs/lws.log
   kubeconfig      $KUBECONFIG_PATH   (admin; operator: $STATE_DIR/operator.kubeconfig)
   kubectl         $KUBECTL_BIN --kubeconfig $KUBECONFIG_PATH get clusterqueues
 TXT
 }
 
 healthy() {
-  alive etcd && alive kube-apiserver && alive kueue &&
+  alive etcd && alive kube-apiserver && alive kueue && alive lws &&
     curl -sf --cacert "$STATE_DIR/pki/ca.crt" --cert "$STATE_DIR/pki/admin.crt" --key "$STATE_DIR/pki/admin.key" \
       "https://127.0.0.1:$APISERVER_PORT/readyz" >/dev/null &&
-    curl -sf "http://127.0.0.1:$KUEUE_HEALTH_PORT/readyz" >/dev/null
+    curl -sf "http://127.0.0.1:$KUEUE_HEALTH_PORT/readyz" >/dev/null &&
+    curl -sf "http://127.0.0.1:$LWS_HEALTH_PORT/readyz" >/dev/null
 }
 
 if [[ -d $STATE_DIR ]]; then
@@ -50,7 +53,8 @@ if [[ -d $STATE_DIR ]]; then
 fi
 
 for pair in "etcd:$ETCD_PORT" "etcd-peer:$ETCD_PEER_PORT" "kube-apiserver:$APISERVER_PORT" \
-  "kueue-health:$KUEUE_HEALTH_PORT" "kueue-metrics:$KUEUE_METRICS_PORT" "kueue-webhook:$KUEUE_WEBHOOK_PORT"; do
+  "kueue-health:$KUEUE_HEALTH_PORT" "kueue-metrics:$KUEUE_METRICS_PORT" "kueue-webhook:$KUEUE_WEBHOOK_PORT" \
+  "lws-health:$LWS_HEALTH_PORT" "lws-metrics:$LWS_METRICS_PORT" "lws-webhook:$LWS_WEBHOOK_PORT"; do
   if port_in_use "${pair#*:}"; then
     log "port ${pair#*:} (${pair%%:*}) is already in use on 127.0.0.1 by a process this script did not start."
     log "Stop it, or move ours with SOVEREIGNSPEC_*_PORT (see hack/cluster-lib.sh)."
@@ -61,12 +65,14 @@ done
 "$HACK_DIR/build-binaries.sh" etcd
 "$HACK_DIR/build-binaries.sh" kubernetes
 "$HACK_DIR/build-binaries.sh" kueue
+"$HACK_DIR/build-binaries.sh" lws
 KUEUE_DIR=$("$HACK_DIR/build-binaries.sh" crd-dir)
 KUEUE_DIR=${KUEUE_DIR%/config/components/crd/bases}
+LWS_DIR=$("$HACK_DIR/build-binaries.sh" lws-dir)
 PYTHON=${PYTHON:-$REPO_DIR/.venv/bin/python}
 [[ -x $PYTHON ]] || PYTHON=python3
 
-mkdir -p "$STATE_DIR"/{pki,pids,logs,etcd,kueue/webhook-certs,manifests}
+mkdir -p "$STATE_DIR"/{pki,pids,logs,etcd,kueue/webhook-certs,lws/webhook-certs,manifests}
 started_here=1
 
 # --- certificates -------------------------------------------------------------------------------
@@ -91,6 +97,7 @@ issue apiserver "/CN=kube-apiserver" "IP:127.0.0.1,DNS:localhost,DNS:kubernetes,
 issue admin "/O=system:masters/CN=admin"
 issue kueue "/CN=kueue-manager"
 issue operator "/CN=sovereignspec-operator"
+issue lws "/CN=lws-controller"
 issue webhook "/CN=kueue-webhook" "IP:127.0.0.1,DNS:localhost"
 # How the apiserver authenticates to kubelets (logs, exec), when a node runs (make pod-e2e).
 issue kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client"
@@ -98,6 +105,8 @@ openssl_quiet genrsa -out "$pki/sa.key" 2048
 openssl_quiet rsa -in "$pki/sa.key" -pubout -out "$pki/sa.pub"
 cp "$pki/webhook.crt" "$STATE_DIR/kueue/webhook-certs/tls.crt"
 cp "$pki/webhook.key" "$STATE_DIR/kueue/webhook-certs/tls.key"
+cp "$pki/webhook.crt" "$STATE_DIR/lws/webhook-certs/tls.crt"
+cp "$pki/webhook.key" "$STATE_DIR/lws/webhook-certs/tls.key"
 
 kubeconfig() { # NAME USER
   cat >"$STATE_DIR/$1.kubeconfig" <<YAML
@@ -121,6 +130,7 @@ YAML
 }
 kubeconfig admin admin
 kubeconfig kueue kueue
+kubeconfig lws lws
 kubeconfig operator operator
 
 # Kueue insists on a metrics certificate at a fixed path when it does not manage certificates.
@@ -178,16 +188,48 @@ launch_apiserver() {
 bring_up kube-apiserver launch_apiserver 120 curl -sf --cacert "$pki/ca.crt" --cert "$pki/admin.crt" --key "$pki/admin.key" \
   "https://127.0.0.1:$APISERVER_PORT/readyz"
 
-log "installing Kueue's CRDs and RBAC from $KUEUE_DIR"
+log "installing Kueue's CRDs and RBAC from $KUEUE_DIR, LeaderWorkerSet's from $LWS_DIR"
 kctl apply --server-side --field-manager sovereignspec-harness -f "$KUEUE_DIR/config/components/crd/bases" >"$STATE_DIR/logs/kubectl.log" 2>&1 ||
   die_with_log kubectl "applying Kueue's CRDs failed"
+kctl apply --server-side --field-manager sovereignspec-harness -f "$LWS_DIR/config/crd/bases" >>"$STATE_DIR/logs/kubectl.log" 2>&1 ||
+  die_with_log kubectl "applying LeaderWorkerSet's CRDs failed"
 kctl wait --for condition=established --timeout 60s crd --all >>"$STATE_DIR/logs/kubectl.log" 2>&1 ||
   die_with_log kubectl "Kueue's CRDs were not established"
 "$PYTHON" "$HACK_DIR/kueue_manifests.py" --kueue-dir "$KUEUE_DIR" --ca "$pki/ca.crt" \
-  --webhook-url "https://127.0.0.1:$KUEUE_WEBHOOK_PORT" --out "$STATE_DIR/manifests"
+  --webhook-url "https://127.0.0.1:$KUEUE_WEBHOOK_PORT" --out "$STATE_DIR/manifests" \
+  --lws-dir "$LWS_DIR" --lws-webhook-url "https://127.0.0.1:$LWS_WEBHOOK_PORT"
 kctl create namespace kueue-system >>"$STATE_DIR/logs/kubectl.log" 2>&1 || true
 kctl apply --server-side --field-manager sovereignspec-harness -f "$STATE_DIR/manifests/kueue-rbac.yaml" \
   >>"$STATE_DIR/logs/kubectl.log" 2>&1 || die_with_log kubectl "applying Kueue's RBAC failed"
+kctl apply --server-side --field-manager sovereignspec-harness -f "$STATE_DIR/manifests/lws-rbac.yaml" \
+  >>"$STATE_DIR/logs/kubectl.log" 2>&1 || die_with_log kubectl "applying LeaderWorkerSet's RBAC failed"
+
+# The LeaderWorkerSet controller first: Kueue's leaderworkerset integration needs its API, and its
+# pod webhook labels the group's pods before Kueue's sees them.
+cat >"$STATE_DIR/lws/config.yaml" <<YAML
+apiVersion: config.lws.x-k8s.io/v1alpha1
+kind: Configuration
+health:
+  healthProbeBindAddress: 127.0.0.1:$LWS_HEALTH_PORT
+metrics:
+  bindAddress: 127.0.0.1:$LWS_METRICS_PORT
+webhook:
+  host: 127.0.0.1
+  port: $LWS_WEBHOOK_PORT
+  certDir: $STATE_DIR/lws/webhook-certs
+leaderElection:
+  leaderElect: false
+internalCertManagement:
+  enable: false
+YAML
+launch_lws() {
+  log "starting the LeaderWorkerSet controller $LWS_VERSION"
+  start lws "$LWS_BIN" --config "$STATE_DIR/lws/config.yaml" --kubeconfig "$STATE_DIR/lws.kubeconfig" --zap-log-level info
+}
+bring_up lws launch_lws 120 curl -sf "http://127.0.0.1:$LWS_HEALTH_PORT/readyz"
+wait_for lws 60 port_in_use "$LWS_WEBHOOK_PORT"
+kctl apply --server-side --field-manager sovereignspec-harness -f "$STATE_DIR/manifests/lws-webhooks.yaml" \
+  >>"$STATE_DIR/logs/kubectl.log" 2>&1 || die_with_log kubectl "registering LeaderWorkerSet's webhooks failed"
 
 cat >"$STATE_DIR/kueue/config.yaml" <<YAML
 apiVersion: config.kueue.x-k8s.io/v1beta2
@@ -211,7 +253,7 @@ waitForPodsReady:
   blockAdmission: false
 manageJobsWithoutQueueName: false
 integrations:
-  frameworks: ["batch/job"]
+  frameworks: ["batch/job", "pod", "deployment", "statefulset", "leaderworkerset.x-k8s.io/leaderworkerset"]
 clientConnection:
   qps: 200
   burst: 400

@@ -132,6 +132,9 @@ def ports() -> dict[str, int]:
             "KUEUE_HEALTH_PORT",
             "KUEUE_METRICS_PORT",
             "KUEUE_WEBHOOK_PORT",
+            "LWS_HEALTH_PORT",
+            "LWS_METRICS_PORT",
+            "LWS_WEBHOOK_PORT",
         )
     )
     out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True).stdout

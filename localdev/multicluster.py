@@ -104,6 +104,9 @@ def member_env(member: str) -> dict[str, str]:
         "SOVEREIGNSPEC_KUEUE_HEALTH_PORT": f"1908{i}",
         "SOVEREIGNSPEC_KUEUE_METRICS_PORT": f"1845{i}",
         "SOVEREIGNSPEC_KUEUE_WEBHOOK_PORT": f"1945{i}",
+        "SOVEREIGNSPEC_LWS_HEALTH_PORT": f"1918{i}",
+        "SOVEREIGNSPEC_LWS_METRICS_PORT": f"1855{i}",
+        "SOVEREIGNSPEC_LWS_WEBHOOK_PORT": f"1965{i}",
     }
 
 
