@@ -32,7 +32,7 @@ from sovereignspec.operator.plan import EventNote, Write, drift_writes, plan
 from sovereignspec.operator.policy import GROUP, PLURAL, VERSION, PolicySpec
 from sovereignspec.operator.role import Role, Settings, TickReport
 from sovereignspec.operator.telemetry_source import TelemetryCache
-from sovereignspec.operator.view import View, World, build, condition, job_name, our_entry
+from sovereignspec.operator.view import View, World, build, condition, our_entry, owner_of
 from sovereignspec.operator.writer import TRANSPORT_ERRORS, ConflictError, now_rfc3339
 
 log = logging.getLogger(__name__)
@@ -81,19 +81,31 @@ class Controller(Role):
             n["metadata"]["name"]: dict(n["metadata"].get("labels") or {}) for n in c.namespaces.items()
         }
         pods = c.pods.items()
-        waiting = {
-            (wl["metadata"].get("namespace", ""), job_name(wl))
+        # The owners' metadata: a Job's (a user's keys may sit on it by mistake) for the waiting
+        # workloads; a Pod's (where a Pod's keys are) for every workload a Pod owns, the ledger's too.
+        wanted = {
+            (wl["metadata"].get("namespace", ""), *owner_of(wl))
             for wl in workloads
             if isinstance(wl.get("metadata"), dict)
-            and (our_entry(wl, set(known)) or {}).get("state") == "Pending"
-            and condition(wl, "QuotaReserved")
+            and (
+                owner_of(wl)[0] == "Pod"
+                or (
+                    (our_entry(wl, set(known)) or {}).get("state") == "Pending"
+                    and condition(wl, "QuotaReserved")
+                )
+            )
         }
-        owners: dict[tuple[str, str], dict[str, str]] = {}
-        for namespace, name in waiting:  # the Jobs' metadata: a user's keys may sit on the Job
-            job = c.jobs.get(f"{namespace}/{name}")
-            notes = ((job or {}).get("metadata") or {}).get("annotations")
-            if notes:
-                owners[(namespace, name)] = dict(notes)
+        owners: dict[tuple[str, str, str], dict[str, dict[str, str]]] = {}
+        sources = {"Job": c.jobs, "Pod": c.queued_pods}
+        for namespace, kind, name in wanted:
+            source = sources.get(kind)
+            found = source.get(f"{namespace}/{name}") if source is not None else None
+            meta = (found or {}).get("metadata") or {}
+            if meta:
+                owners[(namespace, kind, name)] = {
+                    "annotations": dict(meta.get("annotations") or {}),
+                    "labels": dict(meta.get("labels") or {}),
+                }
         return World(workloads, nodes, flavors, namespaces, pods, owners, known, tolerations)
 
     def tick(self) -> TickReport:

@@ -170,6 +170,24 @@ def strip_owner(obj: Obj) -> Obj:
     return strip(obj)
 
 
+def strip_queued_pod(obj: Obj) -> Obj:
+    """A queued Pod's metadata: only our keys, of its annotations (read as its template's) and of
+    its labels (where they are misplaced); a tenant grows nothing else into the cache."""
+    meta = obj.get("metadata") or {}
+    kept = {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion") if k in meta}
+    return strip(
+        {
+            "apiVersion": obj.get("apiVersion", "v1"),
+            "kind": obj.get("kind", "Pod"),
+            "metadata": {
+                **kept,
+                "annotations": ours(meta.get("annotations")),
+                "labels": ours(meta.get("labels")),
+            },
+        }
+    )
+
+
 def strip_node(obj: Obj) -> Obj:
     status = obj.get("status")
     if isinstance(status, dict):
@@ -417,6 +435,7 @@ def _lines(raw: Any) -> Iterator[bytes]:
 
 KUEUE = "/apis/kueue.x-k8s.io/v1beta2"
 PARTIAL = "application/json;as=PartialObjectMetadata{};g=meta.k8s.io;v=v1,application/json"
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"  # what a Pod carries for Kueue's pod integration to manage it
 
 
 def _has_checks(kind: str, obj: Obj) -> bool:
@@ -496,6 +515,17 @@ class ClusterCache(InformerSet):
             accept=PARTIAL.format("List"),
             watch_accept=PARTIAL.format(""),
             transform=strip_owner,
+            page=TEMPLATE_PAGE,
+        )
+        # The metadata of the Pods Kueue admits one by one (a plain Pod, a Deployment's or a
+        # StatefulSet's replica): their Workloads carry no pod metadata, so our keys are read here.
+        self.queued_pods = informer(
+            "/api/v1/pods",
+            "queued-pods",
+            query=[("labelSelector", QUEUE_LABEL)],
+            accept=PARTIAL.format("List"),
+            watch_accept=PARTIAL.format(""),
+            transform=strip_queued_pod,
             page=TEMPLATE_PAGE,
         )
 

@@ -129,11 +129,24 @@ def our_entry(wl: Mapping[str, Any], checks: set[str] | frozenset[str]) -> dict[
     return None
 
 
+# What Kueue makes a Workload for, among its integrations this operator reads: a Job, or a Pod (a
+# plain Pod, or one replica of a Deployment or StatefulSet, each admitted alone).
+OWNER_KINDS = ("Job", "Pod")
+
+
+def owner_of(wl: Mapping[str, Any]) -> tuple[str, str]:
+    """(kind, name) of the object Kueue made `wl` for; ("Workload", its name) for any other."""
+    refs = [r for r in wl["metadata"].get("ownerReferences") or [] if isinstance(r, dict)]
+    for kind in OWNER_KINDS:
+        for ref in refs:
+            if ref.get("kind") == kind:
+                return kind, str(ref.get("name", ""))
+    return "Workload", str(wl["metadata"]["name"])
+
+
 def job_name(wl: Mapping[str, Any]) -> str:
-    for ref in wl["metadata"].get("ownerReferences") or []:
-        if ref.get("kind") == "Job":
-            return str(ref.get("name", ""))
-    return str(wl["metadata"]["name"])
+    """The owner's name: what the engines' metrics are joined on (their pods' job label)."""
+    return owner_of(wl)[1]
 
 
 def _container_gpus(spec: Mapping[str, Any], where: str) -> int:
@@ -274,10 +287,29 @@ class World:
     flavors: dict[str, dict[str, str]]
     namespaces: dict[str, dict[str, str]] = field(default_factory=dict)  # name -> labels
     pods: list[dict[str, Any]] = field(default_factory=list)  # pods bound to a node
-    owners: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)  # (ns, job) -> annotations
+    # (namespace, kind, name) of a Workload's owner -> its "annotations" and "labels" (our keys of them)
+    owners: dict[tuple[str, str, str], dict[str, dict[str, str]]] = field(default_factory=dict)
     policies: dict[str, PolicySpec] = field(default_factory=dict)  # every check we serve -> its policy
     # flavor -> the tolerations Kueue adds to the pods it admits on that flavor
     flavor_tolerations: dict[str, list[Any]] = field(default_factory=dict)
+
+
+def declared_metadata(
+    wl: Mapping[str, Any], owner: Mapping[str, Mapping[str, str]] | None
+) -> tuple[Mapping[str, Any], Mapping[str, Any], dict[str, Any]]:
+    """Where a user's keys are read: (annotations, labels, annotations where they are misplaced).
+
+    A Job's Workload carries the pod template, keys and all; the Job's own annotations are the
+    wrong place. A Pod's Workload carries its spec only (Kueue copies no pod metadata into it), so
+    the keys are read from the Pod itself, which is the template its controller stamped out."""
+    meta = wl["metadata"]
+    own = dict(meta.get("annotations") or {})
+    if owner_of(wl)[0] == "Pod":
+        pod = owner or {}
+        return pod.get("annotations") or {}, pod.get("labels") or {}, own
+    tpl_meta = template(wl).get("metadata") or {}
+    job = (owner or {}).get("annotations") or {}
+    return tpl_meta.get("annotations") or {}, tpl_meta.get("labels") or {}, {**own, **job}
 
 
 def declared_request(
@@ -287,20 +319,21 @@ def declared_request(
     snapshot: Snapshot,
     node_pool: frozenset[str] | None,
     tenancy: ann.Tenancy | None = None,
-    owner_annotations: Mapping[str, str] | None = None,
+    owner: Mapping[str, Mapping[str, str]] | None = None,
 ) -> tuple[ann.Declared, WorkloadRequest | None, str]:
     """The workload as the core needs it: declared annotations, policy defaults, learned α.
+    `owner` is the metadata of what Kueue made it for (`World.owners`).
     Raises UnreadableFieldError for a field of the Workload that cannot be read."""
     meta = wl["metadata"]
-    tpl = template(wl)
-    tpl_meta = tpl.get("metadata") or {}
+    notes, labels, misplaced = declared_metadata(wl, owner)
     declared = ann.parse(
-        tpl_meta.get("annotations"),
+        notes,
         tenancy or ann.Tenancy(meta["namespace"]),
         set(profiles.models),
         set(profiles.drafters),
-        labels=tpl_meta.get("labels"),
-        owner_annotations={**(meta.get("annotations") or {}), **(owner_annotations or {})},
+        labels=labels,
+        owner_annotations=misplaced,
+        owner=owner_of(wl)[0] if owner_of(wl)[0] == "Job" else "Workload",
     )
     if declared.sovereignty_problems:
         return declared, None, ""
@@ -617,8 +650,7 @@ def _pending(
 ) -> PendingWorkload:
     meta = wl["metadata"]
     pool, flavor = node_pool(wl, world.nodes, world.flavors, world.flavor_tolerations, pools)
-    owner = world.owners.get((meta["namespace"], job_name(wl)))
-    tpl = template(wl)
+    owner = world.owners.get((meta["namespace"], *owner_of(wl)))
     rejection = None
     try:
         declared, request, source = declared_request(
@@ -631,7 +663,7 @@ def _pending(
         declared, request, source = ann.Declared(tenant=meta["namespace"]), None, ""
         rejection = str(exc)
     names = [str(ps.get("name", "")) for ps in (wl.get("spec") or {}).get("podSets") or []]
-    notes = (tpl.get("metadata") or {}).get("annotations") or {}
+    notes = declared_metadata(wl, owner)[0]
     return PendingWorkload(
         key=key_of(wl),
         workload=wl,
@@ -676,7 +708,7 @@ def _committed(
         t = tenancy(meta["namespace"], policy)
         try:
             _, request, _ = declared_request(
-                wl, policy, profiles, snapshot, pool, t, world.owners.get((meta["namespace"], job_name(wl)))
+                wl, policy, profiles, snapshot, pool, t, world.owners.get((meta["namespace"], *owner_of(wl)))
             )
             gpus = requested_gpus(wl)
         except UnreadableFieldError as exc:
@@ -718,7 +750,7 @@ def _foreign_pods(
     world: World, committed: list[Committed], tenancy: TenancyOf, policy: PolicySpec, errors: list[str]
 ) -> dict[str, list[tuple[str, int]]]:
     """Per node: (tenant, GPUs) of bound GPU pods that no ledger entry on that node accounts for."""
-    placed = {(c.namespace, c.job, c.node) for c in committed}
+    placed = {(c.namespace, *owner_of(c.workload), c.node) for c in committed}
     out: dict[str, list[tuple[str, int]]] = defaultdict(list)
     for pod in world.pods:
         try:
@@ -730,11 +762,13 @@ def _foreign_pods(
             gpus = _pod_gpus(pod)
             if gpus <= 0:
                 continue
-            owner = next(
+            # Ours if its Job's Workload, or its own (a Pod admitted alone), is placed on this node.
+            job = next(
                 (str(r.get("name")) for r in meta.get("ownerReferences") or [] if r.get("kind") == "Job"),
                 None,
             )
-            if owner is not None and (meta.get("namespace"), owner, node) in placed:
+            mine = ("Job", job) if job is not None else ("Pod", str(meta.get("name", "")))
+            if (meta.get("namespace"), *mine, node) in placed:
                 continue
             out[str(node)].append((tenancy(str(meta.get("namespace", "")), policy).tenant, gpus))
         except Exception as exc:

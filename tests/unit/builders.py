@@ -66,6 +66,20 @@ class WorkloadBuilder:
         self._obj["status"]["conditions"] = []
         return self
 
+    def owned_by(self, kind: str, name: str) -> WorkloadBuilder:
+        version = "v1" if kind == "Pod" else "batch/v1"
+        ref = {"apiVersion": version, "kind": kind, "name": name, "uid": f"uid-{name}", "controller": True}
+        self._obj["metadata"]["ownerReferences"] = [ref]
+        return self
+
+    def as_pods_workload(self, pod: str) -> tuple[dict[str, Any], dict[str, dict[str, str]]]:
+        """As Kueue's pod integration makes it for `pod`: owned by the Pod, its template the Pod's
+        spec and no metadata. Returns the Workload and the Pod's metadata (`World.owners`)."""
+        obj = self.owned_by("Pod", pod).obj()
+        tpl = obj["spec"]["podSets"][0]["template"]
+        notes = tpl.pop("metadata")["annotations"]
+        return obj, {"annotations": notes, "labels": {"kueue.x-k8s.io/queue-name": "serving"}}
+
     def obj(self) -> dict[str, Any]:
         return copy.deepcopy(self._obj)
 
@@ -107,6 +121,8 @@ def world(
     nodes: list[dict[str, Any]],
     spec: PolicySpec,
     namespaces: dict[str, dict[str, str]] | None = None,
+    owners: dict[tuple[str, str, str], dict[str, dict[str, str]]] | None = None,
+    pods: list[dict[str, Any]] | None = None,
 ) -> World:
     ns = namespaces if namespaces is not None else {"team-a": {"sovereignspec.io/jurisdiction": "eu"}}
-    return World(workloads, nodes, {}, ns, [], {}, {CHECK: spec})
+    return World(workloads, nodes, {}, ns, pods or [], owners or {}, {CHECK: spec})

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from sovereignspec.operator.informer import GoneError, Informer, _lines, strip_pod
+from sovereignspec.operator.informer import GoneError, Informer, _lines, strip_pod, strip_queued_pod
 from sovereignspec.operator.policy import PolicySpec
 from sovereignspec.operator.view import World, build
 from sovereignspec.profiles import load_profiles
@@ -195,3 +195,26 @@ def test_a_template_with_more_of_our_keys_than_the_bound_is_refused_by_name():
     declared = ann.parse(kept, "team-a", {"llama-3.1-8b"}, {"eagle3"})
     (problem,) = [p for p in declared.problems if p.field == "*"]
     assert problem.sovereignty and "70 keys" in str(problem) and "at most 64" in str(problem)
+
+
+def test_a_queued_pods_cached_metadata_holds_only_our_keys_bounded() -> None:
+    from sovereignspec.operator import annotations as ann
+
+    pod = {
+        "metadata": {
+            "name": "chat-1",
+            "namespace": "team-a",
+            "annotations": {ann.PREFIX + "model": "llama-3.1-8b", "big": "x" * 100_000},
+            "labels": {"kueue.x-k8s.io/queue-name": "serving", ann.PREFIX + "drafter": "eagle3"},
+            "managedFields": [{"manager": "kubectl"}],
+        },
+        "spec": {"containers": [{"name": "server", "image": "vllm"}]},
+    }
+    kept = strip_queued_pod(pod)
+    assert kept["metadata"] == {
+        "name": "chat-1",
+        "namespace": "team-a",
+        "annotations": {ann.PREFIX + "model": "llama-3.1-8b"},
+        "labels": {ann.PREFIX + "drafter": "eagle3"},  # read only to say it is misplaced
+    }
+    assert "spec" not in kept

@@ -301,3 +301,49 @@ def test_an_engine_armed_only_for_its_light_batches_is_handed_its_slowdown_at_th
     assert float(notes[ann.OUT_SPEEDUP]) == pytest.approx(plain / armed, abs=6e-4)
     assert float(notes[ann.OUT_TPOT]) == pytest.approx(armed * 1e3, abs=6e-4)
     assert f"{float(notes[ann.OUT_SPEEDUP]):.3f}x plain at the declared batch" in write.message
+
+
+# -- Pods admitted one by one (Kueue's pod integration: plain Pods, Deployments, StatefulSets) ----
+
+
+def test_a_pods_workload_is_decided_from_the_pods_own_annotations() -> None:
+    # Kueue copies a Pod's spec into its Workload and no metadata: our keys are on the Pod.
+    wl, pod = chat("pod-chat-7d9f-abcde").as_pods_workload("chat-7d9f-abcde")
+    owners = {("team-a", "Pod", "chat-7d9f-abcde"): pod}
+    write = _decide([wl], [node("h1")], snapshot(IDLE), owners=owners)
+    assert (write.state, write.mode) == ("Ready", "speculative"), write.message
+    (update,) = write.pod_set_updates or []
+    assert update["nodeSelector"] == {"kubernetes.io/hostname": "h1"}
+    # The Pod's metadata not (yet) read: the policy's defaults, never another Pod's keys.
+    bare = _decide([wl], [node("h1")], snapshot(IDLE))
+    assert bare.state == "Ready" and "policy default" in bare.message, bare.message
+
+
+def test_a_pods_keys_set_to_values_no_decision_writes_are_rejected_as_a_templates_are() -> None:
+    wl, pod = chat("pod-x").as_pods_workload("x")
+    pod["annotations"][ann.OUT_MODE] = "turbo"
+    write = _decide([wl], [node("h1")], snapshot(IDLE), owners={("team-a", "Pod", "x"): pod})
+    assert write.state == "Rejected", write.message
+
+
+def test_a_running_pod_admitted_alone_is_counted_once_not_also_as_a_foreign_pod() -> None:
+    # h1 has 4 GPUs; a Pod admitted alone holds 3 of them and runs there. A second workload of
+    # 2 GPUs does not fit beside it: counted twice, the Pod would leave it 0 rather than 1 GPU.
+    placed, pod = chat("pod-big").gpus("3").as_pods_workload("big")
+    placed["status"]["admissionChecks"][0].update(
+        state="Ready",
+        podSetUpdates=[{"name": "main", "nodeSelector": {"kubernetes.io/hostname": "h1"},
+                        "annotations": {ann.OUT_GPU_INDEX: "0"}}],
+    )  # fmt: skip
+    running = {
+        "metadata": {"name": "big", "namespace": "team-a", "ownerReferences": [{"kind": "ReplicaSet"}]},
+        "spec": {"nodeName": "h1", "containers": [{"resources": {"requests": {"nvidia.com/gpu": "3"}}}]},
+        "status": {"phase": "Running"},
+    }
+    one = chat("one").obj()
+    two = chat("two").gpus("2").obj()
+    owners = {("team-a", "Pod", "big"): pod}
+    fits = _decide([placed, one], [node("h1")], snapshot(IDLE), owners=owners, pods=[running])
+    assert fits.state == "Ready", fits.message
+    full = _decide([placed, two], [node("h1")], snapshot(IDLE), owners=owners, pods=[running])
+    assert full.state == "Retry", full.message
