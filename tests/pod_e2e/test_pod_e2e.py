@@ -1,8 +1,8 @@
 """SovereignSpec installed and used as the README says, on a real node (see conftest.py).
 
 The tests run in order and build on each other: the chart installed, the check Active, the
-examples applied, a serving Job decided and run, the chart upgraded, the operator's Pod deleted in
-the middle of a burst.
+examples applied, a serving Job decided and run, a serving Deployment's replicas decided and run,
+the chart upgraded, the operator's Pod deleted in the middle of a burst.
 """
 
 from __future__ import annotations
@@ -288,6 +288,57 @@ def test_examples_apply_as_the_readme_says_and_a_serving_job_runs_speculative_on
     assert excluded and "gpu-h100-eu-1: unavailable: not Ready (NodeStatusNeverUpdated)" in excluded[0], (
         excluded
     )
+
+
+def serving_deployment(name: str, replicas: int) -> dict[str, Any]:
+    """The example serving Job's pod as the replicas of a Deployment. Kueue's deployment integration
+    reads the queue label on the Deployment and admits each replica alone, as a Pod."""
+    tpl = serving_job(name, seconds=3600)["spec"]["template"]
+    tpl["spec"]["restartPolicy"] = "Always"
+    tpl["metadata"].setdefault("labels", {})["app"] = name
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            "name": name,
+            "namespace": SERVING_NS,
+            "labels": {"kueue.x-k8s.io/queue-name": "serving"},
+        },
+        "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}}, "template": tpl},
+    }
+
+
+def test_a_deployments_replicas_are_each_decided_and_run_speculative_on_the_chosen_node(
+    cluster: client.ApiClient,
+) -> None:
+    core = client.CoreV1Api(cluster)
+    kubectl("apply", "-f", "-", stdin=yaml.safe_dump(serving_deployment("chat-deployment", 2)))
+
+    def decision(pod: Any) -> dict[str, Any] | None:
+        if pod.status.phase != "Running":
+            return None
+        logs = core.read_namespaced_pod_log(pod.metadata.name, SERVING_NS, container="vllm")
+        line = next((x for x in logs.splitlines() if x.startswith("SOVEREIGNSPEC-DECISION ")), None)
+        return json.loads(line.split(" ", 1)[1]) if line else None
+
+    def running() -> list[tuple[Any, dict[str, Any]]] | None:
+        pods = core.list_namespaced_pod(SERVING_NS, label_selector="app=chat-deployment").items
+        seen = [(p, d) for p in pods if (d := decision(p)) is not None]
+        return seen if len(seen) == 2 else None
+
+    try:
+        replicas = wait_until(running, 240, "both replicas of chat-deployment to run with their decision")
+    except AssertionError as e:
+        pods = core.list_namespaced_pod(SERVING_NS, label_selector="app=chat-deployment").items
+        story = [f"{p.metadata.name} {p.status.phase} gates={p.spec.scheduling_gates} {p.status.conditions}"
+                 for p in pods]  # fmt: skip
+        raise AssertionError(f"{e}\n" + "\n".join(story)) from None
+    for pod, seen in replicas:
+        assert pod.spec.node_name == NODE and pod.spec.node_selector.get("kubernetes.io/hostname") == NODE
+        assert seen["mode"] == "speculative" and int(seen["draft-budget"]) >= 1, seen
+        assert our_state(workload_of(cluster, pod.metadata.name)) == "Ready"  # its own Workload
+    assert len({seen["gpu-index"] for _, seen in replicas}) == 2  # never one GPU twice
+    kubectl("-n", SERVING_NS, "delete", "deployment", "chat-deployment", "--wait=true")
 
 
 def test_helm_upgrade_of_a_policy_value_is_picked_up_without_a_restart(cluster: client.ApiClient) -> None:
