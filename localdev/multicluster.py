@@ -126,13 +126,19 @@ def _namespaces(a: client.ApiClient) -> None:
 
 
 def _multikueue_account(a: client.ApiClient) -> str:
-    """A ServiceAccount on a worker that MultiKueue acts as: Jobs and Workloads, nothing else.
-    Returns its token."""
+    """A ServiceAccount on a worker that MultiKueue acts as: Workloads and the kinds of the
+    integrations this harness enables that MultiKueue dispatches (Kueue v0.19.2 has adapters for
+    Jobs, Pods, StatefulSets and LeaderWorkerSets, and watches each on every worker), nothing
+    else. Returns its token."""
+    verbs = ["create", "delete", "get", "list", "watch", "update", "patch"]
     rules = [
+        {"apiGroups": ["batch"], "resources": ["jobs", "jobs/status"], "verbs": verbs},
+        {"apiGroups": [""], "resources": ["pods", "pods/status"], "verbs": verbs},
+        {"apiGroups": ["apps"], "resources": ["statefulsets", "statefulsets/status"], "verbs": verbs},
         {
-            "apiGroups": ["batch"],
-            "resources": ["jobs", "jobs/status"],
-            "verbs": ["create", "delete", "get", "list", "watch", "update", "patch"],
+            "apiGroups": ["leaderworkerset.x-k8s.io"],
+            "resources": ["leaderworkersets", "leaderworkersets/status"],
+            "verbs": verbs,
         },
         {
             "apiGroups": ["kueue.x-k8s.io"],

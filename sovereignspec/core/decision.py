@@ -48,6 +48,10 @@ class DecisionRecord:
     excluded: dict[str, str] = field(default_factory=dict)  # node -> constraint: detail
     # candidate GPUs where speculation would have paid but a neighbour's SLO said no: gpu -> why
     held_back: dict[str, str] = field(default_factory=dict)
+    # A workload whose pods span nodes: (node, GPU index, γ there) per pod, and the node labels that
+    # pin them (every node those labels select is one the workload may use); empty on one node.
+    pods: tuple[tuple[str, int, int], ...] = ()
+    node_selector: dict[str, str] | None = None
 
     @property
     def step_limit_s(self) -> float:

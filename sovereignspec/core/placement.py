@@ -119,6 +119,8 @@ class WorkloadRequest:
     force_plain: str | None = None  # why speculation is off for this workload (e.g. a bad annotation)
     node_pool: frozenset[str] | None = None  # nodes its flavor and nodeSelector allow (None: any)
     gpus: int | None = None  # GPUs it requests on one node (None: the model's tensor-parallel degree)
+    # Pods it has, each gpus // pods GPUs: on one node if one has room, else spread (see `_spread`).
+    pods: int = 1
     allowed_jurisdictions: frozenset[str] | None = None  # what its namespace allows (None: anywhere)
 
     @property
@@ -525,7 +527,7 @@ class Placer:
         and every excluded node to the record (the operator's Event); a bulk tick can skip it."""
         if w.model not in self.profiles.models:
             return self._unplaced(w, "rejected", f"unknown model {w.model!r}", explain)
-        key = (w.model, w.requirement, w.node_pool, w.gpus)
+        key = (w.model, w.requirement, w.node_pool, w.gpus, w.pods)
         if key in self._exhausted:  # capacity only shrinks and tenancy only tightens as a view fills
             return self._unplaced(w, *self._exhausted[key], explain)
         mask = self.candidates(w)
@@ -535,11 +537,28 @@ class Placer:
             why = f"the last {keep} empty node(s) of its pool are kept free for exclusive tenants"
             return self._unplaced(w, "retry", why, explain)
         mask &= ~reserved
+        spread_why = None
+        if not mask.any() and w.pods > 1 and w.gpus is not None:
+            spread = self._spread(w, explain)
+            if isinstance(spread, Placement):
+                return spread
+            spread_why = spread
         if not mask.any():
             m = self._model(w.model)
             permanent = (self.tenancy.permanent_mask(w.requirement) & self._pool(w))[self.gpu_node]
-            permanent &= m.fits & (self.capacity[self.gpu_node] >= self._need(w, m))
-            if not permanent.any():
+            whole = permanent & m.fits & (self.capacity[self.gpu_node] >= self._need(w, m))
+            if spread_why is not None and w.gpus is not None:
+                # Spread, the pods need room for one each: the nodes it may ever use, by capacity.
+                per_pod = w.gpus // w.pods
+                nodes = np.zeros(len(self.node_names), dtype=np.bool_)
+                nodes[self.gpu_node[permanent & m.fits]] = True
+                most = int((self.capacity[nodes] // per_pod).sum())
+                if most < w.pods:
+                    why = f"its {w.pods} pods of {per_pod} GPUs never fit: the nodes it may use hold {most}"
+                    self._exhausted[key] = ("rejected", why)
+                else:
+                    self._exhausted[key] = ("retry", spread_why)
+            elif not whole.any():
                 self._exhausted[key] = ("rejected", self._never_fits(w))
             else:
                 self._exhausted[key] = ("retry", "no admissible node with free GPUs now")
@@ -593,6 +612,140 @@ class Placer:
             )
         return Placement(w.name, record.node, record.gpu_index, record.gamma, record)
 
+    # -- pods over several nodes --------------------------------------------------------------
+
+    def _selectors(
+        self, w: WorkloadRequest, pool: NDArray[np.bool_]
+    ) -> list[tuple[dict[str, str], NDArray[np.bool_]]]:
+        """Node labels that could pin `w`'s pods (one nodeSelector for all of them), with the nodes
+        of its pool each selects: a jurisdiction's label, each value its namespace allows; with no
+        jurisdiction asked, also none (the whole pool)."""
+        label = self.policy.jurisdiction_label
+        values = sorted(
+            {
+                t.labels[label]
+                for t, ok in zip(self._node_tenancy, pool, strict=True)
+                if ok and label in t.labels
+            }
+        )
+        allowed = self.tenancy.permanent_mask(w.requirement)
+        out = []
+        for value in values:
+            nodes = pool & np.array(
+                [t.labels.get(label) == value for t in self._node_tenancy], dtype=np.bool_
+            )
+            if (nodes & allowed).any():
+                out.append(({label: value}, nodes))
+        if w.jurisdiction is None and w.allowed_jurisdictions is None:
+            out.append(({}, pool))
+        return out
+
+    def _spread(self, w: WorkloadRequest, explain: bool) -> Placement | str:
+        """`w`'s pods over several nodes, when no node has room for all of them.
+
+        A check writes one nodeSelector per pod set, so the pods cannot be sent to named nodes: they
+        are pinned by labels instead, and only by labels every node of which `w` may use now (its
+        jurisdiction, no other tenant's exclusive node, and, for an exclusive tenant, nobody else's;
+        the model fits all their GPUs), so that wherever the scheduler binds them, sovereignty
+        holds. Each pod is placed as `place` would place it (its own GPUs on one node) and
+        committed; if they do not all fit, nothing is. The pods share one mode and γ: the lowest
+        any of them got (the load committed is each pod's own choice, never less). Without such
+        labels with room now: why, per label."""
+        assert w.gpus is not None
+        per_pod = w.gpus // w.pods
+        m = self._model(w.model)
+        now = self.tenancy.mask(w.requirement)
+        why = []
+        for selector, nodes in self._selectors(w, self._pool(w)):
+            name = ", ".join(f"{k}={v}" for k, v in selector.items()) or "its flavor's nodes"
+            barred = [n for n, ok in zip(self.node_names, nodes & ~now, strict=True) if ok]
+            if barred:
+                why.append(f"{name} selects {barred[0]}, which it may not use ({len(barred)} such)")
+                continue
+            if not m.fits[nodes[self.gpu_node]].all():
+                why.append(f"{name} selects GPUs {w.model} does not fit")
+                continue
+            room = int((self.free[nodes] // max(per_pod, 1)).sum())
+            if room < w.pods:
+                why.append(f"{name} has room for {room} of them now")
+                continue
+            one = replace(
+                w,
+                gpus=per_pod,
+                pods=1,
+                node_pool=frozenset(n for n, ok in zip(self.node_names, nodes, strict=True) if ok),
+            )
+            saved = self._save()
+            placed = []
+            for _ in range(w.pods):
+                p = self.place(one, commit=True, explain=False)
+                if p.outcome != "placed":
+                    break
+                placed.append(p)
+            if len(placed) < w.pods:
+                self._restore(saved)
+                why.append(f"{name} took {len(placed)} of them")
+                continue
+            # A pod may be bound on any node the labels select: the tenant is there for tenancy's
+            # sake (no other tenant's exclusive claim may land beside it), GPUs counted as planned.
+            for i in np.nonzero(nodes)[0].tolist():
+                self._hold(i, w)
+            worst = min(placed, key=lambda p: p.gamma)  # the first of the lowest γ
+            pods = tuple((p.node or "", int(p.gpu_index or 0), p.gamma) for p in placed)
+            shown = ", ".join(f"{n}/gpu{g}" for n, g, _ in pods)
+            pinned = ", ".join(f"{k}={v}" for k, v in selector.items()) or "its flavor's nodes"
+            reason = (
+                f"{w.pods} pods of {per_pod} GPUs over {shown}, pinned by {pinned}; {worst.record.reason}"
+            )
+            record = replace(
+                worst.record, workload=w.name, reason=reason, pods=pods, node_selector=dict(selector)
+            )
+            if explain:
+                record = replace(record, excluded=self._excluded(w, None))
+            return Placement(w.name, worst.node, worst.gpu_index, worst.gamma, record)
+        head = (
+            f"no node has room for its {w.pods} pods of {per_pod} GPUs together, and no node label pins them"
+        )
+        return (
+            f"{head} to nodes it may use with room: {'; '.join(why) or 'no node of its pool has the label'}"
+        )
+
+    def _hold(self, node: int, w: WorkloadRequest) -> None:
+        """`w`'s tenant on `node` (for tenancy: who runs there), its GPUs counted elsewhere."""
+        self.occupied[node] = True
+        self.tenancy.place(node, w.requirement)
+        t = self._node_tenancy[node]
+        self._node_tenancy[node] = NodeTenancy(
+            t.name,
+            t.labels,
+            t.tenants | {w.tenant},
+            t.exclusive_tenants | ({w.tenant} if w.exclusive else set()),
+        )
+
+    def _save(self) -> tuple[Any, ...]:
+        return (
+            self.headroom.copy(),
+            self.slo_ratio.copy(),
+            list(self.binding),
+            self.version.copy(),
+            self.free.copy(),
+            self.occupied.copy(),
+            list(self._node_tenancy),
+            self.tenancy.save(),
+            set(self._exhausted),
+        )
+
+    def _restore(self, saved: tuple[Any, ...]) -> None:
+        headroom, slo, binding, version, free, occupied, tenancy, index, exhausted = saved
+        self.headroom, self.slo_ratio, self.binding = headroom, slo, binding
+        self.free, self.occupied, self._node_tenancy = free, occupied, tenancy
+        self.tenancy.restore(index)
+        for key in set(self._exhausted) - exhausted:  # learnt on the trial's fuller view
+            del self._exhausted[key]
+        # A version seen by a score cache during the trial must never mean today's state again.
+        touched = self.version != version
+        self.version[touched] += 1
+
     def account(self, w: WorkloadRequest, node: str, gpu_index: int, gamma: int) -> bool:
         """Take in a placement decided earlier, as `place` would have committed it: the GPU's load
         and neighbours, the node's capacity and tenancy. Used when the view is rebuilt from the API
@@ -638,15 +791,7 @@ class Placer:
                 self.binding[g] = w.name
         node = int(self.gpu_node[g])
         self.free[node] -= int(m.tp[g]) if w.gpus is None else w.gpus
-        self.occupied[node] = True
-        self.tenancy.place(node, w.requirement)
-        t = self._node_tenancy[node]
-        self._node_tenancy[node] = NodeTenancy(
-            t.name,
-            t.labels,
-            t.tenants | {w.tenant},
-            t.exclusive_tenants | ({w.tenant} if w.exclusive else set()),
-        )
+        self._hold(node, w)
         self.version[g] += 1
 
     def _held_back(self, w: WorkloadRequest, req: SpecRequest, mask: NDArray[np.bool_]) -> dict[str, str]:

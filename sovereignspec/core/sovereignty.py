@@ -169,6 +169,22 @@ class TenancyIndex:
         ident = self._ids.get("t:" + tenant, -3)
         return np.asarray((self.tenant_count == 1) & (self.some_tenant == ident), dtype=np.bool_)
 
+    def save(self) -> tuple[list[set[int]], NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
+        """The per-node state `place` changes, to `restore` when a trial placement is undone."""
+        return (
+            [set(t) for t in self._tenants],
+            self.tenant_count.copy(),
+            self.some_tenant.copy(),
+            self.exclusive_holder.copy(),
+        )
+
+    def restore(
+        self, saved: tuple[list[set[int]], NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]
+    ) -> None:
+        tenants, count, some, holder = saved
+        self._tenants = [set(t) for t in tenants]
+        self.tenant_count, self.some_tenant, self.exclusive_holder = count.copy(), some.copy(), holder.copy()
+
     def place(self, node: int, req: Requirement) -> None:
         """Record that `req`'s tenant now runs on `node`."""
         tenant = self._intern("t:" + req.tenant)

@@ -77,6 +77,8 @@ OUT_SPEEDUP = PREFIX + "predicted-speedup"
 OUT_TPOT = PREFIX + "predicted-tpot-ms"
 OUT_DECIDED_AT = PREFIX + "decided-at"
 OUT_POLICY = PREFIX + "policy"
+# Pods spread over several nodes: where each was counted, "host/gpu-index" comma-separated.
+OUT_NODES = PREFIX + "nodes"
 OUTPUTS = frozenset(
     {
         OUT_MODE,
@@ -90,6 +92,7 @@ OUTPUTS = frozenset(
         OUT_TPOT,
         OUT_DECIDED_AT,
         OUT_POLICY,
+        OUT_NODES,
     }
 )
 HOSTNAME = "kubernetes.io/hostname"

@@ -246,7 +246,7 @@ class Controller(Role):
         }
         for c in view.committed:
             uid = c.workload.get("metadata", {}).get("uid")
-            if uid in seen:
+            if uid in seen or c.part:  # one Event per workload, its pods spread or not
                 continue
             gamma = c.gamma
             message = str(c.entry.get("message", ""))

@@ -224,14 +224,14 @@ def reserved_in_template(template_notes: Mapping[str, str]) -> list[str]:
 def never_written(template_notes: Mapping[str, str], profiles: ProfileSet) -> dict[str, str]:
     """Our output keys the template sets to values no decision of ours could write beside them
     (a template with any of our keys gets a plain decision, `_placed`): a mode other than plain,
-    a budget other than 0, any engine configuration, an unknown GPU type or a GPU index that is
-    not a number."""
+    a budget other than 0, any engine configuration or spread, an unknown GPU type or a GPU index
+    that is not a number."""
     out: dict[str, str] = {}
     for key, value in template_notes.items():
         if (
             (key == ann.OUT_MODE and value != "plain")
             or (key == ann.OUT_BUDGET and value != "0")
-            or key in (ann.OUT_VLLM, ann.OUT_SGLANG, ann.OUT_SGLANG_ADAPTIVE)
+            or key in (ann.OUT_VLLM, ann.OUT_SGLANG, ann.OUT_SGLANG_ADAPTIVE, ann.OUT_NODES)
             or (key == ann.OUT_GPU_TYPE and value not in profiles.gpus)
             or (key == ann.OUT_GPU_INDEX and not (value.isascii() and value.isdigit()))
         ):
@@ -276,9 +276,15 @@ def _placed(
         notes = decision_notes(spec, profiles, p, record, policy_name, stamp)
     node = record.node or ""
     host = view.hostnames.get(node, node)
+    selector = {ann.HOSTNAME: host}
+    where = f"{record.node}/gpu{record.gpu_index} ({record.gpu_type})"
+    if record.node_selector is not None:  # pods spread over nodes: pinned by labels, counted per pod
+        selector = dict(record.node_selector)
+        notes[ann.OUT_NODES] = ",".join(f"{view.hostnames.get(n, n)}/{g}" for n, g, _ in record.pods)
+        spread = ", ".join(f"{n}/gpu{g}" for n, g, _ in record.pods)
+        where = f"{len(record.pods)} pods over {spread} ({record.gpu_type})"
     updates: list[dict[str, object]] = [
-        {"name": name, "annotations": dict(notes), "nodeSelector": {ann.HOSTNAME: host}}
-        for name in p.pod_set_names
+        {"name": name, "annotations": dict(notes), "nodeSelector": dict(selector)} for name in p.pod_set_names
     ]
     if record.mode == "plain" and view.stale_reason and record.headroom is None:
         reason = f"{reason} ({view.stale_reason})"
@@ -291,10 +297,7 @@ def _placed(
             f"{notes[ann.OUT_SPEEDUP]}x plain at the declared batch (a draft pass and the machinery)"
         )
     mode = "speculative" if record.gamma > 0 else "light-batch speculative" if light else "plain"
-    message = (
-        f"{mode} γ={record.gamma} on {record.node}/gpu{record.gpu_index} ({record.gpu_type}); "
-        f"α {req.alpha:.2f} ({p.alpha_source}); {reason}{light}"
-    )
+    message = f"{mode} γ={record.gamma} on {where}; α {req.alpha:.2f} ({p.alpha_source}); {reason}{light}"
     events.insert(
         0,
         EventNote(

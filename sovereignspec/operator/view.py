@@ -20,10 +20,11 @@ This module does no I/O: it takes plain dicts (as the API returns them) and retu
 
 from __future__ import annotations
 
+import math
 import re
 from collections import defaultdict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from fractions import Fraction
 from typing import Any
@@ -174,6 +175,23 @@ def requested_gpus(wl: Mapping[str, Any]) -> int:
     return total
 
 
+def requested_pods(wl: Mapping[str, Any]) -> int:
+    """The workload's pods when every one asks for the same GPUs (then they may be spread over
+    nodes, one by one); 1 when they differ (all of them then go to one node, as one request).
+    Read after `requested_gpus`, which refuses an unreadable count."""
+    sizes, total = set(), 0
+    for n, ps in enumerate(wl.get("spec", {}).get("podSets") or []):
+        count = ps.get("count", 1)
+        if count:
+            sizes.add(
+                _container_gpus(
+                    (ps.get("template") or {}).get("spec") or {}, f"spec.podSets[{n}].template.spec"
+                )
+            )
+            total += count
+    return total if len(sizes) == 1 and 0 not in sizes and total > 1 else 1
+
+
 def template(wl: Mapping[str, Any]) -> dict[str, Any]:
     pod_sets = wl.get("spec", {}).get("podSets") or []
     return dict(pod_sets[0].get("template") or {}) if pod_sets else {}
@@ -240,6 +258,9 @@ class Committed:
     check: str = ""
     workload: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
     entry: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    part: int = 0  # which of a spread workload's pods (each has an entry of its own)
+    # A spread workload's reach: every node its labels select, where a pod may be bound (tenancy).
+    reach: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -365,6 +386,7 @@ def declared_request(
         force_plain="; ".join(str(p) for p in problems) or None,
         node_pool=node_pool,
         gpus=requested_gpus(wl) or None,
+        pods=requested_pods(wl),
         allowed_jurisdictions=declared.allowed_jurisdictions,
     )
     return declared, request, source
@@ -581,8 +603,9 @@ def build(
             if state == "Ready":
                 spec = world.policies.get(str(entry.get("name")), policy)
                 pool, _ = node_pool(wl, world.nodes, world.flavors, world.flavor_tolerations, pools)
-                done = _committed(wl, entry, spec, profiles, snapshot, pool, by_host, tenancy, world, errors)
-                if done is not None:
+                for done in _committed(
+                    wl, entry, spec, profiles, snapshot, pool, by_host, tenancy, world, errors
+                ):
                     committed.append(done)
                     if done.node not in hostnames:
                         missing_nodes[done.key] = done
@@ -696,14 +719,16 @@ def _committed(
     tenancy: TenancyOf,
     world: World,
     errors: list[str],
-) -> Committed | None:
-    """A ledger entry from our check entry; the workload's own fields only for its load."""
+) -> list[Committed]:
+    """The ledger's entries from our check entry (one per node it was counted on: one, or each
+    spread pod's); the workload's own fields only for its load."""
     for update in entry.get("podSetUpdates") or []:
+        notes = update.get("annotations") or {}
         host = (update.get("nodeSelector") or {}).get(ann.HOSTNAME)
-        if not host:
+        spread = _spread_pods(notes.get(ann.OUT_NODES)) if not host else []
+        if not host and not spread:
             continue
         node = by_host.get(str(host), str(host))
-        notes = update.get("annotations") or {}
         meta = wl["metadata"]
         t = tenancy(meta["namespace"], policy)
         try:
@@ -724,22 +749,53 @@ def _committed(
             predicted = float(tpot) / 1e3 if tpot and ann.DECIMAL_RE.fullmatch(tpot) else None
         except ValueError:
             predicted = None
-        return Committed(
-            key=key_of(wl),
-            namespace=meta["namespace"],
-            job=job_name(wl),
-            node=node,
-            gpu_index=_int(notes.get(ann.OUT_GPU_INDEX), 0, 1024, 0),
-            gamma=_int(notes.get(ann.OUT_BUDGET), 0, MAX_GAMMA, 0),
-            gpus=gpus,  # -1: unknown, counts as the whole node
-            request=request,
-            decided_at=parse_time(notes.get(ann.OUT_DECIDED_AT)),
-            predicted_tpot_s=predicted,
-            check=str(entry.get("name", "")),
-            workload=wl,
-            entry=entry,
-        )
-    return None
+        where = [(node, _int(notes.get(ann.OUT_GPU_INDEX), 0, 1024, 0))]
+        reach: frozenset[str] = frozenset()
+        if spread:  # each pod where it was counted, with its share of the GPUs
+            where = [(by_host.get(h, h), g) for h, g in spread]
+            selector = {str(k): str(v) for k, v in (update.get("nodeSelector") or {}).items()}
+            reach = frozenset(
+                str(n["metadata"]["name"])
+                for n in world.nodes
+                if str(n["metadata"]["name"]) in pool
+                and all((n["metadata"].get("labels") or {}).get(k) == v for k, v in selector.items())
+            )
+            gpus = gpus // len(spread) if gpus > 0 else gpus
+            request = replace(request, gpus=gpus if gpus > 0 else request.gpus, pods=1)
+        return [
+            Committed(
+                key=key_of(wl),
+                namespace=meta["namespace"],
+                job=job_name(wl),
+                node=on,
+                gpu_index=index,
+                gamma=_int(notes.get(ann.OUT_BUDGET), 0, MAX_GAMMA, 0),
+                gpus=gpus,  # -1: unknown, counts as the whole node
+                request=request,
+                decided_at=parse_time(notes.get(ann.OUT_DECIDED_AT)),
+                predicted_tpot_s=predicted,
+                check=str(entry.get("name", "")),
+                workload=wl,
+                entry=entry,
+                part=part,
+                reach=reach,
+            )
+            for part, (on, index) in enumerate(where)
+        ]
+    return []
+
+
+def _spread_pods(text: object) -> list[tuple[str, int]]:
+    """`ann.OUT_NODES` ("host/gpu,host/gpu"), as we wrote it; [] if it is not that."""
+    if not isinstance(text, str) or not text:
+        return []
+    out = []
+    for item in text.split(","):
+        host, _, index = item.rpartition("/")
+        if not host or not ann.INTEGER_RE.fullmatch(index):
+            return []
+        out.append((host, min(int(index), 1024)))
+    return out
 
 
 def _pod_gpus(pod: Mapping[str, Any]) -> int:
@@ -749,8 +805,13 @@ def _pod_gpus(pod: Mapping[str, Any]) -> int:
 def _foreign_pods(
     world: World, committed: list[Committed], tenancy: TenancyOf, policy: PolicySpec, errors: list[str]
 ) -> dict[str, list[tuple[str, int]]]:
-    """Per node: (tenant, GPUs) of bound GPU pods that no ledger entry on that node accounts for."""
-    placed = {(c.namespace, *owner_of(c.workload), c.node) for c in committed}
+    """Per node: (tenant, GPUs) of bound GPU pods that no ledger entry on that node accounts for.
+    An entry accounts for its own pods on its node up to the GPUs it counted there (all of a
+    workload's on one node; one pod's share for each pod of a spread one); beyond that, a pod is
+    counted as its tenant's (a spread pod the scheduler bound beside another: never under-counted)."""
+    room: dict[tuple[str, ...], float] = defaultdict(float)
+    for c in committed:
+        room[(c.namespace, *owner_of(c.workload), c.node)] += c.gpus if c.gpus >= 0 else math.inf
     out: dict[str, list[tuple[str, int]]] = defaultdict(list)
     for pod in world.pods:
         try:
@@ -768,7 +829,9 @@ def _foreign_pods(
                 None,
             )
             mine = ("Job", job) if job is not None else ("Pod", str(meta.get("name", "")))
-            if (meta.get("namespace"), *mine, node) in placed:
+            key = (str(meta.get("namespace", "")), *mine, str(node))
+            if room.get(key, 0.0) >= gpus:
+                room[key] -= gpus
                 continue
             out[str(node)].append((tenancy(str(meta.get("namespace", "")), policy).tenant, gpus))
         except Exception as exc:
@@ -797,9 +860,12 @@ def _cluster(
 
     by_gpu: dict[tuple[str, int], list[Committed]] = defaultdict(list)
     by_node: dict[str, list[Committed]] = defaultdict(list)
+    reaching: dict[str, list[Committed]] = defaultdict(list)  # tenancy only: spread pods may land there
     for c in committed:
         by_gpu[(c.node, c.gpu_index)].append(c)
         by_node[c.node].append(c)
+        for name in c.reach:
+            reaching[name].append(c)
 
     node_states: list[NodeState] = []
     gpu_states: list[GpuState] = []
@@ -835,8 +901,9 @@ def _cluster(
         used = sum(count if c.gpus < 0 else c.gpus for c in mine) + sum(g for _, g in foreign)
         unavailable = node_unavailable(node)
         free = 0 if unavailable else max(count - used, 0)
-        tenants = frozenset(c.request.tenant for c in mine) | frozenset(t for t, _ in foreign)
-        exclusive = frozenset(c.request.tenant for c in mine if c.request.exclusive)
+        holders = mine + reaching.get(name, [])
+        tenants = frozenset(c.request.tenant for c in holders) | frozenset(t for t, _ in foreign)
+        exclusive = frozenset(c.request.tenant for c in holders if c.request.exclusive)
         node_states.append(NodeState(name, labels, free, tenants, exclusive, count, unavailable))
     return ClusterView(node_states, gpu_states), headroom_out, stale_reason
 

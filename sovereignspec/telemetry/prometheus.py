@@ -162,7 +162,9 @@ class PrometheusReader:
         return out
 
     def tpot(self) -> dict[tuple[str, str], float]:
-        """(namespace, job) -> p90 time per output token over the last two minutes.
+        """(namespace, owner) -> p90 time per output token over the last two minutes. The owner is
+        what Kueue made the Workload for: the Job (its pods' `job_name`), or, for an engine pod of
+        no Job (a Deployment's or StatefulSet's replica, admitted alone), the Pod itself (`pod`).
 
         The first histogram a workload has, in this order: vLLM's per-request TPOT
         (`vllm:request_time_per_output_token_seconds`, current), the names older vLLM and SGLang
@@ -171,11 +173,13 @@ class PrometheusReader:
         (an event carries τ tokens): conservative for a neighbour's SLO, never optimistic."""
         out: dict[tuple[str, str], float] = {}
         for metric in TPOT_METRICS:
-            q = f"histogram_quantile(0.9, sum by (le, namespace, job_name) (rate({metric}_bucket[2m])))"
-            for labels, value, _ in self.query(q):
-                key = (labels.get("namespace", ""), labels.get("job_name", ""))
-                if math.isfinite(value) and value > 0 and key[1] and key not in out:
-                    out[key] = value
+            for owner, match in (("job_name", ""), ("pod", '{job_name=""}')):
+                rate = f"rate({metric}_bucket{match}[2m])"
+                q = f"histogram_quantile(0.9, sum by (le, namespace, {owner}) ({rate}))"
+                for labels, value, _ in self.query(q):
+                    key = (labels.get("namespace", ""), labels.get(owner, ""))
+                    if math.isfinite(value) and value > 0 and key[1] and key not in out:
+                        out[key] = value
         return out
 
     def snapshot(self) -> Snapshot:

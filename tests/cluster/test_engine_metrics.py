@@ -27,19 +27,28 @@ CHAT = {"model": MODEL, "drafter": "eagle3", "acceptance_rate": 0.8, "latency_cl
 
 def discovered(targets: list[tuple[str, str, str, bool]]) -> dict[str, Any]:
     """The shipped scrape job with Kubernetes service discovery replaced by static targets that
-    carry the labels discovery would give them: (address, namespace, job, serving-label)."""
+    carry the labels discovery would give them: (address, namespace, job, serving-label). A job
+    of "pod:NAME" is a Pod of no Job (a Deployment's replica): its name and no job labels."""
     job = copy.deepcopy(yaml.safe_load(SCRAPE.read_text()))
     del job["kubernetes_sd_configs"]
     job["scrape_interval"] = "1s"
+
+    def pod_labels(jobname: str) -> dict[str, str]:
+        if jobname.startswith("pod:"):
+            return {"__meta_kubernetes_pod_name": jobname[4:]}
+        return {
+            "__meta_kubernetes_pod_name": f"{jobname}-abcde",
+            "__meta_kubernetes_pod_label_job_name": jobname,
+            "__meta_kubernetes_pod_label_batch_kubernetes_io_job_name": jobname,
+        }
+
     job["static_configs"] = [
         {
             "targets": [address],
             "labels": {
                 "__meta_kubernetes_namespace": namespace,
-                "__meta_kubernetes_pod_name": f"{jobname}-abcde",
                 "__meta_kubernetes_pod_container_port_name": "http",
-                "__meta_kubernetes_pod_label_job_name": jobname,
-                "__meta_kubernetes_pod_label_batch_kubernetes_io_job_name": jobname,
+                **pod_labels(jobname),
                 **({"__meta_kubernetes_pod_label_sovereignspec_io_serving": "true"} if serving else {}),
             },
         }
@@ -68,6 +77,7 @@ def test_alpha_and_tpot_of_stand_in_vllm_and_sglang_reach_the_decision_by_namesp
     vllm = EngineStandIn("vllm", MODEL, alpha=0.3, gamma=4, seconds_per_token=0.018)
     sglang = EngineStandIn("sglang", MODEL, alpha=0.5, gamma=3, seconds_per_token=0.028)
     unlabelled = EngineStandIn("vllm", MODEL, alpha=0.99, gamma=4, seconds_per_token=0.001)
+    replica = EngineStandIn("vllm", MODEL, alpha=0.3, gamma=4, seconds_per_token=0.045)
     try:
         env.prometheus.add_scrape_config(
             discovered(
@@ -75,6 +85,7 @@ def test_alpha_and_tpot_of_stand_in_vllm_and_sglang_reach_the_decision_by_namesp
                     (vllm.target, namespace, "chat-a", True),
                     (sglang.target, other, "chat-b", True),
                     (unlabelled.target, namespace, "not-serving", False),  # no serving label: not scraped
+                    (replica.target, namespace, "pod:chat-c-7d9f-x2k4q", True),  # a Deployment's replica
                 ]
             )
         )
@@ -83,7 +94,8 @@ def test_alpha_and_tpot_of_stand_in_vllm_and_sglang_reach_the_decision_by_namesp
         def both() -> tuple[dict, dict] | None:
             accepted, tpot = reader.acceptance(), reader.tpot()
             keys = {(namespace, MODEL), (other, MODEL)}
-            ok = keys <= set(accepted) and {(namespace, "chat-a"), (other, "chat-b")} <= set(tpot)
+            owners = {(namespace, "chat-a"), (other, "chat-b"), (namespace, "chat-c-7d9f-x2k4q")}
+            ok = keys <= set(accepted) and owners <= set(tpot)
             return (accepted, tpot) if ok else None
 
         time.sleep(3)  # increase() needs two scrapes
@@ -94,6 +106,9 @@ def test_alpha_and_tpot_of_stand_in_vllm_and_sglang_reach_the_decision_by_namesp
         assert 0.015 <= tpot[(namespace, "chat-a")] <= 0.02  # p90 within the 15-20 ms bucket
         assert 0.025 <= tpot[(other, "chat-b")] <= 0.03
         assert (namespace, "not-serving") not in tpot
+        # A replica of no Job is joined by its Pod's name (what owns its Workload); a Job's pod never is.
+        assert 0.04 <= tpot[(namespace, "chat-c-7d9f-x2k4q")] <= 0.05
+        assert (namespace, "chat-a-abcde") not in tpot
 
         time.sleep(1.5)  # the operator reuses a telemetry snapshot for 1 s: let it take a fresh one
         submit(pool, "learner", **CHAT)  # declares 0.8
@@ -108,3 +123,4 @@ def test_alpha_and_tpot_of_stand_in_vllm_and_sglang_reach_the_decision_by_namesp
         vllm.close()
         sglang.close()
         unlabelled.close()
+        replica.close()

@@ -17,7 +17,17 @@ from kubernetes import client
 from localdev import kueue as k
 from localdev.gpunodes import server_side_apply
 from tests.cluster.conftest import wait_until
-from tests.cluster.operator_env import Pool, annotations, make_pool
+from tests.cluster.operator_env import (
+    JURISDICTION,
+    Pool,
+    admitted_job,
+    annotations,
+    job_body,
+    make_pool,
+    outcome,
+    submit,
+    submit_body,
+)
 
 CHAT = {"model": "llama-3.1-8b", "drafter": "eagle3", "acceptance_rate": 0.8, "latency_class": "latency"}
 HOST = "kubernetes.io/hostname"
@@ -125,3 +135,28 @@ def test_a_replica_whose_pod_breaks_the_grammar_is_rejected_naming_the_key(env, 
     assert "annotation sovereignspec.io/jurisdiction: got 'eu,kr;'; accepted: an ISO 3166-1" in said, said
     pod = client.CoreV1Api(env.api).read_namespaced_pod("bad-0", namespace)
     assert GATE in [g.name for g in pod.spec.scheduling_gates or []]  # never admitted
+
+
+def test_a_job_of_four_pods_of_eight_gpus_is_spread_over_four_nodes_pinned_by_its_jurisdiction(
+    env, namespace
+):
+    # Four 8-GPU eu nodes and a kr one: no node holds 32 GPUs, each holds one pod. The pods are
+    # pinned by the jurisdiction's label (every eu node is one the workload may use) and counted
+    # on the four nodes they were planned on.
+    pool = make_pool(
+        env, namespace, [("H100-SXM", "eu", 8, [1.0] * 8)] * 4 + [("H100-SXM", "kr", 8, [1.0] * 8)]
+    )
+    body = job_body(pool, "wide", gpus=8, jurisdiction="eu", **CHAT)
+    body["spec"]["parallelism"] = body["spec"]["completions"] = 4
+    submit_body(pool, body)
+    job = admitted_job(pool, "wide")
+    assert job.spec.template.spec.node_selector[JURISDICTION] == "eu"
+    assert HOST not in job.spec.template.spec.node_selector
+    notes = job.spec.template.metadata.annotations
+    planned = sorted(h for h, _ in (x.split("/") for x in notes["sovereignspec.io/nodes"].split(",")))
+    eu = sorted(pool.hosts[n] for n, (_, j, _) in pool.nodes.items() if j == "eu")
+    assert planned == eu
+    # Nothing of eu is left: a one-GPU newcomer in eu waits.
+    submit(pool, "after", jurisdiction="eu", **CHAT)
+    state, message = outcome(pool, "after")
+    assert state == "Retry", message

@@ -58,6 +58,11 @@ class WorkloadBuilder:
         containers[0]["resources"]["requests"]["nvidia.com/gpu"] = text
         return self
 
+    def pods(self, count: int) -> WorkloadBuilder:
+        """Pods of the pod set (a Job's parallelism), each with the container's GPUs."""
+        self._obj["spec"]["podSets"][0]["count"] = count
+        return self
+
     def check(self, state: str, **extra: Any) -> WorkloadBuilder:
         self._obj["status"]["admissionChecks"] = [{"name": CHECK, "state": state, "message": "", **extra}]
         return self

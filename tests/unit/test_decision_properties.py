@@ -174,27 +174,41 @@ def _every_tick_keeps_sovereignty_and_capacity(
         entry = wl["status"]["admissionChecks"][0]
         if entry["state"] != "Ready":
             continue
-        host = entry["podSetUpdates"][0]["nodeSelector"]["kubernetes.io/hostname"]
-        node = by_host[host]
+        selector = entry["podSetUpdates"][0]["nodeSelector"]
+        pod = entry["podSetUpdates"][0]["annotations"]
+        gpus = _gpus(wl)
+        assert gpus is not None, "a workload whose GPU count is unreadable was placed"
+        if "kubernetes.io/hostname" in selector:
+            counted = [(selector["kubernetes.io/hostname"], gpus)]
+            reach = [selector["kubernetes.io/hostname"]]
+        else:  # spread: counted per pod, pinned by labels; every node they select may be the one
+            planned = [item.rsplit("/", 1)[0] for item in pod[ann.OUT_NODES].split(",")]
+            counted = [(h, gpus // len(planned)) for h in planned]
+            reach = [
+                h
+                for h, n in by_host.items()
+                if all(n["metadata"]["labels"].get(k) == v for k, v in selector.items())
+            ]
+            assert set(planned) <= set(reach), (planned, selector)
         notes = wl["spec"]["podSets"][0]["template"]["metadata"]["annotations"]
         ns_labels = namespaces[wl["metadata"]["namespace"]]
-        node_j = node["metadata"]["labels"].get(JUR)
-        if ann.PREFIX + "jurisdiction" in notes:
-            assert node_j == notes[ann.PREFIX + "jurisdiction"], (notes, node_j)
-        if "sovereignspec.io/jurisdiction" in ns_labels:
-            assert node_j == ns_labels["sovereignspec.io/jurisdiction"]
+        for host in reach:
+            node_j = by_host[host]["metadata"]["labels"].get(JUR)
+            if ann.PREFIX + "jurisdiction" in notes:
+                assert node_j == notes[ann.PREFIX + "jurisdiction"], (notes, node_j)
+            if "sovereignspec.io/jurisdiction" in ns_labels:
+                assert node_j == ns_labels["sovereignspec.io/jurisdiction"]
         for key in notes:  # nothing that looks like a sovereignty key was ignored
             short = key[len(ann.PREFIX) :]
             assert short not in ("Jurisdiction", "jurisdicton", "tenants", "Exclusive-Node", "region"), key
-        gpus = _gpus(wl)
-        assert gpus is not None, "a workload whose GPU count is unreadable was placed"
-        used[host] += gpus
         tenant = ns_labels.get("sovereignspec.io/tenant", wl["metadata"]["namespace"])
         assert notes.get(ann.PREFIX + "tenant", tenant) == tenant
-        tenants[host].add(tenant)
-        if notes.get(ann.PREFIX + "exclusive-node") == "true":
-            exclusive[host].add(tenant)
-        pod = entry["podSetUpdates"][0]["annotations"]
+        for host, n in counted:
+            used[host] += n
+        for host in reach:  # a pod may land on any of them: each counts the tenant
+            tenants[host].add(tenant)
+            if notes.get(ann.PREFIX + "exclusive-node") == "true":
+                exclusive[host].add(tenant)
         if pod[ann.OUT_MODE] == "plain":
             assert (
                 pod[ann.OUT_BUDGET] == "0" and ann.OUT_VLLM not in pod and ann.OUT_SGLANG_ADAPTIVE not in pod

@@ -5,6 +5,7 @@ builders; the control-plane tests drive the same path through a real API server.
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 from typing import Any
@@ -347,3 +348,82 @@ def test_a_running_pod_admitted_alone_is_counted_once_not_also_as_a_foreign_pod(
     assert fits.state == "Ready", fits.message
     full = _decide([placed, two], [node("h1")], snapshot(IDLE), owners=owners, pods=[running])
     assert full.state == "Retry", full.message
+
+
+# -- pods over several nodes -----------------------------------------------------------------------
+
+JURISDICTION = "node-restriction.kubernetes.io/jurisdiction"
+FOUR_EU = [node(f"h{i}", "eu", gpus=8) for i in range(1, 5)] + [node("k1", "kr", gpus=8)]
+IDLE_ALL = {(f"h{i}", g): 0.0 for i in range(1, 5) for g in range(8)} | {("k1", g): 0.0 for g in range(8)}
+
+
+def test_a_job_whose_pods_no_node_holds_together_is_spread_and_pinned_by_its_jurisdiction() -> None:
+    job = chat("wide").annotate(jurisdiction="eu").gpus("8").pods(4).obj()
+    write = _decide([job], FOUR_EU, snapshot(IDLE_ALL))
+    assert write.state == "Ready", write.message
+    (update,) = write.pod_set_updates or []
+    assert update["nodeSelector"] == {JURISDICTION: "eu"}
+    assert sorted(update["annotations"][ann.OUT_NODES].split(",")) == ["h1/0", "h2/0", "h3/0", "h4/0"]
+    assert "4 pods over h1/gpu0, h2/gpu0, h3/gpu0, h4/gpu0" in write.message, write.message
+    # The ledger counts every pod where it was counted: nothing of eu is left for a newcomer.
+    done = copy.deepcopy(job)
+    done["status"]["admissionChecks"][0].update(state="Ready", podSetUpdates=write.pod_set_updates)
+    newcomer = chat("next").annotate(jurisdiction="eu").obj()
+    after = _decide([done, newcomer], FOUR_EU, snapshot(IDLE_ALL))
+    assert after.state == "Retry", after.message
+    assert _decide([newcomer], FOUR_EU, snapshot(IDLE_ALL)).state == "Ready"  # without the spread job
+
+
+def test_a_template_that_sets_the_spread_it_wants_is_rejected_before_placement() -> None:
+    job = chat("forge").annotate(nodes="h1/0,h2/0").obj()
+    write = _decide([job], FOUR_EU, snapshot(IDLE_ALL))
+    assert write.state == "Rejected" and ann.OUT_NODES in write.message, write.message
+
+
+def test_a_spread_pod_the_scheduler_bound_beside_another_is_counted_not_hidden() -> None:
+    # Planned on h1/0 and h2/0 (8 GPUs each, 16-GPU nodes), both pods were bound on h1. The h1 entry
+    # accounts for one of them; the other is counted as its tenant's pod, so h1 is full and a
+    # newcomer of 8 GPUs goes to h2.
+    nodes = [node("h1", "eu", gpus=16), node("h2", "eu", gpus=16)]
+    idle = {(h, g): 0.0 for h in ("h1", "h2") for g in range(16)}
+    wide = chat("wide").owned_by("Job", "wide").gpus("8").pods(2).obj()
+    wide["status"]["admissionChecks"][0].update(
+        state="Ready",
+        podSetUpdates=[{"name": "main", "nodeSelector": {JURISDICTION: "eu"},
+                        "annotations": {ann.OUT_NODES: "h1/0,h2/0", ann.OUT_BUDGET: "0"}}],
+    )  # fmt: skip
+    bound = [
+        {
+            "metadata": {"name": f"wide-{i}", "namespace": "team-a", "ownerReferences": [{"kind": "Job"}]},
+            "spec": {"nodeName": "h1", "containers": [{"resources": {"requests": {"nvidia.com/gpu": "8"}}}]},
+            "status": {"phase": "Running"},
+        }
+        for i in range(2)
+    ]  # fmt: skip
+    for pod in bound:
+        pod["metadata"]["ownerReferences"][0]["name"] = "wide"
+    newcomer = chat("next").gpus("8").obj()
+    write = _decide([wide, newcomer], nodes, snapshot(idle), pods=bound)
+    assert write.state == "Ready" and " on h2/gpu" in write.message, write.message
+
+
+def test_no_exclusive_claim_lands_where_a_spread_workloads_pods_may_be_bound() -> None:
+    # A shared spread workload planned on h1 and h2, pinned by eu: its pods may be bound on h3 too.
+    # Another tenant's exclusive workload must not take h3 (nor h1, h2); it waits.
+    nodes = [node(f"h{i}", "eu", gpus=8) for i in (1, 2, 3)]
+    idle = {(f"h{i}", g): 0.0 for i in (1, 2, 3) for g in range(8)}
+    wide = chat("wide").gpus("8").pods(2).obj()
+    wide["status"]["admissionChecks"][0].update(
+        state="Ready",
+        podSetUpdates=[{"name": "main", "nodeSelector": {JURISDICTION: "eu"},
+                        "annotations": {ann.OUT_NODES: "h1/0,h2/0", ann.OUT_BUDGET: "0"}}],
+    )  # fmt: skip
+    bank = chat("vault", namespace="bank").annotate(exclusive_node="true").obj()
+    namespaces = {
+        "team-a": {"sovereignspec.io/jurisdiction": "eu"},
+        "bank": {"sovereignspec.io/jurisdiction": "eu", "sovereignspec.io/tenant": "bank"},
+    }
+    write = _decide([wide, bank], nodes, snapshot(idle), namespaces=namespaces)
+    assert write.state == "Retry", write.message
+    alone = _decide([bank], nodes, snapshot(idle), namespaces=namespaces)
+    assert alone.state == "Ready"  # without the spread workload it would have a node

@@ -642,3 +642,64 @@ def test_a_node_whose_gpus_cannot_hold_the_model_is_excluded_saying_so(profiles)
     p = Placer(tiny, view).place(wl())
     assert p.node == "b-h100"
     assert p.record.excluded == {"a-tiny": "capacity: llama-3.1-8b does not fit this node's GPUs"}
+
+
+# -- pods over several nodes -----------------------------------------------------------------------
+
+
+def _eight(name, jurisdiction, tenants=(), exclusive=()):
+    return (name, "H100-SXM", [1.0] * 8, jurisdiction, list(tenants), list(exclusive))
+
+
+def test_pods_no_node_holds_together_are_spread_and_pinned_by_their_jurisdictions_label(profiles):
+    view = cluster(*[_eight(f"eu{i}", "eu") for i in range(4)], _eight("kr0", "kr"))
+    placer = Placer(profiles, view)
+    p = placer.place(wl("job", gpus=32, pods=4, jurisdiction="eu"))
+    assert p.outcome == "placed" and p.record.node_selector == {JUR: "eu"}
+    assert sorted(n for n, _, _ in p.record.pods) == ["eu0", "eu1", "eu2", "eu3"]
+    assert all(g >= p.gamma for _, _, g in p.record.pods) and p.gamma == min(g for _, _, g in p.record.pods)
+    assert list(placer.free) == [0, 0, 0, 0, 8]  # every eu GPU taken once, kr untouched
+    assert (
+        "4 pods of 8 GPUs over eu0/gpu0" in p.record.reason and "pinned by " + JUR + "=eu" in p.record.reason
+    )
+    # Room on one node: all pods there, pinned by hostname as any workload (no spread).
+    one = Placer(profiles, cluster(_eight("big", "eu"))).place(wl("job", gpus=8, pods=4, jurisdiction="eu"))
+    assert one.node == "big" and one.record.pods == () and one.record.node_selector is None
+
+
+def test_pods_are_never_spread_where_the_label_also_selects_a_node_they_may_not_use(profiles):
+    # bank holds eu4 alone and exclusively: a selector on eu could send a pod there.
+    view = cluster(*[_eight(f"eu{i}", "eu") for i in range(4)], _eight("eu4", "eu", ["bank"], ["bank"]))
+    p = Placer(profiles, view).place(wl("job", gpus=32, pods=4, jurisdiction="eu"))
+    assert p.outcome == "retry", p.record.reason
+    assert f"{JUR}=eu selects eu4, which it may not use (1 such)" in p.record.reason
+    # An exclusive tenant may not have its pods pinned by a label that selects anyone else's node.
+    view = cluster(*[_eight(f"eu{i}", "eu") for i in range(4)], ("eu4", "H100-SXM", [1.0], "eu", ["other"]))
+    p = Placer(profiles, view).place(
+        wl("job", tenant="bank", gpus=32, pods=4, jurisdiction="eu", exclusive=True)
+    )
+    assert p.outcome == "retry" and "selects eu4, which it may not use" in p.record.reason
+
+
+def test_pods_that_the_nodes_they_may_use_can_never_hold_are_rejected_saying_how_many_fit(profiles):
+    view = cluster(*[_eight(f"eu{i}", "eu") for i in range(3)], _eight("kr0", "kr"))
+    known = ClusterView([replace(n, capacity=8) for n in view.nodes], view.gpus)  # as Nodes report it
+    p = Placer(profiles, known).place(wl("job", gpus=32, pods=4, jurisdiction="eu"))
+    assert p.outcome == "rejected"
+    assert p.record.reason == "its 4 pods of 8 GPUs never fit: the nodes it may use hold 3"
+    # A node of unknown size might hold more: then it waits.
+    assert Placer(profiles, view).place(wl("job", gpus=32, pods=4, jurisdiction="eu")).outcome == "retry"
+
+
+def test_a_spread_that_cannot_place_every_pod_places_none_and_leaves_the_view_as_it_was(profiles):
+    # Four empty eu nodes, the last kept free for exclusive tenants: room counts 4 pods, the fourth
+    # is refused. Nothing of the first three may remain: a later workload decides as on a fresh view.
+    view = cluster(*[_eight(f"eu{i}", "eu") for i in range(4)])
+    settings_ = PlacerSettings(keep_whole_nodes_free=1)
+    placer = Placer(profiles, view, settings_)
+    p = placer.place(wl("job", gpus=32, pods=4, jurisdiction="eu"))
+    assert p.outcome == "retry" and f"{JUR}=eu took 3 of them" in p.record.reason
+    assert list(placer.free) == [8, 8, 8, 8] and not placer.occupied.any()
+    later = placer.place(wl("chat", tenant="t2"))
+    fresh = Placer(profiles, view, settings_).place(wl("chat", tenant="t2"))
+    assert later.record == fresh.record
