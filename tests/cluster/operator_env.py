@@ -212,7 +212,7 @@ def submit_body(pool: Pool, body: dict[str, Any]) -> None:
 
 def add_namespace(pool: Pool, suffix: str, labels: dict[str, str] | None = None) -> str:
     """Another namespace queueing into the pool's ClusterQueue (a second tenant's, say)."""
-    name = f"{pool.namespace[:40]}-{suffix}"
+    name = f"{pool.namespace}-{suffix}"  # the namespace keeps its random token: reruns never collide
     client.CoreV1Api(pool.env.api).create_namespace(
         {"metadata": {"name": name, "labels": {"sovereignspec.io/test": "true", **(labels or {})}}}
     )
