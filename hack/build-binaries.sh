@@ -25,21 +25,25 @@ fail() {
   exit 1
 }
 
-build_etcd() {
-  local out=$BIN_DIR/etcd-$ETCD_VERSION
-  [[ -x $out ]] && { log "etcd $ETCD_VERSION cached"; return; }
+# One binary from a module through a throwaway wrapper module: NAME VERSION MODULE PACKAGE.
+build_wrapped() {
+  local name=$1 version=$2 module=$3 package=$4
+  local out=$BIN_DIR/$name-$version
+  [[ -x $out ]] && { log "$name $version cached"; return; }
   local work; work=$(mktemp -d)
-  local logf=$CACHE_DIR/build-etcd.log
-  log "building etcd $ETCD_VERSION (log: $logf)"
+  local logf=$CACHE_DIR/build-$name.log
+  log "building $name $version (log: $logf)"
   (
     cd "$work"
-    go mod init sovereignspec.local/etcd-build
-    go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION"
-    go build -trimpath -ldflags '-s -w' -o "$out.tmp" go.etcd.io/etcd/server/v3
-  ) >"$logf" 2>&1 || fail etcd "$logf"
+    go mod init "sovereignspec.local/$name-build"
+    go get "$module@$version"
+    go build -trimpath -ldflags '-s -w' -o "$out.tmp" "$package"
+  ) >"$logf" 2>&1 || fail "$name" "$logf"
   mv "$out.tmp" "$out"
   rm -rf "$work"
 }
+
+build_etcd() { build_wrapped etcd "$ETCD_VERSION" go.etcd.io/etcd/server/v3 go.etcd.io/etcd/server/v3; }
 
 build_kubernetes() {
   local apiserver=$BIN_DIR/kube-apiserver-$KUBERNETES_VERSION
@@ -84,22 +88,9 @@ build_kueue() {
 }
 
 # The LeaderWorkerSet controller, at the version Kueue's go.mod requires (its leaderworkerset
-# integration is built against that API).
-build_lws() {
-  local out=$BIN_DIR/lws-$LWS_VERSION
-  [[ -x $out ]] && { log "lws $LWS_VERSION cached"; return; }
-  local work; work=$(mktemp -d)
-  local logf=$CACHE_DIR/build-lws.log
-  log "building the LeaderWorkerSet controller $LWS_VERSION (log: $logf)"
-  (  # a wrapper module: the proxy here serves the version but not the module's version list
-    cd "$work"
-    go mod init sovereignspec.local/lws-build
-    go get "sigs.k8s.io/lws@$LWS_VERSION"
-    go build -trimpath -ldflags '-s -w' -o "$out.tmp" sigs.k8s.io/lws/cmd
-  ) >"$logf" 2>&1 || fail lws "$logf"
-  mv "$out.tmp" "$out"
-  rm -rf "$work"
-}
+# integration is built against that API). Wrapped too: the module proxy here serves the version
+# but not the module's version list, which `go install pkg@version` asks for.
+build_lws() { build_wrapped lws "$LWS_VERSION" sigs.k8s.io/lws sigs.k8s.io/lws/cmd; }
 
 build_helm() {
   local out=$BIN_DIR/helm-$HELM_VERSION
