@@ -20,6 +20,7 @@ from localdev import kueue as k
 from localdev.cutting_proxy import CuttingProxy
 from localdev.gpunodes import server_side_apply
 from localdev.operator import OperatorProcess, policy, service_account_kubeconfig
+from tests.cluster.conftest import wait_until
 from tests.cluster.operator_env import decided, make_pool, our_entry, submit, workload_of
 
 CHAT = {"model": "llama-3.1-8b", "drafter": "eagle3", "acceptance_rate": 0.8, "latency_class": "latency"}
@@ -67,9 +68,10 @@ def test_events_lost_to_resets_are_counted_and_every_workload_is_still_decided(b
     for job in jobs:
         entry = our_entry(pool, decided(pool, job))
         assert entry["state"] == "Ready" and entry["message"].startswith("speculative"), entry["message"]
+    # Each decision's Event is sent (and cut) after its status write: wait for them, then read.
+    wait_until(lambda: proxy.cut_count() >= len(jobs), timeout=30, what="every decision's Event sent and cut")
+    wait_until(lambda: _failures(operator.metrics(), "event") >= len(jobs), timeout=30, what="event failures")
     text = operator.metrics()
-    assert proxy.cut_count() >= len(jobs)  # each decision's Event was sent and cut
-    assert _failures(text, "event") >= len(jobs), text
     # No pass was abandoned over an Event: the transport error stayed inside the Event's write.
     assert _failures(text, "policy") == 0 and _failures(text, "tick") == 0, text
     assert "could not post Event" in operator.logs()

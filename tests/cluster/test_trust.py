@@ -312,13 +312,16 @@ def test_the_pod_never_gets_a_mode_and_an_engine_config_that_contradict_each_oth
 def test_work_that_can_never_fit_is_rejected_with_the_reason(env, namespace):
     pool = make_pool(env, namespace, [("H100-SXM", "eu", 2, [0.9, 0.9]), ("H100-SXM", "eu", 2, [0.9, 0.9])])
     submit(pool, "too-wide", gpus=4, **CHAT)
-    body = job_body(pool, "three-pods", gpus=1, **CHAT)
+    # Three pods of 2 GPUs: no node holds them together, and spread the two nodes hold two.
+    body = job_body(pool, "three-pods", gpus=2, **CHAT)
     body["spec"]["parallelism"] = body["spec"]["completions"] = 3
     submit_body(pool, body)
-    for name, need in (("too-wide", 4), ("three-pods", 3)):
-        state, message = outcome(pool, name)
-        assert state == "Rejected", (name, message)
-        assert f"needs {need} GPUs on one node" in message and "has 2" in message, message
+    state, message = outcome(pool, "too-wide")
+    assert state == "Rejected", message
+    assert "needs 4 GPUs on one node" in message and "has 2" in message, message
+    state, message = outcome(pool, "three-pods")
+    assert state == "Rejected", message
+    assert "its 3 pods of 2 GPUs never fit: the nodes it may use hold 2" in message, message
 
 
 def test_the_node_selector_names_the_hostname_label_not_the_node_name(env, namespace):

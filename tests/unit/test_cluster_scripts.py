@@ -91,6 +91,9 @@ def test_a_running_component_stays_alive_when_its_binary_file_is_replaced(tmp_pa
         f"""
 cp /bin/sleep {tmp_path}/sleep-copy
 start demo {tmp_path}/sleep-copy 30
+# Replace the file only once the process runs it (before its exec, removing it would stop the
+# start, not test a running process): a loaded machine may take a while to get there.
+for _ in $(seq 600); do [[ $(readlink /proc/$(pid_of demo)/exe) == */sleep-copy ]] && break; sleep 0.05; done
 rm {tmp_path}/sleep-copy && cp /bin/sleep {tmp_path}/sleep-copy
 alive demo && echo "still alive"
 """,
