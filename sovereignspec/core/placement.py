@@ -618,8 +618,8 @@ class Placer:
         self, w: WorkloadRequest, pool: NDArray[np.bool_]
     ) -> list[tuple[dict[str, str], NDArray[np.bool_]]]:
         """Node labels that could pin `w`'s pods (one nodeSelector for all of them), with the nodes
-        of its pool each selects: a jurisdiction's label, each value its namespace allows; with no
-        jurisdiction asked, also none (the whole pool)."""
+        of its pool each selects: a jurisdiction's label, each value `w` may use; last, none (the
+        whole pool, usable only where every node of it is one `w` may use, as any option)."""
         label = self.policy.jurisdiction_label
         values = sorted(
             {
@@ -636,8 +636,7 @@ class Placer:
             )
             if (nodes & allowed).any():
                 out.append(({label: value}, nodes))
-        if w.jurisdiction is None and w.allowed_jurisdictions is None:
-            out.append(({}, pool))
+        out.append(({}, pool))
         return out
 
     def _spread(self, w: WorkloadRequest, explain: bool) -> Placement | str:
@@ -727,7 +726,6 @@ class Placer:
             self.headroom.copy(),
             self.slo_ratio.copy(),
             list(self.binding),
-            self.version.copy(),
             self.free.copy(),
             self.occupied.copy(),
             list(self._node_tenancy),
@@ -736,15 +734,13 @@ class Placer:
         )
 
     def _restore(self, saved: tuple[Any, ...]) -> None:
-        headroom, slo, binding, version, free, occupied, tenancy, index, exhausted = saved
+        headroom, slo, binding, free, occupied, tenancy, index, exhausted = saved
         self.headroom, self.slo_ratio, self.binding = headroom, slo, binding
         self.free, self.occupied, self._node_tenancy = free, occupied, tenancy
         self.tenancy.restore(index)
         for key in set(self._exhausted) - exhausted:  # learnt on the trial's fuller view
             del self._exhausted[key]
-        # A version seen by a score cache during the trial must never mean today's state again.
-        touched = self.version != version
-        self.version[touched] += 1
+        self._scores.clear()  # scored on the trial's view (a failed spread is rare: start afresh)
 
     def account(self, w: WorkloadRequest, node: str, gpu_index: int, gamma: int) -> bool:
         """Take in a placement decided earlier, as `place` would have committed it: the GPU's load

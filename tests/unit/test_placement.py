@@ -703,3 +703,51 @@ def test_a_spread_that_cannot_place_every_pod_places_none_and_leaves_the_view_as
     later = placer.place(wl("chat", tenant="t2"))
     fresh = Placer(profiles, view, settings_).place(wl("chat", tenant="t2"))
     assert later.record == fresh.record
+
+
+def _known(view):
+    """The view with each node's capacity known (as the operator reads it from the Node)."""
+    return ClusterView([replace(n, capacity=n.free_gpus) for n in view.nodes], view.gpus)
+
+
+def test_spread_pods_share_the_lowest_gamma_any_of_them_got_and_report_each_gpu(profiles):
+    # eu0's best GPU is busier than eu1's: its pod drafts less. The pod set gets that lower γ.
+    # GPU 0 of each node is saturated, so the pods take GPU 1.
+    view = cluster(("eu0", "H100-SXM", [0.05, 0.3], "eu"), ("eu1", "H100-SXM", [0.05, 0.95], "eu"))
+    p = Placer(profiles, view).place(wl("job", gpus=4, pods=2, jurisdiction="eu", seqs=64))
+    assert p.outcome == "placed", p.record.reason
+    gammas = {n: g for n, _, g in p.record.pods}
+    assert gammas["eu0"] < gammas["eu1"] and p.gamma == gammas["eu0"], p.record.pods
+    assert [i for _, i, _ in p.record.pods] == [1, 1]
+
+
+def test_two_pods_spread_and_one_gpu_pods_count_their_room_one_gpu_each(profiles):
+    view = _known(cluster(_eight("eu0", "eu"), _eight("eu1", "eu")))
+    assert Placer(profiles, view).place(wl("job", gpus=16, pods=2, jurisdiction="eu")).record.node_selector
+    small = _known(cluster(("a", "H100-SXM", [1.0] * 2, "eu"), ("b", "H100-SXM", [1.0] * 2, "eu")))
+    p = Placer(profiles, small).place(wl("job", gpus=3, pods=3, jurisdiction="eu"))
+    assert p.outcome == "placed" and len(p.record.pods) == 3, p.record.reason
+
+
+def test_room_for_pods_counts_whole_pods_per_node_now_and_ever(profiles):
+    # Three 12-GPU nodes hold one 8-GPU pod each (never four); with one node busy now, room is
+    # short only for now (Retry), and the reason says how many fit.
+    nodes = [(f"eu{i}", "H100-SXM", [1.0] * 12, "eu") for i in range(3)]
+    never = Placer(profiles, _known(cluster(*nodes))).place(wl("job", gpus=32, pods=4, jurisdiction="eu"))
+    assert never.outcome == "rejected"
+    assert never.record.reason == "its 4 pods of 8 GPUs never fit: the nodes it may use hold 3"
+    four = [_eight(f"eu{i}", "eu") for i in range(4)]
+    placer = Placer(profiles, _known(cluster(*four)))
+    placer.place(wl("holder", gpus=1, jurisdiction="eu"))  # takes one GPU of one node
+    p = placer.place(wl("job", gpus=32, pods=4, jurisdiction="eu"))
+    assert p.outcome == "retry" and f"{JUR}=eu has room for 3 of them now" in p.record.reason, p.record.reason
+
+
+def test_pods_of_unconstrained_work_may_be_pinned_by_the_pool_alone_when_every_node_of_it_is_usable(profiles):
+    # No jurisdiction asked; two labelled eu nodes and one without a jurisdiction label. The eu
+    # label holds two of three pods; the whole pool holds them, and every node of it is usable.
+    view = cluster(_eight("eu0", "eu"), _eight("eu1", "eu"), _eight("bare", None))
+    ns = ClusterView(view.nodes, view.gpus)
+    p = Placer(profiles, ns).place(wl("job", gpus=24, pods=3))
+    assert p.outcome == "placed" and p.record.node_selector == {}, p.record.reason
+    assert sorted(n for n, _, _ in p.record.pods) == ["bare", "eu0", "eu1"]
