@@ -751,3 +751,14 @@ def test_pods_of_unconstrained_work_may_be_pinned_by_the_pool_alone_when_every_n
     p = Placer(profiles, ns).place(wl("job", gpus=24, pods=3))
     assert p.outcome == "placed" and p.record.node_selector == {}, p.record.reason
     assert sorted(n for n, _, _ in p.record.pods) == ["bare", "eu0", "eu1"]
+
+
+def test_room_for_pods_now_counts_whole_pods_per_node_not_a_sum_of_fractions(profiles):
+    # Three 16-GPU nodes with 12 free each hold one 8-GPU pod each now (4.5 by fractions).
+    nodes = [(f"eu{i}", "H100-SXM", [1.0] * 16, "eu") for i in range(3)]
+    placer = Placer(profiles, _known(cluster(*nodes)))
+    for i in range(3):
+        placer.place(wl(f"holder{i}", gpus=4, jurisdiction="eu", node_pool=frozenset({f"eu{i}"})))
+    assert list(placer.free) == [12, 12, 12]
+    p = placer.place(wl("job", gpus=32, pods=4, jurisdiction="eu"))
+    assert p.outcome == "retry" and f"{JUR}=eu has room for 3 of them now" in p.record.reason, p.record.reason
