@@ -354,7 +354,7 @@ def declared_request(
         set(profiles.drafters),
         labels=labels,
         owner_annotations=misplaced,
-        owner=owner_of(wl)[0] if owner_of(wl)[0] == "Job" else "Workload",
+        owner="Job" if owner_of(wl)[0] == "Job" else "Workload",
     )
     if declared.sovereignty_problems:
         return declared, None, ""
