@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Build etcd, kube-apiserver, kubectl and the Kueue manager from pinned Go modules, once.
+# Build etcd, kube-apiserver, kubectl, the controller-manager, the Kueue manager and the
+# LeaderWorkerSet controller from pinned Go modules, once.
 #
 # Why wrapper modules: k8s.io/kubernetes and go.etcd.io/etcd/server/v3 carry `replace` directives
 # in their go.mod, so `go install pkg@version` refuses them. A throwaway module that requires them
@@ -107,10 +108,10 @@ build_helm() {
   rm -rf "$work"
 }
 
-# The node: kubelet, kube-scheduler and kube-controller-manager (same wrapper module as the
-# apiserver, one `go build` so they share the compile), containerd 2.x (kubelet 1.36 refuses 1.x,
-# which is all Debian ships) and the pause binary that every Pod sandbox runs.
-build_node() {
+# kubelet, kube-scheduler and kube-controller-manager (same wrapper module as the apiserver, one
+# `go build` so they share the compile). The control plane runs the controller-manager (its
+# workload controllers make the Pods of Deployments, StatefulSets and LeaderWorkerSets).
+build_components() {
   local k8s_bins=(kubelet kube-scheduler kube-controller-manager) missing=0 b
   for b in "${k8s_bins[@]}"; do [[ -x $BIN_DIR/$b-$KUBERNETES_VERSION ]] || missing=1; done
   if ((missing)); then
@@ -137,6 +138,12 @@ build_node() {
   else
     log "kubelet/kube-scheduler/kube-controller-manager $KUBERNETES_VERSION cached"
   fi
+}
+
+# The node: the components above, containerd 2.x (kubelet 1.36 refuses 1.x, which is all Debian
+# ships) and the pause binary that every Pod sandbox runs.
+build_node() {
+  build_components
 
   if [[ -x $BIN_DIR/containerd-$CONTAINERD_VERSION && -x $BIN_DIR/containerd-shim-runc-v2-$CONTAINERD_VERSION && -x $BIN_DIR/ctr-$CONTAINERD_VERSION ]]; then
     log "containerd $CONTAINERD_VERSION cached"
@@ -200,8 +207,9 @@ kueue_crd_dir() {
 }
 
 case ${1:-all} in
-  all) build_etcd; build_kubernetes; build_kueue; build_lws; build_helm; fetch_prometheus ;;
+  all) build_etcd; build_kubernetes; build_components; build_kueue; build_lws; build_helm; fetch_prometheus ;;
   node) build_node ;;
+  components) build_components ;;
   helm) build_helm ;;
   prometheus) fetch_prometheus ;;
   etcd) build_etcd ;;
@@ -210,5 +218,5 @@ case ${1:-all} in
   lws) build_lws ;;
   crd-dir) kueue_crd_dir ;;
   lws-dir) lws_dir ;;
-  *) echo "usage: $0 [all|node|etcd|kubernetes|kueue|lws|helm|prometheus|crd-dir|lws-dir]" >&2; exit 2 ;;
+  *) echo "usage: $0 [all|node|components|etcd|kubernetes|kueue|lws|helm|prometheus|crd-dir|lws-dir]" >&2; exit 2 ;;
 esac

@@ -5,7 +5,7 @@ set -uo pipefail
 source "$(dirname "$0")/cluster-lib.sh"
 
 stopped=0
-for name in kueue lws kube-apiserver etcd; do # the reverse of cluster-up's order
+for name in kube-controller-manager kueue lws kube-apiserver etcd; do # the reverse of cluster-up's order
   if alive "$name"; then
     pid=$(pid_of "$name")
     kill -TERM "$pid" 2>/dev/null

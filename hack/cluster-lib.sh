@@ -25,6 +25,7 @@ APISERVER_BIN=$BIN_DIR/kube-apiserver-$KUBERNETES_VERSION
 KUBECTL_BIN=$BIN_DIR/kubectl-$KUBERNETES_VERSION
 KUEUE_BIN=$BIN_DIR/kueue-$KUEUE_VERSION
 LWS_BIN=$BIN_DIR/lws-$LWS_VERSION
+CONTROLLER_MANAGER_BIN=$BIN_DIR/kube-controller-manager-$KUBERNETES_VERSION
 # Kueue reads its metrics serving certificate from this hard-coded path when it manages no certs.
 KUEUE_METRICS_CERT_DIR=/etc/kueue/metrics/certs
 

@@ -29,6 +29,7 @@ SovereignSpec local control plane is up (state: $STATE_DIR)
   kube-apiserver  $KUBERNETES_VERSION  https://127.0.0.1:$APISERVER_PORT  pid $(pid_of kube-apiserver)   log $STATE_DIR/logs/kube-apiserver.log
   kueue manager   $KUEUE_VERSION  health http://127.0.0.1:$KUEUE_HEALTH_PORT, webhooks https://127.0.0.1:$KUEUE_WEBHOOK_PORT  pid $(pid_of kueue)   log $STATE_DIR/logs/kueue.log
   lws controller  $LWS_VERSION   health http://127.0.0.1:$LWS_HEALTH_PORT, webhooks https://127.0.0.1:$LWS_WEBHOOK_PORT  pid $(pid_of lws)   log $STATE_DIR/logs/lws.log
+  controllers     $KUBERNETES_VERSION  deployment, replicaset, statefulset  pid $(pid_of kube-controller-manager)   log $STATE_DIR/logs/kube-controller-manager.log
   kubeconfig      $KUBECONFIG_PATH   (admin; operator: $STATE_DIR/operator.kubeconfig)
   kubectl         $KUBECTL_BIN --kubeconfig $KUBECONFIG_PATH get clusterqueues
 TXT
@@ -36,6 +37,7 @@ TXT
 
 healthy() {
   alive etcd && alive kube-apiserver && alive kueue && alive lws &&
+    { [[ ${SOVEREIGNSPEC_WITH_NODE:-0} == 1 ]] || alive kube-controller-manager; } &&
     curl -sf --cacert "$STATE_DIR/pki/ca.crt" --cert "$STATE_DIR/pki/admin.crt" --key "$STATE_DIR/pki/admin.key" \
       "https://127.0.0.1:$APISERVER_PORT/readyz" >/dev/null &&
     curl -sf "http://127.0.0.1:$KUEUE_HEALTH_PORT/readyz" >/dev/null &&
@@ -64,6 +66,7 @@ done
 
 "$HACK_DIR/build-binaries.sh" etcd
 "$HACK_DIR/build-binaries.sh" kubernetes
+"$HACK_DIR/build-binaries.sh" components
 "$HACK_DIR/build-binaries.sh" kueue
 "$HACK_DIR/build-binaries.sh" lws
 KUEUE_DIR=$("$HACK_DIR/build-binaries.sh" crd-dir)
@@ -98,6 +101,7 @@ issue admin "/O=system:masters/CN=admin"
 issue kueue "/CN=kueue-manager"
 issue operator "/CN=sovereignspec-operator"
 issue lws "/CN=lws-controller"
+issue kube-controller-manager "/CN=system:kube-controller-manager"
 issue webhook "/CN=kueue-webhook" "IP:127.0.0.1,DNS:localhost"
 # How the apiserver authenticates to kubelets (logs, exec), when a node runs (make pod-e2e).
 issue kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client"
@@ -132,6 +136,7 @@ kubeconfig admin admin
 kubeconfig kueue kueue
 kubeconfig lws lws
 kubeconfig operator operator
+kubeconfig kube-controller-manager kube-controller-manager
 
 # Kueue insists on a metrics certificate at a fixed path when it does not manage certificates.
 if [[ ! -d $KUEUE_METRICS_CERT_DIR ]]; then
@@ -283,6 +288,25 @@ metadata: {name: harness-webhook-probe}
 YAML
 }
 wait_for kueue 60 probe_webhook
+
+# The workload controllers, so that Deployments, StatefulSets and LeaderWorkerSets get their Pods
+# (through Kueue's pod webhook, gated) as in any cluster. Only those: no node lifecycle (the
+# simulated GPU nodes post no status and must not be tainted), no garbage collector (the tests
+# delete what they make). Each controller runs under its own ServiceAccount, as kubeadm runs it.
+# With a node (make pod-e2e) hack/pod-e2e/node-up.sh starts the whole controller-manager instead.
+launch_controller_manager() {
+  log "starting kube-controller-manager $KUBERNETES_VERSION (deployment, replicaset, statefulset)"
+  start kube-controller-manager "$CONTROLLER_MANAGER_BIN" \
+    --kubeconfig "$STATE_DIR/kube-controller-manager.kubeconfig" \
+    --authentication-kubeconfig "$STATE_DIR/kube-controller-manager.kubeconfig" \
+    --authorization-kubeconfig "$STATE_DIR/kube-controller-manager.kubeconfig" \
+    --secure-port 0 --use-service-account-credentials --leader-elect=false \
+    --controllers deployment,replicaset,statefulset --v 2
+}
+controllers_started() { grep -q 'controller="statefulset-controller"' "$STATE_DIR/logs/kube-controller-manager.log"; }
+if [[ ${SOVEREIGNSPEC_WITH_NODE:-0} != 1 ]]; then
+  bring_up kube-controller-manager launch_controller_manager 60 controllers_started
+fi
 
 started_here=0
 print_summary

@@ -22,6 +22,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+# Kueue's key (a label, or an annotation under a feature gate) naming the Workload it built for a
+# Pod's group: a StatefulSet's, a LeaderWorkerSet group's.
+KUEUE_PREBUILT = "kueue.x-k8s.io/prebuilt-workload-name"
 PREFIX = "sovereignspec.io/"
 JURISDICTION_RE = re.compile(r"[a-z]{2}(-[a-z0-9]{1,16})?", re.ASCII)
 TENANT_RE = re.compile(r"[a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?", re.ASCII)

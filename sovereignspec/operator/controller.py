@@ -32,7 +32,16 @@ from sovereignspec.operator.plan import EventNote, Write, drift_writes, plan
 from sovereignspec.operator.policy import GROUP, PLURAL, VERSION, PolicySpec
 from sovereignspec.operator.role import Role, Settings, TickReport
 from sovereignspec.operator.telemetry_source import TelemetryCache
-from sovereignspec.operator.view import View, World, build, condition, our_entry, owner_of
+from sovereignspec.operator.view import (
+    KEYS_ON_OWNER,
+    View,
+    World,
+    build,
+    condition,
+    our_entry,
+    owner_metadata,
+    owner_of,
+)
 from sovereignspec.operator.writer import TRANSPORT_ERRORS, ConflictError, now_rfc3339
 
 log = logging.getLogger(__name__)
@@ -82,13 +91,14 @@ class Controller(Role):
         }
         pods = c.pods.items()
         # The owners' metadata: a Job's (a user's keys may sit on it by mistake) for the waiting
-        # workloads; a Pod's (where a Pod's keys are) for every workload a Pod owns, the ledger's too.
+        # workloads; a Pod's or a StatefulSet's (where their keys are) for every workload they own,
+        # the ledger's too.
         wanted = {
             (wl["metadata"].get("namespace", ""), *owner_of(wl))
             for wl in workloads
             if isinstance(wl.get("metadata"), dict)
             and (
-                owner_of(wl)[0] == "Pod"
+                owner_of(wl)[0] in KEYS_ON_OWNER
                 or (
                     (our_entry(wl, set(known)) or {}).get("state") == "Pending"
                     and condition(wl, "QuotaReserved")
@@ -96,16 +106,12 @@ class Controller(Role):
             )
         }
         owners: dict[tuple[str, str, str], dict[str, dict[str, str]]] = {}
-        sources = {"Job": c.jobs, "Pod": c.queued_pods}
+        sources = {"Job": c.jobs, "Pod": c.queued_pods, "StatefulSet": c.statefulsets}
         for namespace, kind, name in wanted:
             source = sources.get(kind)
             found = source.get(f"{namespace}/{name}") if source is not None else None
-            meta = (found or {}).get("metadata") or {}
-            if meta:
-                owners[(namespace, kind, name)] = {
-                    "annotations": dict(meta.get("annotations") or {}),
-                    "labels": dict(meta.get("labels") or {}),
-                }
+            if found:
+                owners[(namespace, kind, name)] = owner_metadata(found)
         return World(workloads, nodes, flavors, namespaces, pods, owners, known, tolerations)
 
     def tick(self) -> TickReport:

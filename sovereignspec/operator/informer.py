@@ -170,6 +170,31 @@ def strip_owner(obj: Obj) -> Obj:
     return strip(obj)
 
 
+def strip_statefulset(obj: Obj) -> Obj:
+    """A StatefulSet as its Workload's keys are read: our keys of its pod template's annotations
+    and labels (where they belong) and of its own annotations (where they are misplaced)."""
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec")
+    template = (spec.get("template") if isinstance(spec, dict) else None) or {}
+    tpl_meta = (template.get("metadata") if isinstance(template, dict) else None) or {}
+    kept = {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion") if k in meta}
+    return strip(
+        {
+            "apiVersion": obj.get("apiVersion", "apps/v1"),
+            "kind": obj.get("kind", "StatefulSet"),
+            "metadata": {**kept, "annotations": ours(meta.get("annotations"))},
+            "spec": {
+                "template": {
+                    "metadata": {
+                        "annotations": ours(tpl_meta.get("annotations")),
+                        "labels": ours(tpl_meta.get("labels")),
+                    }
+                }
+            },
+        }
+    )
+
+
 def strip_queued_pod(obj: Obj) -> Obj:
     """A queued Pod's metadata: only our keys, of its annotations (read as its template's) and of
     its labels (where they are misplaced); a tenant grows nothing else into the cache."""
@@ -196,9 +221,18 @@ def strip_node(obj: Obj) -> Obj:
 
 
 def strip_pod(obj: Obj) -> Obj:
-    """Only what the ledger reads of a bound Pod: owner, node, GPU requests, phase."""
+    """Only what the ledger reads of a bound Pod: owner, node, GPU requests, phase, and the
+    Workload Kueue built for its group (a label, or an annotation under a Kueue feature gate)."""
     meta = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
+    prebuilt = next(
+        (
+            m[ann.KUEUE_PREBUILT]
+            for m in (meta.get("labels"), meta.get("annotations"))
+            if isinstance(m, dict) and isinstance(m.get(ann.KUEUE_PREBUILT), str)
+        ),
+        None,
+    )
     containers = [
         {"resources": c.get("resources") or {}} for c in spec.get("containers") or [] if isinstance(c, dict)
     ]
@@ -210,7 +244,8 @@ def strip_pod(obj: Obj) -> Obj:
                 k: meta[k]
                 for k in ("name", "namespace", "uid", "resourceVersion", "ownerReferences")
                 if k in meta
-            },
+            }
+            | ({"labels": {ann.KUEUE_PREBUILT: prebuilt}} if prebuilt is not None else {}),
             "spec": {"nodeName": spec.get("nodeName"), "containers": containers},
             "status": {"phase": (obj.get("status") or {}).get("phase")},
         }
@@ -526,6 +561,15 @@ class ClusterCache(InformerSet):
             accept=PARTIAL.format("List"),
             watch_accept=PARTIAL.format(""),
             transform=strip_queued_pod,
+            page=TEMPLATE_PAGE,
+        )
+        # A StatefulSet's pod template: Kueue makes one Workload for all its replicas and copies
+        # no pod metadata into it, so its keys are read here (whole objects, as the template is in
+        # the spec; cut to our keys as each page arrives, as the Workloads are).
+        self.statefulsets = informer(
+            "/apis/apps/v1/statefulsets",
+            "statefulsets",
+            transform=strip_statefulset,
             page=TEMPLATE_PAGE,
         )
 

@@ -130,9 +130,14 @@ def our_entry(wl: Mapping[str, Any], checks: set[str] | frozenset[str]) -> dict[
     return None
 
 
-# What Kueue makes a Workload for, among its integrations this operator reads: a Job, or a Pod (a
-# plain Pod, or one replica of a Deployment or StatefulSet, each admitted alone).
-OWNER_KINDS = ("Job", "Pod")
+# What Kueue makes a Workload for, among its integrations this operator reads: a Job; a StatefulSet
+# (one Workload for all its replicas); a LeaderWorkerSet (one per group; its pod templates carry
+# their metadata, keys and all, as a Job's); a Pod (a plain Pod, or one replica of a Deployment,
+# each admitted alone). Kueue also lists a group's Pods as owners of its Workload: the group's
+# owner comes first.
+OWNER_KINDS = ("Job", "StatefulSet", "LeaderWorkerSet", "Pod")
+# Owners whose Workload carries no pod metadata: the keys are read from the owner (every tick).
+KEYS_ON_OWNER = ("Pod", "StatefulSet")
 
 
 def owner_of(wl: Mapping[str, Any]) -> tuple[str, str]:
@@ -143,6 +148,21 @@ def owner_of(wl: Mapping[str, Any]) -> tuple[str, str]:
             if ref.get("kind") == kind:
                 return kind, str(ref.get("name", ""))
     return "Workload", str(wl["metadata"]["name"])
+
+
+def owner_metadata(obj: Mapping[str, Any]) -> dict[str, dict[str, str]]:
+    """What `World.owners` keeps of an owner (as its informer cut it): its own "annotations" and
+    "labels", and for a StatefulSet its pod template's ("template_annotations", "template_labels")."""
+    meta = obj.get("metadata") or {}
+    out = {
+        "annotations": dict(meta.get("annotations") or {}),
+        "labels": dict(meta.get("labels") or {}),
+    }
+    tpl = ((obj.get("spec") or {}).get("template") or {}).get("metadata")
+    if isinstance(tpl, dict):
+        out["template_annotations"] = dict(tpl.get("annotations") or {})
+        out["template_labels"] = dict(tpl.get("labels") or {})
+    return out
 
 
 def job_name(wl: Mapping[str, Any]) -> str:
@@ -316,20 +336,25 @@ class World:
 
 
 def declared_metadata(
-    wl: Mapping[str, Any], owner: Mapping[str, Mapping[str, str]] | None
+    wl: Mapping[str, Any], owner: Mapping[str, Mapping[str, str]] | None, kind: str | None = None
 ) -> tuple[Mapping[str, Any], Mapping[str, Any], dict[str, Any]]:
     """Where a user's keys are read: (annotations, labels, annotations where they are misplaced).
 
     A Job's Workload carries the pod template, keys and all; the Job's own annotations are the
     wrong place. A Pod's Workload carries its spec only (Kueue copies no pod metadata into it), so
-    the keys are read from the Pod itself, which is the template its controller stamped out."""
+    the keys are read from the Pod itself, which is the template its controller stamped out; a
+    StatefulSet's likewise, so they are read from the StatefulSet's pod template."""
     meta = wl["metadata"]
     own = dict(meta.get("annotations") or {})
-    if owner_of(wl)[0] == "Pod":
-        pod = owner or {}
-        return pod.get("annotations") or {}, pod.get("labels") or {}, own
+    kind = kind or owner_of(wl)[0]
+    found = owner or {}
+    if kind == "Pod":
+        return found.get("annotations") or {}, found.get("labels") or {}, own
+    if kind == "StatefulSet":
+        misplaced = {**own, **(found.get("annotations") or {})}
+        return found.get("template_annotations") or {}, found.get("template_labels") or {}, misplaced
     tpl_meta = template(wl).get("metadata") or {}
-    job = (owner or {}).get("annotations") or {}
+    job = found.get("annotations") or {}
     return tpl_meta.get("annotations") or {}, tpl_meta.get("labels") or {}, {**own, **job}
 
 
@@ -346,7 +371,8 @@ def declared_request(
     `owner` is the metadata of what Kueue made it for (`World.owners`).
     Raises UnreadableFieldError for a field of the Workload that cannot be read."""
     meta = wl["metadata"]
-    notes, labels, misplaced = declared_metadata(wl, owner)
+    kind = owner_of(wl)[0]
+    notes, labels, misplaced = declared_metadata(wl, owner, kind)
     declared = ann.parse(
         notes,
         tenancy or ann.Tenancy(meta["namespace"]),
@@ -354,7 +380,7 @@ def declared_request(
         set(profiles.drafters),
         labels=labels,
         owner_annotations=misplaced,
-        owner="Job" if owner_of(wl)[0] == "Job" else "Workload",
+        owner=kind if kind in ("Job", "StatefulSet") else "Workload",
     )
     if declared.sovereignty_problems:
         return declared, None, ""
@@ -809,9 +835,16 @@ def _foreign_pods(
     An entry accounts for its own pods on its node up to the GPUs it counted there (all of a
     workload's on one node; one pod's share for each pod of a spread one); beyond that, a pod is
     counted as its tenant's (a spread pod the scheduler bound beside another: never under-counted)."""
-    room: dict[tuple[str, ...], float] = defaultdict(float)
+    # Room per (namespace, Workload, node); a Pod finds its Workload by Kueue's prebuilt label
+    # (a StatefulSet's, a LeaderWorkerSet group's), by its Job or StatefulSet, or as itself.
+    room: dict[tuple[str, str], float] = defaultdict(float)  # (Workload key, node)
+    by_owner: dict[tuple[str, str, str], list[str]] = defaultdict(list)  # -> Workload keys
     for c in committed:
-        room[(c.namespace, *owner_of(c.workload), c.node)] += c.gpus if c.gpus >= 0 else math.inf
+        room[(c.key, c.node)] += c.gpus if c.gpus >= 0 else math.inf
+        for r in c.workload.get("metadata", {}).get("ownerReferences") or []:
+            ref = (c.namespace, str(r.get("kind")), str(r.get("name")))
+            if c.key not in by_owner[ref]:
+                by_owner[ref].append(c.key)
     out: dict[str, list[tuple[str, int]]] = defaultdict(list)
     for pod in world.pods:
         try:
@@ -823,17 +856,21 @@ def _foreign_pods(
             gpus = _pod_gpus(pod)
             if gpus <= 0:
                 continue
-            # Ours if its Job's Workload, or its own (a Pod admitted alone), is placed on this node.
-            job = next(
-                (str(r.get("name")) for r in meta.get("ownerReferences") or [] if r.get("kind") == "Job"),
-                None,
-            )
-            mine = ("Job", job) if job is not None else ("Pod", str(meta.get("name", "")))
-            key = (str(meta.get("namespace", "")), *mine, str(node))
-            if room.get(key, 0.0) >= gpus:
+            namespace = str(meta.get("namespace", ""))
+            prebuilt = (meta.get("labels") or {}).get(ann.KUEUE_PREBUILT)
+            owners = [
+                (str(r.get("kind")), str(r.get("name")))
+                for r in meta.get("ownerReferences") or []
+                if r.get("kind") in ("Job", "StatefulSet")
+            ] + [("Pod", str(meta.get("name", "")))]
+            keys = ([f"{namespace}/{prebuilt}"] if prebuilt else []) + [
+                wl for o in owners for wl in by_owner.get((namespace, *o), [])
+            ]
+            key = next((k for k in ((wl, str(node)) for wl in keys) if room.get(k, 0.0) >= gpus), None)
+            if key is not None:
                 room[key] -= gpus
                 continue
-            out[str(node)].append((tenancy(str(meta.get("namespace", "")), policy).tenant, gpus))
+            out[str(node)].append((tenancy(namespace, policy).tenant, gpus))
         except Exception as exc:
             errors.append(f"Pod {_safe_key(pod)}: {type(exc).__name__}: {exc}")
     return out

@@ -2,7 +2,7 @@
 
 The session brings the control plane up with hack/cluster-up.sh, or reuses one that is already
 running (then it leaves it running). Every test gets its own namespace; nothing relies on
-namespace deletion, since no kube-controller-manager runs here.
+namespace deletion, since the controller-manager here runs only the workload controllers.
 """
 
 from __future__ import annotations

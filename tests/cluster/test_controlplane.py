@@ -54,7 +54,7 @@ def test_cluster_up_then_down_leaves_no_process_and_no_listening_port(alt_env, c
     assert "kubeconfig" in up.stdout and alt_env["SOVEREIGNSPEC_CLUSTER_DIR"] in up.stdout
     state = Path(alt_env["SOVEREIGNSPEC_CLUSTER_DIR"])
     pids = {p.stem: int(p.read_text()) for p in (state / "pids").glob("*.pid")}
-    assert set(pids) == {"etcd", "kube-apiserver", "kueue", "lws"}
+    assert set(pids) == {"etcd", "kube-apiserver", "kueue", "lws", "kube-controller-manager"}
     assert all(_running(pid) for pid in pids.values())
     ports = [int(v) for v in ALT_PORTS.values() if not v.startswith("239")] + [
         int(ALT_PORTS["SOVEREIGNSPEC_ETCD_PORT"])

@@ -31,6 +31,8 @@ MAY = [
     ("watch", "pods"),
     ("list", "jobs.batch"),
     ("watch", "jobs.batch"),
+    ("list", "statefulsets.apps"),
+    ("watch", "statefulsets.apps"),
     ("create", "events"),
     ("list", "events"),
 ]
@@ -57,6 +59,8 @@ MUST_NOT = [
     ("patch", "nodes"),
     ("patch", "jobs.batch"),
     ("get", "jobs.batch"),
+    ("patch", "statefulsets.apps"),
+    ("list", "deployments.apps"),
     ("patch", "events"),
     ("create", "events.events.k8s.io"),
     ("create", "clusterrolebindings.rbac.authorization.k8s.io"),

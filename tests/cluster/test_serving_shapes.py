@@ -1,7 +1,9 @@
 """Serving shapes beyond the single Job, on the real control plane: Pods that Kueue's pod integration
-admits one by one, which is how it admits each replica of a Deployment or a StatefulSet (their
-controllers stamp the Pods out of the template, with the queue label the owner's webhook put there).
-No kube-controller-manager runs here, so the Pods are made as those controllers make them.
+admits one by one, which is how it admits each replica of a Deployment (made here as the
+ReplicaSet controller makes them, with the queue label the Deployment's webhook put there); a
+StatefulSet's replicas, one Workload for all; a LeaderWorkerSet's groups, one Workload each. The
+last two are made by their own controllers (the controller-manager's statefulset controller, the
+LeaderWorkerSet controller) through Kueue's webhooks.
 
 Kueue copies a Pod's spec into its Workload and none of its metadata: our keys are read from the
 Pod itself. Once our check is Ready, Kueue removes the Pod's scheduling gate and writes our
@@ -160,3 +162,196 @@ def test_a_job_of_four_pods_of_eight_gpus_is_spread_over_four_nodes_pinned_by_it
     submit(pool, "after", jurisdiction="eu", **CHAT)
     state, message = outcome(pool, "after")
     assert state == "Retry", message
+
+
+def gated_pods(pool: Pool, selector: str, count: int, timeout: float = 90.0) -> list[client.V1Pod]:
+    """The Pods a workload controller made (through Kueue's pod webhook), once all `count` exist."""
+    core = client.CoreV1Api(pool.env.api)
+
+    def made() -> list[client.V1Pod] | None:
+        pods = core.list_namespaced_pod(pool.namespace, label_selector=selector).items
+        return pods if len(pods) == count else None
+
+    return wait_until(made, timeout=timeout, what=f"{count} pods of {selector}")
+
+
+def server_template(gpus: int, notes: dict[str, str], app: str) -> dict[str, Any]:
+    return {
+        "metadata": {"labels": {"app": app}, "annotations": notes},
+        "spec": {
+            "containers": [
+                {
+                    "name": "server",
+                    "image": "vllm/vllm-openai:latest",
+                    "resources": {
+                        "requests": {"cpu": "1", "nvidia.com/gpu": str(gpus)},
+                        "limits": {"nvidia.com/gpu": str(gpus)},
+                    },
+                }
+            ]
+        },
+    }
+
+
+def admissible_pods(pool: Pool, pods: list[client.V1Pod], jurisdiction: str) -> list[str]:
+    """Each Pod ungated by Kueue, pinned inside `jurisdiction`, carrying our decision; the planned
+    (host/GPUs) entries they hold."""
+    nodes = []
+    for made in pods:
+        pod = ungated_pod(pool, made.metadata.name)
+        selector = pod.spec.node_selector or {}
+        host = selector.get(HOST)
+        if host is None:
+            assert selector.get(JURISDICTION) == jurisdiction, selector
+        else:
+            assert host in {pool.hosts[n] for n, (_, j, _) in pool.nodes.items() if j == jurisdiction}
+        notes = pod.metadata.annotations or {}
+        assert notes["sovereignspec.io/mode"] in ("speculative", "plain"), notes
+        nodes.extend(notes.get("sovereignspec.io/nodes", f"{host}/x").split(","))
+    return nodes
+
+
+def ungated_pod(pool: Pool, name: str, timeout: float = 90.0) -> client.V1Pod:
+    core = client.CoreV1Api(pool.env.api)
+
+    def read() -> client.V1Pod | None:
+        pod = core.read_namespaced_pod(name, pool.namespace)
+        gates = [g.name for g in pod.spec.scheduling_gates or []]
+        return (
+            pod
+            if GATE not in gates and (pod.metadata.annotations or {}).get("sovereignspec.io/mode")
+            else None
+        )
+
+    return wait_until(read, timeout=timeout, what=f"pod {name} admitted with our decision")
+
+
+def test_a_statefulsets_replicas_are_decided_as_one_workload_from_its_pod_template_and_spread_in_eu(
+    env, namespace
+):
+    # Two eu nodes of 4 GPUs and a kr one of 8. A StatefulSet of two replicas of 4 GPUs: Kueue
+    # makes one Workload for both, with no pod metadata; our keys are read from the StatefulSet's
+    # template. No eu node holds both: one replica on each, pinned by the jurisdiction's label.
+    pool = make_pool(
+        env,
+        namespace,
+        [("H100-SXM", "eu", 4, [1.0] * 4)] * 2 + [("H100-SXM", "kr", 8, [1.0] * 8)],
+    )
+    body = {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {
+            "name": "chat",
+            "namespace": namespace,
+            "labels": {"kueue.x-k8s.io/queue-name": pool.queue},
+        },
+        "spec": {
+            "replicas": 2,
+            "serviceName": "chat",
+            "podManagementPolicy": "Parallel",
+            "selector": {"matchLabels": {"app": "chat"}},
+            "template": server_template(4, annotations(jurisdiction="eu", **CHAT), "chat"),
+        },
+    }
+    server_side_apply(env.api, body, "sovereignspec-e2e")
+
+    def workload() -> dict[str, Any] | None:
+        for wl in k.workloads(env.api, namespace):
+            refs = wl["metadata"].get("ownerReferences") or []
+            if any(r.get("kind") == "StatefulSet" and r.get("name") == "chat" for r in refs):
+                entry = k.check_state(wl, env.check)
+                if entry and entry["state"] == "Ready":
+                    return wl
+        return None
+
+    wl = wait_until(workload, timeout=90, what="the StatefulSet's Workload Ready")
+    entry = k.check_state(wl, env.check)
+    assert "declared" in entry["message"], entry["message"]  # α from the template's keys
+    pods = gated_pods(pool, "app=chat", 2)
+    planned = admissible_pods(pool, pods, "eu")
+    eu = sorted(pool.hosts[n] for n, (_, j, _) in pool.nodes.items() if j == "eu")
+    assert sorted({p.split("/")[0] for p in planned}) == eu
+
+
+def test_a_leaderworkerset_group_spans_two_nodes_and_each_group_is_its_own_workload(env, namespace):
+    # Four 8-GPU eu nodes and a kr one. Two groups of a leader and a worker of 8 GPUs each: Kueue
+    # makes one Workload per group (its pod templates carry our keys); each group takes two eu
+    # nodes, no node twice, and nothing of eu is left for a newcomer.
+    pool = make_pool(
+        env, namespace, [("H100-SXM", "eu", 8, [1.0] * 8)] * 4 + [("H100-SXM", "kr", 8, [1.0] * 8)]
+    )
+    body = {
+        "apiVersion": "leaderworkerset.x-k8s.io/v1",
+        "kind": "LeaderWorkerSet",
+        "metadata": {
+            "name": "big",
+            "namespace": namespace,
+            "labels": {"kueue.x-k8s.io/queue-name": pool.queue},
+        },
+        "spec": {
+            "replicas": 2,
+            "leaderWorkerTemplate": {
+                "size": 2,
+                "workerTemplate": server_template(8, annotations(jurisdiction="eu", **CHAT), "big"),
+            },
+        },
+    }
+    server_side_apply(env.api, body, "sovereignspec-e2e")
+
+    def ready() -> list[dict[str, Any]] | None:
+        mine = [
+            wl
+            for wl in k.workloads(env.api, namespace)
+            if any(r.get("kind") == "LeaderWorkerSet" for r in wl["metadata"].get("ownerReferences") or [])
+        ]
+        done = [wl for wl in mine if (k.check_state(wl, env.check) or {}).get("state") == "Ready"]
+        return done if len(done) == 2 else None
+
+    groups = wait_until(ready, timeout=120, what="both groups' Workloads Ready")
+    taken = []
+    for wl in groups:
+        (update, *_) = k.check_state(wl, env.check)["podSetUpdates"]
+        assert update["nodeSelector"] == {JURISDICTION: "eu"}, update
+        taken += [p.split("/")[0] for p in update["annotations"]["sovereignspec.io/nodes"].split(",")]
+    eu = sorted(pool.hosts[n] for n, (_, j, _) in pool.nodes.items() if j == "eu")
+    assert sorted(taken) == eu  # four pods on four nodes, none twice
+    pods = gated_pods(pool, "app=big", 4)
+    admissible_pods(pool, pods, "eu")
+    submit(pool, "after", jurisdiction="eu", **CHAT)
+    state, message = outcome(pool, "after")
+    assert state == "Retry", message
+
+
+def test_a_jurisdiction_on_a_statefulset_itself_is_refused_naming_where_it_belongs(env, namespace):
+    # Kueue lists the Pods as the Workload's owners too; the StatefulSet is read, and a sovereignty
+    # key on its own annotations (never copied into its Pods) fails closed.
+    pool = make_pool(env, namespace, [("H100-SXM", "eu", 4, [1.0] * 4)])
+    body = {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {
+            "name": "misplaced",
+            "namespace": namespace,
+            "labels": {"kueue.x-k8s.io/queue-name": pool.queue},
+            "annotations": annotations(jurisdiction="eu"),
+        },
+        "spec": {
+            "replicas": 1,
+            "serviceName": "misplaced",
+            "selector": {"matchLabels": {"app": "misplaced"}},
+            "template": server_template(1, annotations(**CHAT), "misplaced"),
+        },
+    }
+    server_side_apply(env.api, body, "sovereignspec-e2e")
+
+    def refused() -> dict[str, Any] | None:
+        for wl in k.workloads(env.api, namespace):
+            entry = k.check_state(wl, env.check) or {}
+            if "Rejected" in (entry.get("state"), entry.get("message", "").rsplit("Previously: ", 1)[-1]):
+                return entry
+        return None
+
+    entry = wait_until(refused, timeout=90, what="the StatefulSet's Workload Rejected")
+    events = client.CoreV1Api(env.api).list_namespaced_event(namespace).items
+    said = " ".join(e.message or "" for e in events if e.reason == "Rejected") + entry.get("message", "")
+    assert "found on the StatefulSet's own annotations" in said, said

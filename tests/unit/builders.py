@@ -72,7 +72,7 @@ class WorkloadBuilder:
         return self
 
     def owned_by(self, kind: str, name: str) -> WorkloadBuilder:
-        version = "v1" if kind == "Pod" else "batch/v1"
+        version = {"Pod": "v1", "StatefulSet": "apps/v1"}.get(kind, "batch/v1")
         ref = {"apiVersion": version, "kind": kind, "name": name, "uid": f"uid-{name}", "controller": True}
         self._obj["metadata"]["ownerReferences"] = [ref]
         return self
@@ -84,6 +84,24 @@ class WorkloadBuilder:
         tpl = obj["spec"]["podSets"][0]["template"]
         notes = tpl.pop("metadata")["annotations"]
         return obj, {"annotations": notes, "labels": {"kueue.x-k8s.io/queue-name": "serving"}}
+
+    def as_statefulsets_workload(self, sts: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        """As Kueue's statefulset integration makes it for `sts`: owned by the StatefulSet, one pod
+        set of its replicas, the template's spec and no metadata. Returns the Workload and the
+        StatefulSet (as its informer keeps it) whose pod template carries the keys."""
+        obj = self.owned_by("StatefulSet", sts).obj()
+        # Kueue lists the group's Pods as owners too, after the StatefulSet.
+        obj["metadata"]["ownerReferences"] += [
+            {"apiVersion": "v1", "kind": "Pod", "name": f"{sts}-{i}", "uid": f"uid-{sts}-{i}"}
+            for i in range(2)
+        ]
+        tpl = obj["spec"]["podSets"][0]["template"]
+        notes = tpl.pop("metadata")["annotations"]
+        owner = {
+            "metadata": {"name": sts, "namespace": obj["metadata"]["namespace"], "annotations": {}},
+            "spec": {"template": {"metadata": {"annotations": notes, "labels": {}}}},
+        }
+        return obj, owner
 
     def obj(self) -> dict[str, Any]:
         return copy.deepcopy(self._obj)

@@ -9,7 +9,14 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from sovereignspec.operator.informer import GoneError, Informer, _lines, strip_pod, strip_queued_pod
+from sovereignspec.operator.informer import (
+    GoneError,
+    Informer,
+    _lines,
+    strip_pod,
+    strip_queued_pod,
+    strip_statefulset,
+)
 from sovereignspec.operator.policy import PolicySpec
 from sovereignspec.operator.view import World, build
 from sovereignspec.profiles import load_profiles
@@ -218,3 +225,50 @@ def test_a_queued_pods_cached_metadata_holds_only_our_keys_bounded() -> None:
         "labels": {ann.PREFIX + "drafter": "eagle3"},  # read only to say it is misplaced
     }
     assert "spec" not in kept
+
+
+@pytest.mark.parametrize("where", ["labels", "annotations"])
+def test_a_stripped_pod_keeps_the_workload_kueue_built_for_its_group(where: str) -> None:
+    # Kueue names a group's Workload in a label, or in an annotation under a feature gate.
+    from sovereignspec.operator import annotations as ann
+
+    pod = {
+        "metadata": {
+            "name": "chat-0",
+            "namespace": "team-a",
+            where: {ann.KUEUE_PREBUILT: "lws-chat-0", "x": "y"},
+        },
+        "spec": {"nodeName": "n1", "containers": []},
+    }
+    assert strip_pod(pod)["metadata"]["labels"] == {ann.KUEUE_PREBUILT: "lws-chat-0"}
+
+
+def test_a_statefulsets_cached_object_holds_only_our_keys_of_its_template_and_its_own_annotations() -> None:
+    from sovereignspec.operator import annotations as ann
+    from sovereignspec.operator.view import owner_metadata
+
+    sts = {
+        "metadata": {
+            "name": "chat",
+            "namespace": "team-a",
+            "annotations": {ann.PREFIX + "jurisdiction": "kr", "big": "x" * 100_000},
+            "labels": {"kueue.x-k8s.io/queue-name": "serving"},
+        },
+        "spec": {
+            "replicas": 2,
+            "template": {
+                "metadata": {
+                    "annotations": {ann.PREFIX + "model": "llama-3.1-8b", "big": "x" * 100_000},
+                    "labels": {"app": "chat", ann.PREFIX + "drafter": "eagle3"},
+                },
+                "spec": {"containers": [{"name": "server", "image": "vllm"}]},
+            },
+        },
+    }
+    kept = strip_statefulset(sts)
+    assert owner_metadata(kept) == {
+        "annotations": {ann.PREFIX + "jurisdiction": "kr"},
+        "labels": {},
+        "template_annotations": {ann.PREFIX + "model": "llama-3.1-8b"},
+        "template_labels": {ann.PREFIX + "drafter": "eagle3"},
+    }

@@ -15,7 +15,7 @@ import pytest
 from sovereignspec.core.specs import ProfileSet
 from sovereignspec.operator import annotations as ann
 from sovereignspec.operator.plan import Write, plan
-from sovereignspec.operator.view import View, build
+from sovereignspec.operator.view import View, build, owner_metadata
 from sovereignspec.operator.writer import KUEUE, MESSAGE_LIMIT, check_entry_apply
 from sovereignspec.profiles import load_profiles
 from sovereignspec.telemetry.snapshot import Snapshot
@@ -347,6 +347,89 @@ def test_a_running_pod_admitted_alone_is_counted_once_not_also_as_a_foreign_pod(
     fits = _decide([placed, one], [node("h1")], snapshot(IDLE), owners=owners, pods=[running])
     assert fits.state == "Ready", fits.message
     full = _decide([placed, two], [node("h1")], snapshot(IDLE), owners=owners, pods=[running])
+    assert full.state == "Retry", full.message
+
+
+def test_a_statefulsets_workload_is_decided_from_its_pod_templates_keys() -> None:
+    # Kueue makes one Workload for all replicas of a StatefulSet and copies no pod metadata into
+    # it: the keys are read from the StatefulSet's pod template, as its Pods will carry them.
+    wl, sts = chat("statefulset-chat-1a2b3").as_statefulsets_workload("chat")
+    owners = {("team-a", "StatefulSet", "chat"): owner_metadata(sts)}
+    write = _decide([wl], [node("h1")], snapshot(IDLE), owners=owners)
+    assert (write.state, write.mode) == ("Ready", "speculative"), write.message
+    assert "declared" in write.message, write.message
+    bare = _decide([wl], [node("h1")], snapshot(IDLE))
+    assert bare.state == "Ready" and "policy default" in bare.message, bare.message
+
+
+def test_a_jurisdiction_on_a_statefulsets_own_annotations_fails_closed_naming_the_statefulset() -> None:
+    wl, sts = chat("statefulset-chat-1a2b3").as_statefulsets_workload("chat")
+    sts["metadata"]["annotations"] = {"sovereignspec.io/jurisdiction": "kr"}
+    write = _decide(
+        [wl], [node("h1")], snapshot(IDLE), owners={("team-a", "StatefulSet", "chat"): owner_metadata(sts)}
+    )
+    assert write.state == "Rejected", write.message
+    assert "the StatefulSet's own annotations" in write.message, write.message
+
+
+@pytest.mark.parametrize(
+    ("meta", "counted_once"),
+    [
+        ({"ownerReferences": [{"kind": "StatefulSet", "name": "chat"}]}, True),
+        (
+            {
+                "labels": {ann.KUEUE_PREBUILT: "statefulset-chat-1a2b3"},
+                "ownerReferences": [{"kind": "StatefulSet", "name": "chat"}],
+            },
+            True,
+        ),
+        ({"name": "other-0", "ownerReferences": [{"kind": "StatefulSet", "name": "other"}]}, False),
+    ],
+)
+def test_a_running_pod_of_a_statefulset_is_counted_once_by_its_owner(
+    meta: dict[str, Any], counted_once: bool
+) -> None:
+    # The StatefulSet's Workload holds 3 GPUs of h1, where its Pod runs. Matched to the Workload
+    # by its owner, the Pod is not counted again; a Pod of another StatefulSet is someone else's.
+    placed, sts = chat("statefulset-chat-1a2b3").gpus("3").as_statefulsets_workload("chat")
+    placed["status"]["admissionChecks"][0].update(
+        state="Ready",
+        podSetUpdates=[{"name": "main", "nodeSelector": {"kubernetes.io/hostname": "h1"},
+                        "annotations": {ann.OUT_GPU_INDEX: "0"}}],
+    )  # fmt: skip
+    running = {
+        "metadata": {"name": "chat-0", "namespace": "team-a"} | meta,
+        "spec": {"nodeName": "h1", "containers": [{"resources": {"requests": {"nvidia.com/gpu": "3"}}}]},
+        "status": {"phase": "Running"},
+    }
+    owners = {("team-a", "StatefulSet", "chat"): owner_metadata(sts)}
+    one = _decide([placed, chat("one").obj()], [node("h1")], snapshot(IDLE), owners=owners, pods=[running])
+    assert one.state == ("Ready" if counted_once else "Retry"), one.message
+
+
+def test_a_running_pod_of_a_group_is_counted_once_by_the_workload_kueue_built_for_it() -> None:
+    # A LeaderWorkerSet group's Workload is owned by the LeaderWorkerSet, its Pods by the
+    # StatefulSets the LeaderWorkerSet controller makes: Kueue's prebuilt-workload label joins them.
+    placed = chat("lws-chat-0").gpus("3").owned_by("LeaderWorkerSet", "chat").obj()
+    placed["status"]["admissionChecks"][0].update(
+        state="Ready",
+        podSetUpdates=[{"name": "main", "nodeSelector": {"kubernetes.io/hostname": "h1"},
+                        "annotations": {ann.OUT_GPU_INDEX: "0"}}],
+    )  # fmt: skip
+    running = {
+        "metadata": {
+            "name": "chat-0",
+            "namespace": "team-a",
+            "labels": {ann.KUEUE_PREBUILT: "lws-chat-0"},
+            "ownerReferences": [{"kind": "StatefulSet", "name": "chat"}],
+        },
+        "spec": {"nodeName": "h1", "containers": [{"resources": {"requests": {"nvidia.com/gpu": "3"}}}]},
+        "status": {"phase": "Running"},
+    }
+    fits = _decide([placed, chat("one").obj()], [node("h1")], snapshot(IDLE), pods=[running])
+    assert fits.state == "Ready", fits.message
+    running["metadata"]["labels"] = {}
+    full = _decide([placed, chat("one").obj()], [node("h1")], snapshot(IDLE), pods=[running])
     assert full.state == "Retry", full.message
 
 
