@@ -29,6 +29,7 @@ from tests.cluster.operator_env import (
     outcome,
     submit,
     submit_body,
+    workload_of,
 )
 
 CHAT = {"model": "llama-3.1-8b", "drafter": "eagle3", "acceptance_rate": 0.8, "latency_class": "latency"}
@@ -355,3 +356,65 @@ def test_a_jurisdiction_on_a_statefulset_itself_is_refused_naming_where_it_belon
     events = client.CoreV1Api(env.api).list_namespaced_event(namespace).items
     said = " ".join(e.message or "" for e in events if e.reason == "Rejected") + entry.get("message", "")
     assert "found on the StatefulSet's own annotations" in said, said
+
+
+def test_scaling_a_deployment_decides_new_replicas_and_frees_removed_ones_for_the_next_decision(
+    env, namespace
+):
+    # One eu node of 6 GPUs. A Deployment of 3 one-GPU replicas (the ReplicaSet controller makes
+    # the Pods, Kueue admits each alone): 3 → 6 takes every GPU, each new replica decided on a GPU
+    # of its own; 6 → 1 frees five, and a 5-GPU Job is then placed on that node.
+    pool = make_pool(env, namespace, [("H100-SXM", "eu", 6, [1.0] * 6)])
+    body = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            "name": "chat",
+            "namespace": namespace,
+            "labels": {"kueue.x-k8s.io/queue-name": pool.queue},
+        },
+        "spec": {
+            "replicas": 3,
+            "selector": {"matchLabels": {"app": "chat"}},
+            "template": server_template(1, annotations(jurisdiction="eu", **CHAT), "chat"),
+        },
+    }
+    server_side_apply(env.api, body, "sovereignspec-e2e")
+
+    def decided_gpus(count: int) -> set[str] | None:
+        pods = client.CoreV1Api(env.api).list_namespaced_pod(namespace, label_selector="app=chat").items
+        live = [p for p in pods if p.metadata.deletion_timestamp is None]
+        gpus = {
+            (p.metadata.annotations or {}).get("sovereignspec.io/gpu-index")
+            for p in live
+            if GATE not in [g.name for g in p.spec.scheduling_gates or []]
+        }
+        return gpus if len(live) == count and None not in gpus and len(gpus) == count else None
+
+    assert len(wait_until(lambda: decided_gpus(3), timeout=90, what="3 replicas decided")) == 3
+    body["spec"]["replicas"] = 6
+    server_side_apply(env.api, body, "sovereignspec-e2e")
+    assert wait_until(lambda: decided_gpus(6), timeout=90, what="6 replicas decided") == {
+        str(i) for i in range(6)
+    }
+    submit(pool, "early", gpus=5, jurisdiction="eu", **CHAT)
+    state, message = outcome(pool, "early")
+    assert state == "Retry", message  # every GPU is taken
+    # Out of the way (deactivated: Kueue evicts it and never requeues it), so that only the
+    # freed replicas decide what comes next.
+    early = workload_of(pool, "early")
+    assert early is not None
+    client.CustomObjectsApi(env.api).patch_namespaced_custom_object(
+        "kueue.x-k8s.io",
+        "v1beta2",
+        namespace,
+        "workloads",
+        early["metadata"]["name"],
+        {"spec": {"active": False}},
+    )
+    body["spec"]["replicas"] = 1
+    server_side_apply(env.api, body, "sovereignspec-e2e")
+    wait_until(lambda: decided_gpus(1), timeout=90, what="one replica left")
+    submit(pool, "after", gpus=5, jurisdiction="eu", **CHAT)
+    state, message = outcome(pool, "after")
+    assert state == "Ready", message
