@@ -122,6 +122,9 @@ class WorkloadRequest:
     # Pods it has, each gpus // pods GPUs: on one node if one has room, else spread (see `_spread`).
     pods: int = 1
     allowed_jurisdictions: frozenset[str] | None = None  # what its namespace allows (None: anywhere)
+    # Where Kueue's Topology Aware Scheduling put its pods before checks ran: per topology domain,
+    # the nodes it covers and its pod count (None: no assignment; see `_on_assignment`).
+    assigned: tuple[tuple[frozenset[str], int], ...] | None = None
 
     @property
     def requirement(self) -> Requirement:
@@ -527,6 +530,8 @@ class Placer:
         and every excluded node to the record (the operator's Event); a bulk tick can skip it."""
         if w.model not in self.profiles.models:
             return self._unplaced(w, "rejected", f"unknown model {w.model!r}", explain)
+        if w.assigned is not None:
+            return self._on_assignment(w, explain)
         key = (w.model, w.requirement, w.node_pool, w.gpus, w.pods)
         if key in self._exhausted:  # capacity only shrinks and tenancy only tightens as a view fills
             return self._unplaced(w, *self._exhausted[key], explain)
@@ -708,6 +713,64 @@ class Placer:
         return (
             f"{head} to nodes it may use with room: {'; '.join(why) or 'no node of its pool has the label'}"
         )
+
+    def _on_assignment(self, w: WorkloadRequest, explain: bool) -> Placement:
+        """`w`'s pods where Kueue's Topology Aware Scheduling assigned them (Kueue pins each pod to
+        its domain itself). Sovereignty first: every node of every domain must be one `w` may use
+        now, inside its pool, else Retry naming it (Kueue evicts the workload and assigns afresh:
+        never Ready on a node it may not use). Then each pod is placed in its domain as `place`
+        would place it and committed; all or none. One mode and γ: the lowest any pod got."""
+        assert w.assigned is not None
+        total = sum(count for _, count in w.assigned)
+        index = {n: i for i, n in enumerate(self.node_names)}
+        now = self.tenancy.mask(w.requirement)  # as this tick has filled the view so far
+        for nodes, _ in w.assigned:
+            if not nodes:
+                return self._unplaced(
+                    w, "retry", "Kueue's topology assignment names a domain no node carries", explain
+                )
+            for node in sorted(nodes):
+                i = index.get(node)
+                if i is None:
+                    why = f"Kueue's topology assignment puts pods on {node}, which is not a known GPU node"
+                    return self._unplaced(w, "retry", why, explain)
+                if not now[i]:
+                    broken = check_node(w.requirement, self._node_tenancy[i], self.policy.jurisdiction_label)
+                    detail = (
+                        f"{broken.constraint}: {broken.detail}"
+                        if broken is not None
+                        else "tenancy: another tenant was placed there in this tick"
+                    )
+                    why = f"Kueue's topology assignment puts pods on {node}, which it may not use: {detail}"
+                    return self._unplaced(w, "retry", why, explain)
+                if w.node_pool is not None and node not in w.node_pool:
+                    why = f"Kueue's topology assignment puts pods on {node}, outside its flavor's nodes"
+                    return self._unplaced(w, "retry", why, explain)
+        per_pod = w.gpus // max(total, 1) if w.gpus is not None else None
+        saved = self._save()
+        placed: list[Placement] = []
+        for nodes, count in w.assigned:
+            one = replace(w, gpus=per_pod, pods=1, node_pool=nodes, assigned=None)
+            for _ in range(count):
+                p = self.place(one, commit=True, explain=False)
+                if p.outcome != "placed":
+                    self._restore(saved)
+                    where = ", ".join(sorted(nodes))
+                    why = (
+                        f"{where}, where Kueue's topology assignment puts a pod, has no room for it "
+                        f"now: {p.record.reason}"
+                    )
+                    return self._unplaced(w, "retry", why, explain)
+                placed.append(p)
+        worst = min(placed, key=lambda p: p.gamma)
+        pods = tuple((p.node or "", int(p.gpu_index or 0), p.gamma) for p in placed)
+        shown = ", ".join(f"{n}/gpu{g}" for n, g, _ in pods)
+        size = f" of {per_pod} GPUs" if per_pod is not None else ""
+        reason = f"{total} pods{size} on Kueue's topology assignment, over {shown}; {worst.record.reason}"
+        record = replace(worst.record, workload=w.name, reason=reason, pods=pods, node_selector={})
+        if explain:
+            record = replace(record, excluded=self._excluded(w, None))
+        return Placement(w.name, worst.node, worst.gpu_index, worst.gamma, record)
 
     def _hold(self, node: int, w: WorkloadRequest) -> None:
         """`w`'s tenant on `node` (for tenancy: who runs there), its GPUs counted elsewhere."""

@@ -539,6 +539,81 @@ def node_pool(
     return names, flavor
 
 
+def _domain_values(level: Mapping[str, Any], count: int, where: str) -> list[str]:
+    if "universal" in level:
+        return [str(level["universal"])] * count
+    ind = level.get("individual") or {}
+    roots = ind.get("roots") or []
+    if not isinstance(roots, list) or len(roots) != count:
+        raise UnreadableFieldError(f"{where}.individual.roots: got {roots!r}; accepted: {count} values")
+    return [f"{ind.get('prefix') or ''}{r}{ind.get('suffix') or ''}" for r in roots]
+
+
+def topology_assignment(
+    wl: Mapping[str, Any], nodes: list[dict[str, Any]]
+) -> tuple[tuple[frozenset[str], int], ...] | None:
+    """Where Kueue's Topology Aware Scheduling put the workload's pods before checks ran
+    (`status.admission.podSetAssignments[].topologyAssignment`, v1beta2's sliced form): per domain,
+    the nodes whose labels carry its value at every level, and its pod count. None: no assignment.
+    Raises UnreadableFieldError for an assignment that cannot be read."""
+    out: list[tuple[frozenset[str], int]] = []
+    found = False
+    assignments = ((wl.get("status") or {}).get("admission") or {}).get("podSetAssignments") or []
+    for a, psa in enumerate(assignments):
+        ta = psa.get("topologyAssignment") if isinstance(psa, dict) else None
+        if not ta:
+            continue
+        found = True
+        levels = [str(x) for x in ta.get("levels") or []]
+        for s, piece in enumerate(ta.get("slices") or []):
+            where = f"status.admission.podSetAssignments[{a}].topologyAssignment.slices[{s}]"
+            count = piece.get("domainCount")
+            if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+                raise UnreadableFieldError(f"{where}.domainCount: got {count!r}; accepted: an integer >= 1")
+            per_level = piece.get("valuesPerLevel") or []
+            if len(per_level) != len(levels):
+                raise UnreadableFieldError(
+                    f"{where}.valuesPerLevel: got {len(per_level)} levels; "
+                    f"accepted: {len(levels)} (one per level)"
+                )
+            values = [
+                _domain_values(lv, count, f"{where}.valuesPerLevel[{i}]") for i, lv in enumerate(per_level)
+            ]
+            counts = piece.get("podCounts") or {}
+            pods = (
+                [counts["universal"]] * count
+                if "universal" in counts
+                else list(counts.get("individual") or [])
+            )
+            if len(pods) != count or not all(
+                isinstance(c, int) and not isinstance(c, bool) and c >= 1 for c in pods
+            ):
+                raise UnreadableFieldError(
+                    f"{where}.podCounts: got {counts!r}; accepted: {count} counts >= 1"
+                )
+            for d in range(count):
+                want = {levels[i]: values[i][d] for i in range(len(levels))}
+                members = frozenset(
+                    str(n["metadata"]["name"])
+                    for n in nodes
+                    if _matches(n["metadata"].get("labels") or {}, want)
+                )
+                out.append((members, int(pods[d])))
+    return tuple(out) if found else None
+
+
+def _assigned_pool(
+    wl: Mapping[str, Any], nodes: list[dict[str, Any]], pool: frozenset[str]
+) -> frozenset[str]:
+    """A decided workload's reach: the nodes of Kueue's topology assignment where it has one (its
+    pods may run only there), else its pool."""
+    try:
+        assigned = topology_assignment(wl, nodes)
+    except UnreadableFieldError:
+        return pool
+    return pool if assigned is None else pool & frozenset().union(*(n for n, _ in assigned))
+
+
 def placer_policy(spec: PolicySpec) -> PlacerSettings:
     """The core's policy from a SpeculationPolicy spec."""
     return PlacerSettings(
@@ -629,6 +704,7 @@ def build(
             if state == "Ready":
                 spec = world.policies.get(str(entry.get("name")), policy)
                 pool, _ = node_pool(wl, world.nodes, world.flavors, world.flavor_tolerations, pools)
+                pool = _assigned_pool(wl, world.nodes, pool)
                 for done in _committed(
                     wl, entry, spec, profiles, snapshot, pool, by_host, tenancy, world, errors
                 ):
@@ -705,6 +781,9 @@ def _pending(
         declared, request, source = declared_request(
             wl, policy, profiles, snapshot, pool, tenancy(meta["namespace"], policy), owner
         )
+        assigned = topology_assignment(wl, world.nodes)
+        if request is not None and assigned is not None:
+            request = replace(request, assigned=assigned)
         if request is None:
             problems = "; ".join(str(x) for x in declared.sovereignty_problems)
             rejection = f"{problems} (sovereignty fields fail closed)"

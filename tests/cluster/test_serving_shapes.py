@@ -12,6 +12,7 @@ then see."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from kubernetes import client
@@ -24,6 +25,7 @@ from tests.cluster.operator_env import (
     Pool,
     admitted_job,
     annotations,
+    decided,
     job_body,
     make_pool,
     outcome,
@@ -418,3 +420,93 @@ def test_scaling_a_deployment_decides_new_replicas_and_frees_removed_ones_for_th
     submit(pool, "after", gpus=5, jurisdiction="eu", **CHAT)
     state, message = outcome(pool, "after")
     assert state == "Ready", message
+
+
+def tas_queue(pool: Pool) -> str:
+    """A Topology of hostnames, a flavor over the pool's nodes that uses it, a ClusterQueue with our
+    check and a LocalQueue "tas": Kueue assigns each pod a node before checks run."""
+    env, token = pool.env, pool.token
+    k.apply(
+        env.api,
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "Topology",
+            "metadata": {"name": f"t{token}-hosts"},
+            "spec": {"levels": [{"nodeLabel": HOST}]},
+        },
+    )
+    flavor = k.resource_flavor(f"t{token}-tas", {"sovereignspec.io/test-pool": token})
+    flavor["spec"]["topologyName"] = f"t{token}-hosts"
+    k.apply(env.api, flavor)
+    k.apply(env.api, k.cluster_queue(f"t{token}-tas", {f"t{token}-tas": 64}, [env.check]))
+    k.apply(env.api, k.local_queue("tas", pool.namespace, f"t{token}-tas"))
+    return "tas"
+
+
+def tas_job(pool: Pool, name: str, gpus: int, **notes: Any) -> None:
+    body = k.job(name, pool.namespace, "tas", annotations=annotations(**notes), gpus=gpus)
+    body["spec"]["template"]["metadata"]["annotations"]["kueue.x-k8s.io/podset-required-topology"] = HOST
+    server_side_apply(pool.env.api, body, "sovereignspec-e2e")
+
+
+def assigned_hosts(wl: dict[str, Any]) -> list[str]:
+    out = []
+    for psa in (wl.get("status") or {}).get("admission", {}).get("podSetAssignments") or []:
+        for piece in (psa.get("topologyAssignment") or {}).get("slices") or []:
+            out += [piece["valuesPerLevel"][-1].get("universal")] * piece["domainCount"]
+    return out
+
+
+def test_kueues_topology_assignment_is_honoured_and_one_across_the_jurisdiction_is_never_ready(
+    env, namespace
+):
+    # An 8-GPU eu node and a 4-GPU kr node under one TAS flavor. Kueue assigns a 4-GPU pod to the
+    # tighter fit, kr, before our check runs. Allowed anywhere, it is decided there, with no
+    # nodeSelector of ours beside Kueue's. Bound to eu, it waits naming the kr node, and is never
+    # Ready with pods assigned to kr.
+    pool = make_pool(env, namespace, [("H100-SXM", "eu", 8, [1.0] * 8), ("H100-SXM", "kr", 4, [1.0] * 4)])
+    tas_queue(pool)
+    kr = next(pool.hosts[n] for n, (_, j, _) in pool.nodes.items() if j == "kr")
+    pool_tas = Pool(env, namespace, pool.token, pool.nodes, "tas", pool.hosts)
+    tas_job(pool, "anywhere", 4, **CHAT)
+    wl = decided(pool_tas, "anywhere")
+    entry = k.check_state(wl, env.check)
+    assert entry["state"] == "Ready", entry["message"]
+    (update,) = entry["podSetUpdates"]
+    assert HOST not in (update.get("nodeSelector") or {})
+    planned = [p.split("/")[0] for p in update["annotations"]["sovereignspec.io/nodes"].split(",")]
+    assert planned == assigned_hosts(wl) == [kr], (planned, assigned_hosts(wl))
+    assert "on Kueue's topology assignment" in entry["message"]
+    # The kr node is now full; free it for the next one (deactivated: evicted, never requeued).
+    client.CustomObjectsApi(env.api).patch_namespaced_custom_object(
+        "kueue.x-k8s.io",
+        "v1beta2",
+        namespace,
+        "workloads",
+        wl["metadata"]["name"],
+        {"spec": {"active": False}},
+    )
+    wait_until(
+        lambda: (
+            not any(
+                c["type"] == "QuotaReserved" and c["status"] == "True"
+                for c in (workload_of(pool_tas, "anywhere") or {}).get("status", {}).get("conditions", [])
+            )
+        ),
+        timeout=60,
+        what="the first workload evicted",
+    )
+    tas_job(pool, "eu-only", 4, jurisdiction="eu", **CHAT)
+    wl = decided(pool_tas, "eu-only")
+    entry = k.check_state(wl, env.check)
+    assert entry["state"] == "Retry", entry["message"]
+    assert (
+        f"Kueue's topology assignment puts pods on {kr}, which it may not use: jurisdiction"
+        in entry["message"]
+    )
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        now = workload_of(pool_tas, "eu-only") or {}
+        state = (k.check_state(now, env.check) or {}).get("state")
+        assert not (state == "Ready" and kr in assigned_hosts(now)), now.get("status")
+        time.sleep(0.5)

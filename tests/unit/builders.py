@@ -63,6 +63,25 @@ class WorkloadBuilder:
         self._obj["spec"]["podSets"][0]["count"] = count
         return self
 
+    def topology(self, levels: list[str], *domains: tuple[list[str], int]) -> WorkloadBuilder:
+        """Kueue's Topology Aware Scheduling assignment of pod set 0: one slice per domain (its
+        value at each level, its pod count), universal values, as Kueue writes a single domain."""
+        slices = [
+            {
+                "domainCount": 1,
+                "valuesPerLevel": [{"universal": v} for v in values],
+                "podCounts": {"universal": count},
+            }
+            for values, count in domains
+        ]
+        self._obj["status"]["admission"] = {
+            "clusterQueue": "cq",
+            "podSetAssignments": [
+                {"name": "main", "flavors": {}, "topologyAssignment": {"levels": levels, "slices": slices}}
+            ],
+        }
+        return self
+
     def check(self, state: str, **extra: Any) -> WorkloadBuilder:
         self._obj["status"]["admissionChecks"] = [{"name": CHECK, "state": state, "message": "", **extra}]
         return self

@@ -510,3 +510,45 @@ def test_no_exclusive_claim_lands_where_a_spread_workloads_pods_may_be_bound() -
     assert write.state == "Retry", write.message
     alone = _decide([bank], nodes, snapshot(idle), namespaces=namespaces)
     assert alone.state == "Ready"  # without the spread workload it would have a node
+
+
+# -- Kueue's Topology Aware Scheduling -------------------------------------------------------------
+
+HOSTNAME = "kubernetes.io/hostname"
+
+
+def test_a_workload_kueue_assigned_to_nodes_is_decided_there_without_a_selector_of_ours() -> None:
+    # h1 is busy, h2 idle; Kueue's topology assignment put both pods on h1: decided there, counted
+    # there (the planned pods written out), and no nodeSelector competing with Kueue's own.
+    wl = chat("tas").gpus("1").pods(2).topology([HOSTNAME], (["h1"], 2)).obj()
+    write = _decide([wl], [node("h1"), node("h2")], snapshot({("h1", 0): 0.5, ("h2", 0): 0.0}))
+    assert write.state == "Ready", write.message
+    (update,) = write.pod_set_updates or []
+    assert update["nodeSelector"] == {}
+    assert [p.split("/")[0] for p in update["annotations"][ann.OUT_NODES].split(",")] == ["h1", "h1"]
+    assert "on Kueue's topology assignment" in write.message
+
+
+def test_a_workload_kueue_assigned_across_its_jurisdiction_is_never_ready_and_names_the_node() -> None:
+    wl = (
+        chat("tas")
+        .annotate(jurisdiction="eu")
+        .gpus("1")
+        .pods(2)
+        .topology(["topology.kubernetes.io/zone", HOSTNAME], (["z1", "h1"], 1), (["z2", "k1"], 1))
+        .obj()
+    )
+    nodes = [node("h1"), node("k1", "kr")]
+    for n, zone in zip(nodes, ["z1", "z2"], strict=True):
+        n["metadata"]["labels"]["topology.kubernetes.io/zone"] = zone
+    write = _decide([wl], nodes, snapshot(IDLE))
+    assert write.state == "Retry", write.message
+    assert "Kueue's topology assignment puts pods on k1, which it may not use: jurisdiction" in write.message
+
+
+def test_an_unreadable_topology_assignment_is_refused_naming_the_field() -> None:
+    wl = chat("tas").gpus("1").topology([HOSTNAME], (["h1"], 1)).obj()
+    wl["status"]["admission"]["podSetAssignments"][0]["topologyAssignment"]["slices"][0]["podCounts"] = {}
+    write = _decide([wl], [node("h1")], snapshot(IDLE))
+    assert write.state == "Rejected", write.message
+    assert "topologyAssignment.slices[0].podCounts: got {}" in write.message

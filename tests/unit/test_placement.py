@@ -762,3 +762,71 @@ def test_room_for_pods_now_counts_whole_pods_per_node_not_a_sum_of_fractions(pro
     assert list(placer.free) == [12, 12, 12]
     p = placer.place(wl("job", gpus=32, pods=4, jurisdiction="eu"))
     assert p.outcome == "retry" and f"{JUR}=eu has room for 3 of them now" in p.record.reason, p.record.reason
+
+
+# -- Kueue's Topology Aware Scheduling: nodes assigned before checks run ---------------------------
+
+
+def _on(*pairs):
+    return tuple((frozenset([n]), c) for n, c in pairs)
+
+
+def test_pods_are_decided_on_the_nodes_kueue_assigned_not_where_the_placer_would_put_them(profiles):
+    # eu1 is the idler node; Kueue's topology assignment put both pods on eu0: they are decided
+    # there, and no nodeSelector of ours competes with Kueue's.
+    view = cluster(("eu0", "H100-SXM", [0.3] * 4, "eu"), ("eu1", "H100-SXM", [1.0] * 4, "eu"))
+    placer = Placer(profiles, view)
+    p = placer.place(wl("job", gpus=2, pods=2, jurisdiction="eu", assigned=_on(("eu0", 2))))
+    assert p.outcome == "placed", p.record.reason
+    assert [n for n, _, _ in p.record.pods] == ["eu0", "eu0"]
+    assert p.record.node_selector == {}
+    assert list(placer.free) == [2, 4]
+    assert "2 pods of 1 GPUs on Kueue's topology assignment, over eu0/gpu" in p.record.reason
+
+
+@pytest.mark.parametrize(
+    ("node", "tenants", "exclusive", "said"),
+    [
+        ("kr0", [], [], "which it may not use: jurisdiction"),
+        ("eu1", ["bank"], ["bank"], "which it may not use: exclusive-tenant-present"),
+        ("gone", [], [], "gone, which is not a known GPU node"),
+    ],
+)
+def test_an_assignment_onto_a_node_the_workload_may_not_use_is_never_placed_and_names_it(
+    profiles, node, tenants, exclusive, said
+):
+    view = cluster(
+        ("eu0", "H100-SXM", [1.0] * 4, "eu"),
+        ("eu1", "H100-SXM", [1.0] * 4, "eu", tenants, exclusive),
+        ("kr0", "H100-SXM", [1.0] * 4, "kr"),
+    )
+    placer = Placer(profiles, view)
+    p = placer.place(wl("job", gpus=2, pods=2, jurisdiction="eu", assigned=_on(("eu0", 1), (node, 1))))
+    assert p.outcome == "retry" and p.node is None, p.record.reason
+    assert f"Kueue's topology assignment puts pods on {node}" in p.record.reason and said in p.record.reason
+    assert list(placer.free) == [4, 4, 4]  # nothing committed, not even the pod on eu0
+
+
+def test_an_assignment_outside_the_flavors_nodes_or_without_room_now_waits_and_commits_nothing(profiles):
+    view = cluster(("eu0", "H100-SXM", [1.0] * 2, "eu"), ("eu1", "H100-SXM", [1.0] * 2, "eu"))
+    placer = Placer(profiles, view)
+    outside = placer.place(
+        wl("job", gpus=1, jurisdiction="eu", node_pool=frozenset({"eu0"}), assigned=_on(("eu1", 1)))
+    )
+    assert outside.outcome == "retry" and "outside its flavor's nodes" in outside.record.reason
+    full = placer.place(
+        wl(
+            "job",
+            gpus=3,
+            pods=3,
+            jurisdiction="eu",
+            assigned=_on(("eu0", 1), ("eu1", 2)),
+        )
+    )
+    assert full.outcome == "placed"
+    more = placer.place(wl("more", gpus=2, pods=2, jurisdiction="eu", assigned=_on(("eu0", 1), ("eu1", 1))))
+    assert (
+        more.outcome == "retry"
+        and "eu1, where Kueue's topology assignment puts a pod, has no room" in more.record.reason
+    )
+    assert list(placer.free) == [1, 0]  # the pod that fitted on eu0 was not kept
