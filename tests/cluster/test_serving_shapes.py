@@ -23,9 +23,11 @@ from tests.cluster.conftest import wait_until
 from tests.cluster.operator_env import (
     JURISDICTION,
     Pool,
+    add_namespace,
     admitted_job,
     annotations,
     decided,
+    in_namespace,
     job_body,
     make_pool,
     outcome,
@@ -510,3 +512,61 @@ def test_kueues_topology_assignment_is_honoured_and_one_across_the_jurisdiction_
         state = (k.check_state(now, env.check) or {}).get("state")
         assert not (state == "Ready" and kr in assigned_hosts(now)), now.get("status")
         time.sleep(0.5)
+
+
+def lws_body(pool: Pool, name: str, size: int, gpus: int, **notes: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "leaderworkerset.x-k8s.io/v1",
+        "kind": "LeaderWorkerSet",
+        "metadata": {
+            "name": name,
+            "namespace": pool.namespace,
+            "labels": {"kueue.x-k8s.io/queue-name": pool.queue},
+        },
+        "spec": {
+            "replicas": 1,
+            "leaderWorkerTemplate": {
+                "size": size,
+                "workerTemplate": server_template(gpus, annotations(**notes), name),
+            },
+        },
+    }
+
+
+def lws_outcome(pool: Pool, name: str, timeout: float = 90.0) -> dict[str, Any]:
+    def left_pending() -> dict[str, Any] | None:
+        for wl in k.workloads(pool.env.api, pool.namespace):
+            refs = wl["metadata"].get("ownerReferences") or []
+            if any(r.get("kind") == "LeaderWorkerSet" and r.get("name") == name for r in refs):
+                entry = k.check_state(wl, pool.env.check) or {}
+                text = entry.get("message", "").rsplit("Previously: ", 1)[-1]
+                if entry.get("state") in ("Ready", "Retry", "Rejected") or "Rejected" in text:
+                    return entry
+        return None
+
+    return wait_until(left_pending, timeout=timeout, what=f"LeaderWorkerSet {name} decided")
+
+
+def test_a_group_beside_an_exclusive_tenant_waits_and_one_its_jurisdiction_can_never_hold_is_rejected(
+    env, namespace
+):
+    # Two 8-GPU eu nodes and a kr one. The bank runs exclusively on one eu node: a group of two
+    # 8-GPU pods bound to eu could be sent there by the jurisdiction's label, so it waits, naming
+    # the node. A group of three such pods can never fit in eu (two nodes): Rejected, saying so.
+    pool = make_pool(
+        env, namespace, [("H100-SXM", "eu", 8, [1.0] * 8)] * 2 + [("H100-SXM", "kr", 8, [1.0] * 8)]
+    )
+    bank = in_namespace(pool, add_namespace(pool, "bank", {"sovereignspec.io/tenant": "bank"}))
+    submit(bank, "bank", exclusive_node="true", jurisdiction="eu", **CHAT)
+    bank_host = admitted_job(bank, "bank").spec.template.spec.node_selector[HOST]
+    server_side_apply(env.api, lws_body(pool, "pair", 2, 8, jurisdiction="eu", **CHAT), "sovereignspec-e2e")
+    entry = lws_outcome(pool, "pair")
+    assert entry["state"] == "Retry", entry["message"]
+    assert f"{JURISDICTION}=eu selects {bank_host}, which it may not use" in entry["message"], entry[
+        "message"
+    ]
+    server_side_apply(env.api, lws_body(pool, "trio", 3, 8, jurisdiction="eu", **CHAT), "sovereignspec-e2e")
+    entry = lws_outcome(pool, "trio")
+    said = entry.get("message", "")
+    assert "Rejected" in (entry["state"], said.rsplit("Previously: ", 1)[-1]), said
+    assert "its 3 pods of 8 GPUs never fit: the nodes it may use hold 2" in said, said
