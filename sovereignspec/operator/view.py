@@ -166,8 +166,11 @@ def owner_metadata(obj: Mapping[str, Any]) -> dict[str, dict[str, str]]:
 
 
 def job_name(wl: Mapping[str, Any]) -> str:
-    """The owner's name: what the engines' metrics are joined on (their pods' job label)."""
-    return owner_of(wl)[1]
+    """What the engines' metrics are joined on: the Job's name (its pods' `job_name`), the
+    Workload's own for a group's pods (Kueue's prebuilt-workload name, relabelled `workload`), the
+    Pod's for a Pod admitted alone (`pod`)."""
+    kind, name = owner_of(wl)
+    return str(wl["metadata"]["name"]) if kind in ("StatefulSet", "LeaderWorkerSet") else name
 
 
 def _container_gpus(spec: Mapping[str, Any], where: str) -> int:

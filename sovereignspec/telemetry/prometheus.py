@@ -163,8 +163,9 @@ class PrometheusReader:
 
     def tpot(self) -> dict[tuple[str, str], float]:
         """(namespace, owner) -> p90 time per output token over the last two minutes. The owner is
-        what Kueue made the Workload for: the Job (its pods' `job_name`), or, for an engine pod of
-        no Job (a Deployment's or StatefulSet's replica, admitted alone), the Pod itself (`pod`).
+        what Kueue made the Workload for: the Job (its pods' `job_name`); for the pods of a group
+        (a StatefulSet's, a LeaderWorkerSet group's) the Workload Kueue built (`workload`); for an
+        engine pod of neither (a Deployment's replica, admitted alone), the Pod itself (`pod`).
 
         The first histogram a workload has, in this order: vLLM's per-request TPOT
         (`vllm:request_time_per_output_token_seconds`, current), the names older vLLM and SGLang
@@ -173,7 +174,11 @@ class PrometheusReader:
         (an event carries τ tokens): conservative for a neighbour's SLO, never optimistic."""
         out: dict[tuple[str, str], float] = {}
         for metric in TPOT_METRICS:
-            for owner, match in (("job_name", ""), ("pod", '{job_name=""}')):
+            for owner, match in (
+                ("job_name", ""),
+                ("workload", '{job_name=""}'),
+                ("pod", '{job_name="",workload=""}'),
+            ):
                 rate = f"rate({metric}_bucket{match}[2m])"
                 q = f"histogram_quantile(0.9, sum by (le, namespace, {owner}) ({rate}))"
                 for labels, value, _ in self.query(q):

@@ -28,7 +28,8 @@ CHAT = {"model": MODEL, "drafter": "eagle3", "acceptance_rate": 0.8, "latency_cl
 def discovered(targets: list[tuple[str, str, str, bool]]) -> dict[str, Any]:
     """The shipped scrape job with Kubernetes service discovery replaced by static targets that
     carry the labels discovery would give them: (address, namespace, job, serving-label). A job
-    of "pod:NAME" is a Pod of no Job (a Deployment's replica): its name and no job labels."""
+    of "pod:NAME" is a Pod of no Job (a Deployment's replica): its name and no job labels; one of
+    "group:WORKLOAD" a Pod of a group (a StatefulSet's), named by Kueue's prebuilt-workload key."""
     job = copy.deepcopy(yaml.safe_load(SCRAPE.read_text()))
     del job["kubernetes_sd_configs"]
     job["scrape_interval"] = "1s"
@@ -36,6 +37,11 @@ def discovered(targets: list[tuple[str, str, str, bool]]) -> dict[str, Any]:
     def pod_labels(jobname: str) -> dict[str, str]:
         if jobname.startswith("pod:"):
             return {"__meta_kubernetes_pod_name": jobname[4:]}
+        if jobname.startswith("group:"):  # a StatefulSet's pod: Kueue's prebuilt Workload, annotated
+            return {
+                "__meta_kubernetes_pod_name": "chat-0",
+                "__meta_kubernetes_pod_annotation_kueue_x_k8s_io_prebuilt_workload_name": jobname[6:],
+            }
         return {
             "__meta_kubernetes_pod_name": f"{jobname}-abcde",
             "__meta_kubernetes_pod_label_job_name": jobname,
@@ -78,6 +84,7 @@ def test_alpha_and_tpot_of_stand_in_vllm_and_sglang_reach_the_decision_by_namesp
     sglang = EngineStandIn("sglang", MODEL, alpha=0.5, gamma=3, seconds_per_token=0.028)
     unlabelled = EngineStandIn("vllm", MODEL, alpha=0.99, gamma=4, seconds_per_token=0.001)
     replica = EngineStandIn("vllm", MODEL, alpha=0.3, gamma=4, seconds_per_token=0.045)
+    member = EngineStandIn("vllm", MODEL, alpha=0.3, gamma=4, seconds_per_token=0.07)
     try:
         env.prometheus.add_scrape_config(
             discovered(
@@ -86,6 +93,7 @@ def test_alpha_and_tpot_of_stand_in_vllm_and_sglang_reach_the_decision_by_namesp
                     (sglang.target, other, "chat-b", True),
                     (unlabelled.target, namespace, "not-serving", False),  # no serving label: not scraped
                     (replica.target, namespace, "pod:chat-c-7d9f-x2k4q", True),  # a Deployment's replica
+                    (member.target, namespace, "group:statefulset-chat-1a2b3", True),  # a StatefulSet's
                 ]
             )
         )
@@ -94,7 +102,12 @@ def test_alpha_and_tpot_of_stand_in_vllm_and_sglang_reach_the_decision_by_namesp
         def both() -> tuple[dict, dict] | None:
             accepted, tpot = reader.acceptance(), reader.tpot()
             keys = {(namespace, MODEL), (other, MODEL)}
-            owners = {(namespace, "chat-a"), (other, "chat-b"), (namespace, "chat-c-7d9f-x2k4q")}
+            owners = {
+                (namespace, "chat-a"),
+                (other, "chat-b"),
+                (namespace, "chat-c-7d9f-x2k4q"),
+                (namespace, "statefulset-chat-1a2b3"),
+            }
             ok = keys <= set(accepted) and owners <= set(tpot)
             return (accepted, tpot) if ok else None
 
@@ -109,6 +122,9 @@ def test_alpha_and_tpot_of_stand_in_vllm_and_sglang_reach_the_decision_by_namesp
         # A replica of no Job is joined by its Pod's name (what owns its Workload); a Job's pod never is.
         assert 0.04 <= tpot[(namespace, "chat-c-7d9f-x2k4q")] <= 0.05
         assert (namespace, "chat-a-abcde") not in tpot
+        # A group's pod is joined by the Workload Kueue built for the group, not by its own name.
+        assert 0.05 <= tpot[(namespace, "statefulset-chat-1a2b3")] <= 0.075
+        assert (namespace, "chat-0") not in tpot
 
         time.sleep(1.5)  # the operator reuses a telemetry snapshot for 1 s: let it take a fresh one
         submit(pool, "learner", **CHAT)  # declares 0.8
@@ -124,3 +140,4 @@ def test_alpha_and_tpot_of_stand_in_vllm_and_sglang_reach_the_decision_by_namesp
         sglang.close()
         unlabelled.close()
         replica.close()
+        member.close()

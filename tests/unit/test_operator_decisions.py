@@ -552,3 +552,22 @@ def test_an_unreadable_topology_assignment_is_refused_naming_the_field() -> None
     write = _decide([wl], [node("h1")], snapshot(IDLE))
     assert write.state == "Rejected", write.message
     assert "topologyAssignment.slices[0].podCounts: got {}" in write.message
+
+
+@pytest.mark.parametrize(
+    ("kind", "owner", "joined_on"),
+    [
+        ("Job", "chat", "chat"),  # its pods' job_name
+        ("Pod", "chat-7d9f-x2k4q", "chat-7d9f-x2k4q"),  # the Pod's own name
+        ("StatefulSet", "chat", "wl-chat"),  # Kueue's prebuilt Workload, on every pod of the group
+        ("LeaderWorkerSet", "chat", "wl-chat"),
+    ],
+)
+def test_engine_metrics_are_joined_on_what_every_engine_pod_of_the_workload_carries(
+    kind: str, owner: str, joined_on: str
+) -> None:
+    from sovereignspec.operator.view import job_name
+
+    wl = chat("wl-chat").owned_by(kind, owner).obj()
+    wl["metadata"]["ownerReferences"].append({"kind": "Pod", "name": "chat-0"})  # as Kueue adds them
+    assert job_name(wl) == joined_on
