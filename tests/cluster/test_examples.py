@@ -71,5 +71,30 @@ def test_the_examples_apply_as_is_and_their_job_is_admitted_with_a_decision(api,
         assert entry is not None and entry["state"] == "Ready"
         # The example policy's Prometheus is not reachable here: plain, with the reason.
         assert entry["message"].startswith("plain") and "unreachable" in entry["message"], entry["message"]
+        # The serving shapes, applied as the examples' README says: each replica of the Deployment
+        # decided on an eu node, the LeaderWorkerSet's group of three 4-GPU pods (no node has 12
+        # GPUs free) spread over eu nodes, pinned by the jurisdiction.
+        shapes = controlplane.kubectl("apply", "-f", str(EXAMPLES / "serving-shapes"))
+        assert shapes.returncode == 0, shapes.stderr
+        core = client.CoreV1Api(api)
+        eu = {"gpu-a100-eu-1", "gpu-a100-eu-2", "gpu-h100-eu-1"}
+
+        def decided_pods(selector: str, count: int) -> list[client.V1Pod] | None:
+            pods = core.list_namespaced_pod("llm-serving", label_selector=selector).items
+            done = [p for p in pods if (p.metadata.annotations or {}).get("sovereignspec.io/mode")]
+            return done if len(done) == count and len(pods) == count else None
+
+        for pod in wait_until(lambda: decided_pods("app=acme-chat-replicas", 2), 90, what="both replicas"):
+            assert pod.spec.node_selector["kubernetes.io/hostname"] in eu, pod.spec.node_selector
+        group = wait_until(
+            lambda: decided_pods("leaderworkerset.sigs.k8s.io/name=acme-llama-70b", 3), 120, what="the group"
+        )
+        for pod in group:
+            notes = pod.metadata.annotations
+            # Our jurisdiction label beside the flavor's nodeLabels (Kueue adds those), no hostname.
+            assert pod.spec.node_selector["node-restriction.kubernetes.io/jurisdiction"] == "eu"
+            assert "kubernetes.io/hostname" not in pod.spec.node_selector
+            hosts = [x.split("/")[0] for x in notes["sovereignspec.io/nodes"].split(",")]
+            assert len(hosts) == 3 and len(set(hosts)) >= 2 and set(hosts) <= eu, hosts
     finally:
         operator.stop()
