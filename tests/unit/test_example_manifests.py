@@ -31,3 +31,27 @@ def test_the_example_queue_lists_the_check_the_chart_and_the_chartless_manifests
     assert listed == {values["admissionCheck"]["name"]} == chartless
     policy = next(d for d in _docs(EXAMPLES / "without-chart") if d["kind"] == "SpeculationPolicy")
     assert policy["metadata"]["name"] == values["policy"]["name"]
+
+
+def test_the_serving_shapes_examples_declare_keys_that_parse_cleanly_against_the_shipped_profiles() -> None:
+    from sovereignspec.operator import annotations as ann
+    from sovereignspec.profiles import load_profiles
+
+    profiles = load_profiles(None)
+    templates = []
+    for d in _docs(EXAMPLES / "serving-shapes"):
+        if d["kind"] == "Deployment":
+            templates.append(d["spec"]["template"])
+        elif d["kind"] == "LeaderWorkerSet":
+            templates.append(d["spec"]["leaderWorkerTemplate"]["workerTemplate"])
+    assert len(templates) == 2
+    for tpl in templates:
+        declared = ann.parse(
+            tpl["metadata"]["annotations"],
+            ann.Tenancy("llm-serving"),
+            set(profiles.models),
+            set(profiles.drafters),
+            labels=tpl["metadata"]["labels"],
+        )
+        assert not declared.sovereignty_problems and not declared.performance_problems, declared
+        assert declared.model in profiles.models and declared.jurisdiction == "eu"
