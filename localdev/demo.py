@@ -2,8 +2,9 @@
 
 Brings up etcd, kube-apiserver and Kueue (or reuses them), installs SovereignSpec's CRD and RBAC
 and `deploy/examples/`, starts a synthetic GPU/vLLM telemetry source behind a real Prometheus and
-the operator (as its own least-privilege user), submits a mix of tenants' serving Jobs, and prints
-the decisions Kueue admitted. The control plane stays up afterwards for kubectl; `make
+the operator (as its own least-privilege user), submits a mix of tenants' serving Jobs, a
+Deployment and a LeaderWorkerSet group (`deploy/examples/serving-shapes/`), and prints the
+decisions. The control plane stays up afterwards for kubectl; `make
 cluster-down` stops it.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from kubernetes import client
@@ -76,23 +78,45 @@ def _job(name: str, namespace: str, notes: dict[str, str], gpus: int) -> dict[st
     return kueue.job(name, namespace, "serving", annotations=annotations, gpus=gpus, cpu="4")
 
 
-def _decision(api: client.ApiClient, job: str, namespace: str) -> tuple[str, str] | None:
-    """(state, message) of our check on the job's workload, once decided."""
-    for wl in kueue.workloads(api, namespace):
-        if not any(r.get("name") == job for r in wl["metadata"].get("ownerReferences", [])):
-            continue
-        entry = kueue.check_state(wl, CHECK)
-        if entry is None:
-            return None
-        if entry["state"] != "Pending":
-            return str(entry["state"]), str(entry["message"])
-        if "Previously: " in entry.get("message", ""):
-            state = entry["message"].rsplit("Previously: ", 1)[1]
-            events = client.CoreV1Api(api).list_namespaced_event(namespace).items
-            why = next((e.message for e in events if e.involved_object.name == wl["metadata"]["name"]
-                        and e.reason == state), state)  # fmt: skip
-            return state, str(why)
+Match = Callable[[dict[str, Any]], bool]
+
+
+def _owned_by(kind: str, name: str, prefix: bool = False) -> Match:
+    def match(wl: dict[str, Any]) -> bool:
+        refs = wl["metadata"].get("ownerReferences") or []
+        return any(
+            r.get("kind") == kind
+            and (str(r.get("name", "")).startswith(name) if prefix else r.get("name") == name)
+            for r in refs
+        )
+
+    return match
+
+
+def _decision(api: client.ApiClient, wl: dict[str, Any], namespace: str) -> tuple[str, str] | None:
+    """(state, message) of our check on a workload, once decided."""
+    entry = kueue.check_state(wl, CHECK)
+    if entry is None:
+        return None
+    if entry["state"] != "Pending":
+        return str(entry["state"]), str(entry["message"])
+    if "Previously: " in entry.get("message", ""):
+        state = entry["message"].rsplit("Previously: ", 1)[1]
+        events = client.CoreV1Api(api).list_namespaced_event(namespace).items
+        why = next((e.message for e in events if e.involved_object.name == wl["metadata"]["name"]
+                    and e.reason == state), state)  # fmt: skip
+        return state, str(why)
     return None
+
+
+def _where(entry: dict[str, Any]) -> tuple[str, dict[str, str]]:
+    """The node (or a spread group's nodes) and our annotations, from our check's podSetUpdates."""
+    update = (entry.get("podSetUpdates") or [{}])[0]
+    notes = update.get("annotations") or {}
+    host = (update.get("nodeSelector") or {}).get("kubernetes.io/hostname")
+    if host is None and notes.get("sovereignspec.io/nodes"):
+        host = "+".join(sorted({x.split("/")[0] for x in notes["sovereignspec.io/nodes"].split(",")}))
+    return host or "-", notes
 
 
 def main() -> int:
@@ -128,37 +152,64 @@ def main() -> int:
     operator = OperatorProcess(CONTROLLER).start()
     print(f"operator running (log: {operator.log_path}); Prometheus at {prometheus.url}", flush=True)
     try:
-        batch = client.BatchV1Api(api)
-        names: list[tuple[str, str, str]] = []  # (job, namespace, tenant)
+        # (label, namespace, tenant, which Workloads, how many): the Jobs, then the serving shapes.
+        wanted: list[tuple[str, str, str, Match, int]] = []
         for doc in documents(EXAMPLES / "40-workloads.yaml"):  # applied with the rest above
-            names.append((doc["metadata"]["name"], doc["metadata"]["namespace"], "acme"))
+            name = doc["metadata"]["name"]
+            wanted.append((name, doc["metadata"]["namespace"], "acme", _owned_by("Job", name), 1))
         for name, tenant, notes, gpus in WORKLOADS:
             namespace = _tenant_namespace(api, tenant)
             server_side_apply(api, _job(name, namespace, notes, gpus), "sovereignspec-demo")
-            names.append((name, namespace, tenant))
+            wanted.append((name, namespace, tenant, _owned_by("Job", name), 1))
+        # A Deployment (each replica its own Workload) and a LeaderWorkerSet group across nodes,
+        # applied as deploy/examples/README.md says.
+        shapes = controlplane.kubectl("apply", "-f", str(EXAMPLES / "serving-shapes"))
+        if shapes.returncode != 0:
+            raise RuntimeError(f"kubectl apply -f {EXAMPLES / 'serving-shapes'} failed:\n{shapes.stderr}")
+        for doc in documents(EXAMPLES / "serving-shapes" / "50-deployment.yaml"):
+            name = doc["metadata"]["name"]
+            wanted.append(
+                (name, NAMESPACE, "acme", _owned_by("Pod", f"{name}-", prefix=True), doc["spec"]["replicas"])
+            )
+        for doc in documents(EXAMPLES / "serving-shapes" / "60-leaderworkerset.yaml"):
+            name = doc["metadata"]["name"]
+            wanted.append(
+                (name, NAMESPACE, "acme", _owned_by("LeaderWorkerSet", name), doc["spec"]["replicas"])
+            )
         deadline = time.monotonic() + 120
-        decisions: dict[str, tuple[str, str]] = {}
-        while len(decisions) < len(names) and time.monotonic() < deadline:
-            for name, namespace, _ in names:
-                if name not in decisions and (d := _decision(api, name, namespace)):
-                    decisions[name] = d
+        found: dict[str, tuple[str, str, str, tuple[str, str] | None]] = {}  # workload -> row facts
+        while time.monotonic() < deadline:
+            for label, namespace, tenant, match, _ in wanted:
+                for wl in kueue.workloads(api, namespace):
+                    if match(wl) and (
+                        wl["metadata"]["name"] not in found or found[wl["metadata"]["name"]][3] is None
+                    ):
+                        found[wl["metadata"]["name"]] = (
+                            label,
+                            namespace,
+                            tenant,
+                            _decision(api, wl, namespace),
+                        )
+            counts = {label: sum(1 for f in found.values() if f[0] == label and f[3]) for label, *_ in wanted}
+            if all(counts[label] >= n for label, _, _, _, n in wanted):
+                break
             time.sleep(0.5)
         time.sleep(1)
         rows = []
-        for name, namespace, tenant in names:
-            job = batch.read_namespaced_job(name, namespace)
-            notes = job.spec.template.metadata.annotations or {}
-            state, message = decisions.get(name, ("Pending", "no decision within 120 s"))
-            node = (job.spec.template.spec.node_selector or {}).get("kubernetes.io/hostname", "-")
+        for wl_name, (label, namespace, tenant, decided) in found.items():
+            state, message = decided or ("Pending", "no decision within 120 s")
+            wl = next(w for w in kueue.workloads(api, namespace) if w["metadata"]["name"] == wl_name)
+            node, notes = _where(kueue.check_state(wl, CHECK) or {}) if state == "Ready" else ("-", {})
+            kind = next((r["kind"] for r in wl["metadata"].get("ownerReferences") or []), "?")
             rows.append(
                 (
-                    name,
+                    label if kind == "Job" else f"{label} ({'group' if kind != 'Pod' else 'replica'})",
                     tenant,
                     state,
-                    node if state == "Ready" else "-",
-                    notes.get("sovereignspec.io/mode", "-") if state == "Ready" else "-",
-                    notes.get("sovereignspec.io/draft-budget", "-") if state == "Ready" else "-",
-                    notes.get("sovereignspec.io/predicted-speedup", "-") if state == "Ready" else "-",
+                    node,
+                    notes.get("sovereignspec.io/mode", "-"),
+                    notes.get("sovereignspec.io/draft-budget", "-"),
+                    notes.get("sovereignspec.io/predicted-speedup", "-"),
                     message.split("; ", 2)[-1] if state == "Ready" else message,
                 )
             )
@@ -177,7 +228,8 @@ def main() -> int:
         kubectl = f"~/.cache/sovereignspec/bin/kubectl-* --kubeconfig {controlplane.kubeconfig()}"
         print(f"  {kubectl} -n NAMESPACE get events --field-selector involvedObject.kind=Workload")
         print("The control plane is still up; `make cluster-down` stops it.")
-        return 0 if all(n in decisions for n, _, _ in names) else 1
+        complete = all(sum(1 for r in found.values() if r[0] == w[0] and r[3]) >= w[4] for w in wanted)
+        return 0 if complete else 1
     finally:
         operator.stop()
         prometheus.close()

@@ -32,16 +32,8 @@ from sovereignspec.operator.plan import EventNote, Write, drift_writes, plan
 from sovereignspec.operator.policy import GROUP, PLURAL, VERSION, PolicySpec
 from sovereignspec.operator.role import Role, Settings, TickReport
 from sovereignspec.operator.telemetry_source import TelemetryCache
-from sovereignspec.operator.view import (
-    KEYS_ON_OWNER,
-    View,
-    World,
-    build,
-    condition,
-    our_entry,
-    owner_metadata,
-    owner_of,
-)
+from sovereignspec.operator.view import View, World, build
+from sovereignspec.operator.workloads import KEYS_ON_OWNER, condition, our_entry, owner_metadata, owner_of
 from sovereignspec.operator.writer import TRANSPORT_ERRORS, ConflictError, now_rfc3339
 
 log = logging.getLogger(__name__)
@@ -324,4 +316,8 @@ class Controller(Role):
 
 def _only(view: View, checks: set[str]) -> View:
     """The view with only the drift of this policy group's checks."""
-    return replace(view, drift=[d for d in view.drift if d.committed.check in checks])
+    return replace(
+        view,
+        drift=[d for d in view.drift if d.committed.check in checks],
+        bound_elsewhere=[d for d in view.bound_elsewhere if d.committed.check in checks],
+    )

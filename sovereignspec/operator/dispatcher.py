@@ -53,16 +53,18 @@ from sovereignspec.operator.informer import DispatchCache, rv_int
 from sovereignspec.operator.policy import GROUP, PLURAL, VERSION, PolicySpec
 from sovereignspec.operator.role import Role, Settings, TickReport
 from sovereignspec.operator.view import (
-    UnreadableFieldError,
-    condition,
     declared_request,
-    key_of,
     learned_alpha,
-    our_entry,
     placer_policy,
     reading_headroom,
-    requested_gpus,
     tenancy_of,
+)
+from sovereignspec.operator.workloads import (
+    UnreadableFieldError,
+    condition,
+    key_of,
+    our_entry,
+    requested_gpus,
 )
 from sovereignspec.operator.writer import TRANSPORT_ERRORS, ConflictError
 from sovereignspec.telemetry.prometheus import PrometheusReader

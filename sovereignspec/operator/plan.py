@@ -348,14 +348,17 @@ def _as_plain(record: DecisionRecord) -> DecisionRecord:
 
 def drift_writes(view: View, spec: PolicySpec, reported: Mapping[str, str]) -> list[Write]:
     """For each drifted workload not yet reported with the same reason: a Warning, and with
-    `evictOnDrift` a Retry (Kueue evicts and requeues it; it is decided again from scratch)."""
+    `evictOnDrift` a Retry (Kueue evicts and requeues it; it is decided again from scratch). For a
+    pod bound where it was not planned: a BoundElsewhere Warning, the workload left running."""
     out = []
-    for d in view.drift:
+    for d in [*view.drift, *view.bound_elsewhere]:
         c = d.committed
-        if reported.get(c.key) == d.why or f"sovereignty drift: {d.why}" in str(c.entry.get("message", "")):
+        sovereign = d.event == "SovereigntyDrift"
+        said = f"sovereignty drift: {d.why}" if sovereign else d.why
+        if reported.get(c.key) == d.why or said in str(c.entry.get("message", "")):
             continue  # reported already (in this process, or in the entry before a restart)
-        evict = spec.sovereignty.evict_on_drift
-        message = f"sovereignty drift: {d.why}" + ("; evicted to be placed again" if evict else "")
+        evict = sovereign and spec.sovereignty.evict_on_drift
+        message = said + ("; evicted to be placed again" if evict else "")
         entry = dict(c.entry)
         out.append(
             Write(
@@ -367,7 +370,7 @@ def drift_writes(view: View, spec: PolicySpec, reported: Mapping[str, str]) -> l
                 shorten(message if evict else f"{entry.get('message', '')} [{message}]", MESSAGE_LIMIT),
                 pod_set_updates=None if evict else list(entry.get("podSetUpdates") or []),
                 requeue_after=spec.retry.base_seconds if evict else None,
-                events=[EventNote("SovereigntyDrift", shorten(message, EVENT_LIMIT), True)],
+                events=[EventNote(d.event, shorten(message, EVENT_LIMIT), True)],
                 outcome="drift",
                 drift=d.why,
             )

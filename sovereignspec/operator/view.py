@@ -21,12 +21,9 @@ This module does no I/O: it takes plain dicts (as the API returns them) and retu
 from __future__ import annotations
 
 import math
-import re
 from collections import defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from datetime import datetime
-from fractions import Fraction
 from typing import Any
 
 from sovereignspec.core.placement import (
@@ -44,189 +41,34 @@ from sovereignspec.core.roofline import headroom_from_tensor_activity
 from sovereignspec.core.sovereignty import NodeTenancy, Requirement, check_node
 from sovereignspec.core.specs import ProfileSet
 from sovereignspec.operator import annotations as ann
+from sovereignspec.operator.nodes import PoolMemo, assigned_pool, node_pool, node_unavailable
 from sovereignspec.operator.policy import PolicySpec
+from sovereignspec.operator.workloads import (
+    GPU_RESOURCE,
+    UnreadableFieldError,
+    condition,
+    container_gpus,
+    declared_metadata,
+    gpu_quantity,
+    job_name,
+    key_of,
+    our_entry,
+    owner_of,
+    parse_time,
+    requested_gpus,
+    requested_pods,
+    topology_assignment,
+)
 from sovereignspec.telemetry.snapshot import TENSOR_METRICS, GpuReading, Snapshot, blend_acceptance
 
-GPU_RESOURCE = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 
 # Namespace labels administrators set (namespaces are cluster-scoped: tenants cannot edit them).
 TENANT_LABEL = "sovereignspec.io/tenant"
 NAMESPACE_JURISDICTION_LABEL = "sovereignspec.io/jurisdiction"
-_QUANTITY_RE = re.compile(
-    r"([+-]?)([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE])|[eE]([+-]?[0-9]+))?", re.ASCII
-)
-_SUFFIX = {
-    "": Fraction(1),
-    "n": Fraction(1, 10**9),
-    "u": Fraction(1, 10**6),
-    "m": Fraction(1, 10**3),
-    "k": Fraction(10**3),
-    "M": Fraction(10**6),
-    "G": Fraction(10**9),
-    "T": Fraction(10**12),
-    "P": Fraction(10**15),
-    "E": Fraction(10**18),
-    **{s: Fraction(1024**i) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"), 1)},
-}
 MAX_GAMMA = 32
 # A namespace's tenancy under a policy (memoised per tick in `build`).
 TenancyOf = Callable[[str, PolicySpec], ann.Tenancy]
-
-
-class UnreadableFieldError(ValueError):
-    """A field of an API object that cannot be read; the message names the field and the value."""
-
-
-def parse_quantity(text: object) -> Fraction:
-    """A Kubernetes resource quantity (`2`, `1k`, `500m`, `1Gi`, `1e3`), exactly."""
-    if isinstance(text, bool) or not isinstance(text, (str, int)):
-        raise UnreadableFieldError(f"got {text!r}; accepted: a Kubernetes quantity such as 1, 2, 1k")
-    s = str(text)
-    m = _QUANTITY_RE.fullmatch(s)
-    if m is None or len(s) > 64:
-        raise UnreadableFieldError(f"got {s!r}; accepted: a Kubernetes quantity such as 1, 2, 1k")
-    sign, number, suffix, exponent = m.groups()
-    value = Fraction(number)
-    if exponent is not None:
-        if abs(int(exponent)) > 30:
-            raise UnreadableFieldError(f"got {s!r}; exponent out of range")
-        value *= Fraction(10) ** int(exponent)
-    else:
-        value *= _SUFFIX[suffix or ""]
-    return -value if sign == "-" else value
-
-
-def gpu_quantity(value: object, where: str) -> int:
-    """A GPU count: a whole, non-negative quantity (extended resources cannot be split)."""
-    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 9:
-        return int(value)  # the common case, "1" or "8", without the general parser
-    try:
-        q = parse_quantity(value)
-    except UnreadableFieldError as exc:
-        raise UnreadableFieldError(f"{where}: {exc}") from None
-    if q < 0 or q.denominator != 1:
-        raise UnreadableFieldError(f"{where}: got {value!r}; accepted: a whole number of GPUs")
-    return int(q)
-
-
-def condition(obj: Mapping[str, Any], kind: str) -> bool:
-    status = obj.get("status") or {}
-    return any(
-        isinstance(c, dict) and c.get("type") == kind and c.get("status") == "True"
-        for c in status.get("conditions") or []
-    )
-
-
-def key_of(obj: Mapping[str, Any]) -> str:
-    meta = obj["metadata"]
-    return f"{meta.get('namespace', '')}/{meta['name']}"
-
-
-def our_entry(wl: Mapping[str, Any], checks: set[str] | frozenset[str]) -> dict[str, Any] | None:
-    for entry in (wl.get("status") or {}).get("admissionChecks") or []:
-        if isinstance(entry, dict) and entry.get("name") in checks:
-            return dict(entry)
-    return None
-
-
-# What Kueue makes a Workload for, among its integrations this operator reads: a Job; a StatefulSet
-# (one Workload for all its replicas); a LeaderWorkerSet (one per group; its pod templates carry
-# their metadata, keys and all, as a Job's); a Pod (a plain Pod, or one replica of a Deployment,
-# each admitted alone). Kueue also lists a group's Pods as owners of its Workload: the group's
-# owner comes first.
-OWNER_KINDS = ("Job", "StatefulSet", "LeaderWorkerSet", "Pod")
-# Owners whose Workload carries no pod metadata: the keys are read from the owner (every tick).
-KEYS_ON_OWNER = ("Pod", "StatefulSet")
-
-
-def owner_of(wl: Mapping[str, Any]) -> tuple[str, str]:
-    """(kind, name) of the object Kueue made `wl` for; ("Workload", its name) for any other."""
-    refs = [r for r in wl["metadata"].get("ownerReferences") or [] if isinstance(r, dict)]
-    for kind in OWNER_KINDS:
-        for ref in refs:
-            if ref.get("kind") == kind:
-                return kind, str(ref.get("name", ""))
-    return "Workload", str(wl["metadata"]["name"])
-
-
-def owner_metadata(obj: Mapping[str, Any]) -> dict[str, dict[str, str]]:
-    """What `World.owners` keeps of an owner (as its informer cut it): its own "annotations" and
-    "labels", and for a StatefulSet its pod template's ("template_annotations", "template_labels")."""
-    meta = obj.get("metadata") or {}
-    out = {
-        "annotations": dict(meta.get("annotations") or {}),
-        "labels": dict(meta.get("labels") or {}),
-    }
-    tpl = ((obj.get("spec") or {}).get("template") or {}).get("metadata")
-    if isinstance(tpl, dict):
-        out["template_annotations"] = dict(tpl.get("annotations") or {})
-        out["template_labels"] = dict(tpl.get("labels") or {})
-    return out
-
-
-def job_name(wl: Mapping[str, Any]) -> str:
-    """What the engines' metrics are joined on: the Job's name (its pods' `job_name`), the
-    Workload's own for a group's pods (Kueue's prebuilt-workload name, relabelled `workload`), the
-    Pod's for a Pod admitted alone (`pod`)."""
-    kind, name = owner_of(wl)
-    return str(wl["metadata"]["name"]) if kind in ("StatefulSet", "LeaderWorkerSet") else name
-
-
-def _container_gpus(spec: Mapping[str, Any], where: str) -> int:
-    total = 0
-    for i, c in enumerate(spec.get("containers") or []):
-        res = c.get("resources") or {}
-        for kind in ("requests", "limits"):
-            value = (res.get(kind) or {}).get(GPU_RESOURCE)
-            if value is not None:
-                total += gpu_quantity(value, f"{where}.containers[{i}].resources.{kind}[{GPU_RESOURCE}]")
-                break
-    return total
-
-
-def requested_gpus(wl: Mapping[str, Any]) -> int:
-    """GPUs the whole workload needs (every pod lands on the one node we choose)."""
-    total = 0
-    for n, ps in enumerate(wl.get("spec", {}).get("podSets") or []):
-        where = f"spec.podSets[{n}].template.spec"
-        per_pod = _container_gpus((ps.get("template") or {}).get("spec") or {}, where)
-        count = ps.get("count", 1)
-        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-            raise UnreadableFieldError(f"spec.podSets[{n}].count: got {count!r}; accepted: an integer >= 0")
-        total += per_pod * count
-    return total
-
-
-def requested_pods(wl: Mapping[str, Any]) -> int:
-    """The workload's pods when every one asks for the same GPUs (then they may be spread over
-    nodes, one by one); 1 when they differ (all of them then go to one node, as one request).
-    Read after `requested_gpus`, which refuses an unreadable count."""
-    sizes, total = set(), 0
-    for n, ps in enumerate(wl.get("spec", {}).get("podSets") or []):
-        count = ps.get("count", 1)
-        if count:
-            sizes.add(
-                _container_gpus(
-                    (ps.get("template") or {}).get("spec") or {}, f"spec.podSets[{n}].template.spec"
-                )
-            )
-            total += count
-    return total if len(sizes) == 1 and 0 not in sizes and total > 1 else 1
-
-
-def template(wl: Mapping[str, Any]) -> dict[str, Any]:
-    pod_sets = wl.get("spec", {}).get("podSets") or []
-    return dict(pod_sets[0].get("template") or {}) if pod_sets else {}
-
-
-def parse_time(text: str | None) -> float:
-    if not text:
-        return 0.0
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return 0.0
 
 
 def tenancy_of(namespace: str, labels: Mapping[str, str] | None, policy: PolicySpec) -> ann.Tenancy:
@@ -303,10 +145,12 @@ class PendingWorkload:
 
 @dataclass(frozen=True)
 class Drift:
-    """A running workload whose node no longer satisfies its sovereignty requirement."""
+    """A running workload whose node no longer satisfies its sovereignty requirement (or, with
+    `event` BoundElsewhere, one whose pod the scheduler bound where it was not planned)."""
 
     committed: Committed
     why: str
+    event: str = "SovereigntyDrift"
 
 
 @dataclass
@@ -320,6 +164,9 @@ class View:
     hostnames: dict[str, str] = field(default_factory=dict)  # node name -> kubernetes.io/hostname
     errors: list[str] = field(default_factory=list)  # objects that could not be read
     aging: list[Aging] = field(default_factory=list)  # running speculative work judged again now
+    # Pods of ours bound where their decision did not plan them (the scheduler's choice among the
+    # nodes a spread workload is pinned to): counted there as well until they end.
+    bound_elsewhere: list[Drift] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -336,29 +183,6 @@ class World:
     policies: dict[str, PolicySpec] = field(default_factory=dict)  # every check we serve -> its policy
     # flavor -> the tolerations Kueue adds to the pods it admits on that flavor
     flavor_tolerations: dict[str, list[Any]] = field(default_factory=dict)
-
-
-def declared_metadata(
-    wl: Mapping[str, Any], owner: Mapping[str, Mapping[str, str]] | None, kind: str | None = None
-) -> tuple[Mapping[str, Any], Mapping[str, Any], dict[str, Any]]:
-    """Where a user's keys are read: (annotations, labels, annotations where they are misplaced).
-
-    A Job's Workload carries the pod template, keys and all; the Job's own annotations are the
-    wrong place. A Pod's Workload carries its spec only (Kueue copies no pod metadata into it), so
-    the keys are read from the Pod itself, which is the template its controller stamped out; a
-    StatefulSet's likewise, so they are read from the StatefulSet's pod template."""
-    meta = wl["metadata"]
-    own = dict(meta.get("annotations") or {})
-    kind = kind or owner_of(wl)[0]
-    found = owner or {}
-    if kind == "Pod":
-        return found.get("annotations") or {}, found.get("labels") or {}, own
-    if kind == "StatefulSet":
-        misplaced = {**own, **(found.get("annotations") or {})}
-        return found.get("template_annotations") or {}, found.get("template_labels") or {}, misplaced
-    tpl_meta = template(wl).get("metadata") or {}
-    job = found.get("annotations") or {}
-    return tpl_meta.get("annotations") or {}, tpl_meta.get("labels") or {}, {**own, **job}
 
 
 def declared_request(
@@ -442,179 +266,6 @@ def reading_headroom(
 
 def _ms(value: float | None) -> float | None:
     return None if value is None else value / 1e3
-
-
-def _matches(labels: Mapping[str, str], selector: Mapping[str, str]) -> bool:
-    return all(labels.get(k) == v for k, v in selector.items())
-
-
-# Taints the node lifecycle controller and the kubelet set while a node is down or unhealthy.
-# They come and go: such a node takes no new work now (free 0), but stays in a workload's pool, so
-# that a workload is made to wait for it and never Rejected because its node is briefly away.
-TRANSIENT_TAINT_PREFIX = "node.kubernetes.io/"
-_BLOCKING = ("NoSchedule", "NoExecute")
-
-
-def _taints(node: Mapping[str, Any]) -> list[dict[str, Any]]:
-    taints = (node.get("spec") or {}).get("taints") or []
-    return [t for t in taints if isinstance(t, dict) and t.get("effect") in _BLOCKING]
-
-
-def node_unavailable(node: Mapping[str, Any]) -> str | None:
-    """Why a node takes no new work now (cordoned, not Ready, a node.kubernetes.io/ taint), or None.
-
-    A Node with no Ready condition at all is one nobody reports on (the simulated nodes of the
-    examples before any controller-manager marks them): it counts as available."""
-    if (node.get("spec") or {}).get("unschedulable"):
-        return "cordoned"
-    for c in (node.get("status") or {}).get("conditions") or []:
-        if isinstance(c, dict) and c.get("type") == "Ready" and c.get("status") != "True":
-            return f"not Ready ({c.get('reason') or c.get('status')})"
-    for t in _taints(node):
-        if str(t.get("key", "")).startswith(TRANSIENT_TAINT_PREFIX):
-            return f"tainted {t.get('key')}:{t.get('effect')}"
-    return None
-
-
-def _tolerates(tolerations: list[Any], taint: Mapping[str, Any]) -> bool:
-    """Kubernetes' toleration rule (k8s.io/api core/v1 Toleration.ToleratesTaint)."""
-    for tol in tolerations:
-        if not isinstance(tol, dict):
-            continue
-        if tol.get("effect") and tol.get("effect") != taint.get("effect"):
-            continue
-        key, op = tol.get("key") or "", tol.get("operator") or "Equal"
-        if op == "Exists" and (not key or key == taint.get("key")):
-            return True
-        if (
-            op == "Equal"
-            and key == taint.get("key")
-            and (tol.get("value") or "") == (taint.get("value") or "")
-        ):
-            return True
-    return False
-
-
-def _admits(node: Mapping[str, Any], tolerations: list[Any]) -> bool:
-    """The workload tolerates every lasting NoSchedule/NoExecute taint of the node (taints that an
-    administrator sets, such as a GPU pool's `nvidia.com/gpu:NoSchedule`)."""
-    return all(
-        _tolerates(tolerations, t)
-        for t in _taints(node)
-        if not str(t.get("key", "")).startswith(TRANSIENT_TAINT_PREFIX)
-    )
-
-
-PoolMemo = dict[tuple[Any, ...], frozenset[str]]
-
-
-def node_pool(
-    wl: dict[str, Any],
-    nodes: list[dict[str, Any]],
-    flavors: dict[str, dict[str, str]],
-    tolerations_of: Mapping[str, list[Any]] | None = None,
-    memo: PoolMemo | None = None,
-) -> tuple[frozenset[str], str | None]:
-    """Nodes the workload's assigned flavor and its own nodeSelector allow, and whose lasting taints
-    it tolerates (the flavor's tolerations count, as Kueue adds them to the pods). `memo` shares
-    the answer between workloads that ask the same (one tick's nodes: most workloads do)."""
-    assignments = (wl.get("status") or {}).get("admission", {}).get("podSetAssignments") or []
-    flavor = None
-    for a in assignments:
-        fl = a.get("flavors") or {}
-        flavor = fl.get(GPU_RESOURCE) or next(iter(fl.values()), None)
-        if flavor:
-            break
-    selector = dict(flavors.get(flavor, {})) if flavor else {}
-    pod_spec = template(wl).get("spec") or {}
-    selector.update(pod_spec.get("nodeSelector") or {})
-    tolerations = list(pod_spec.get("tolerations") or []) + list((tolerations_of or {}).get(flavor or "", []))
-    key = (tuple(sorted((str(k), str(v)) for k, v in selector.items())), repr(tolerations))
-    names = memo.get(key) if memo is not None else None
-    if names is None:
-        names = frozenset(
-            n["metadata"]["name"]
-            for n in nodes
-            if _matches(n["metadata"].get("labels") or {}, selector) and _admits(n, tolerations)
-        )
-        if memo is not None:
-            memo[key] = names
-    return names, flavor
-
-
-def _domain_values(level: Mapping[str, Any], count: int, where: str) -> list[str]:
-    if "universal" in level:
-        return [str(level["universal"])] * count
-    ind = level.get("individual") or {}
-    roots = ind.get("roots") or []
-    if not isinstance(roots, list) or len(roots) != count:
-        raise UnreadableFieldError(f"{where}.individual.roots: got {roots!r}; accepted: {count} values")
-    return [f"{ind.get('prefix') or ''}{r}{ind.get('suffix') or ''}" for r in roots]
-
-
-def topology_assignment(
-    wl: Mapping[str, Any], nodes: list[dict[str, Any]]
-) -> tuple[tuple[frozenset[str], int], ...] | None:
-    """Where Kueue's Topology Aware Scheduling put the workload's pods before checks ran
-    (`status.admission.podSetAssignments[].topologyAssignment`, v1beta2's sliced form): per domain,
-    the nodes whose labels carry its value at every level, and its pod count. None: no assignment.
-    Raises UnreadableFieldError for an assignment that cannot be read."""
-    out: list[tuple[frozenset[str], int]] = []
-    found = False
-    assignments = ((wl.get("status") or {}).get("admission") or {}).get("podSetAssignments") or []
-    for a, psa in enumerate(assignments):
-        ta = psa.get("topologyAssignment") if isinstance(psa, dict) else None
-        if not ta:
-            continue
-        found = True
-        levels = [str(x) for x in ta.get("levels") or []]
-        for s, piece in enumerate(ta.get("slices") or []):
-            where = f"status.admission.podSetAssignments[{a}].topologyAssignment.slices[{s}]"
-            count = piece.get("domainCount")
-            if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-                raise UnreadableFieldError(f"{where}.domainCount: got {count!r}; accepted: an integer >= 1")
-            per_level = piece.get("valuesPerLevel") or []
-            if len(per_level) != len(levels):
-                raise UnreadableFieldError(
-                    f"{where}.valuesPerLevel: got {len(per_level)} levels; "
-                    f"accepted: {len(levels)} (one per level)"
-                )
-            values = [
-                _domain_values(lv, count, f"{where}.valuesPerLevel[{i}]") for i, lv in enumerate(per_level)
-            ]
-            counts = piece.get("podCounts") or {}
-            pods = (
-                [counts["universal"]] * count
-                if "universal" in counts
-                else list(counts.get("individual") or [])
-            )
-            if len(pods) != count or not all(
-                isinstance(c, int) and not isinstance(c, bool) and c >= 1 for c in pods
-            ):
-                raise UnreadableFieldError(
-                    f"{where}.podCounts: got {counts!r}; accepted: {count} counts >= 1"
-                )
-            for d in range(count):
-                want = {levels[i]: values[i][d] for i in range(len(levels))}
-                members = frozenset(
-                    str(n["metadata"]["name"])
-                    for n in nodes
-                    if _matches(n["metadata"].get("labels") or {}, want)
-                )
-                out.append((members, int(pods[d])))
-    return tuple(out) if found else None
-
-
-def _assigned_pool(
-    wl: Mapping[str, Any], nodes: list[dict[str, Any]], pool: frozenset[str]
-) -> frozenset[str]:
-    """A decided workload's reach: the nodes of Kueue's topology assignment where it has one (its
-    pods may run only there), else its pool."""
-    try:
-        assigned = topology_assignment(wl, nodes)
-    except UnreadableFieldError:
-        return pool
-    return pool if assigned is None else pool & frozenset().union(*(n for n, _ in assigned))
 
 
 def placer_policy(spec: PolicySpec) -> PlacerSettings:
@@ -707,7 +358,7 @@ def build(
             if state == "Ready":
                 spec = world.policies.get(str(entry.get("name")), policy)
                 pool, _ = node_pool(wl, world.nodes, world.flavors, world.flavor_tolerations, pools)
-                pool = _assigned_pool(wl, world.nodes, pool)
+                pool = assigned_pool(wl, world.nodes, pool)
                 for done in _committed(
                     wl, entry, spec, profiles, snapshot, pool, by_host, tenancy, world, errors
                 ):
@@ -727,7 +378,8 @@ def build(
                 entry = our_entry(wl, frozenset(checks)) or {}
                 if entry.get("state") == "Pending" and condition(wl, "QuotaReserved"):
                     pending.append(_unreadable(wl, entry, f"{type(exc).__name__}: {exc}"))
-    pods_by_node = _foreign_pods(world, committed, tenancy, policy, errors)
+    misbound: list[tuple[str, str, str]] = []
+    pods_by_node = _foreign_pods(world, committed, tenancy, policy, errors, misbound)
     cluster, headroom, stale_reason = _cluster(
         world.nodes, committed, pods_by_node, policy, profiles, snapshot, now, errors
     )
@@ -738,8 +390,11 @@ def build(
         ledger_memo,
     )
     drift = _drift(committed, cluster, policy, missing_nodes)
+    elsewhere = _bound_elsewhere(committed, cluster, policy, misbound, drift)
+    drift += [d for d in elsewhere if d.event == "SovereigntyDrift"]
+    bound = [d for d in elsewhere if d.event != "SovereigntyDrift"]
     aging = _aging(committed, cluster, headroom, world, policy, profiles)
-    return View(cluster, committed, pending, stale_reason, headroom, drift, hostnames, errors, aging)
+    return View(cluster, committed, pending, stale_reason, headroom, drift, hostnames, errors, aging, bound)
 
 
 def _safe_key(wl: object) -> str:
@@ -907,11 +562,16 @@ def _spread_pods(text: object) -> list[tuple[str, int]]:
 
 
 def _pod_gpus(pod: Mapping[str, Any]) -> int:
-    return _container_gpus(pod.get("spec") or {}, "spec")
+    return container_gpus(pod.get("spec") or {}, "spec")
 
 
 def _foreign_pods(
-    world: World, committed: list[Committed], tenancy: TenancyOf, policy: PolicySpec, errors: list[str]
+    world: World,
+    committed: list[Committed],
+    tenancy: TenancyOf,
+    policy: PolicySpec,
+    errors: list[str],
+    misbound: list[tuple[str, str, str]] | None = None,
 ) -> dict[str, list[tuple[str, int]]]:
     """Per node: (tenant, GPUs) of bound GPU pods that no ledger entry on that node accounts for.
     An entry accounts for its own pods on its node up to the GPUs it counted there (all of a
@@ -921,6 +581,7 @@ def _foreign_pods(
     # (a StatefulSet's, a LeaderWorkerSet group's), by its Job or StatefulSet, or as itself.
     room: dict[tuple[str, str], float] = defaultdict(float)  # (Workload key, node)
     by_owner: dict[tuple[str, str, str], list[str]] = defaultdict(list)  # -> Workload keys
+    placed = {c.key for c in committed}
     for c in committed:
         room[(c.key, c.node)] += c.gpus if c.gpus >= 0 else math.inf
         for r in c.workload.get("metadata", {}).get("ownerReferences") or []:
@@ -952,6 +613,9 @@ def _foreign_pods(
             if key is not None:
                 room[key] -= gpus
                 continue
+            ours = next((wl for wl in keys if wl in placed), None)
+            if ours is not None and misbound is not None:  # (Workload, Pod, node)
+                misbound.append((ours, str(meta.get("name", "")), str(node)))
             out[str(node)].append((tenancy(namespace, policy).tenant, gpus))
         except Exception as exc:
             errors.append(f"Pod {_safe_key(pod)}: {type(exc).__name__}: {exc}")
@@ -1025,6 +689,56 @@ def _cluster(
         exclusive = frozenset(c.request.tenant for c in holders if c.request.exclusive)
         node_states.append(NodeState(name, labels, free, tenants, exclusive, count, unavailable))
     return ClusterView(node_states, gpu_states), headroom_out, stale_reason
+
+
+def _bound_elsewhere(
+    committed: list[Committed],
+    cluster: ClusterView,
+    policy: PolicySpec,
+    misbound: list[tuple[str, str, str]],
+    drift: list[Drift],
+) -> list[Drift]:
+    """A pod of ours bound on a node its decision did not plan it on: sovereignty drift if that
+    node breaks the workload's requirement, else a BoundElsewhere warning (its GPUs are counted on
+    both nodes until it ends, its γ was judged on the planned one). One per workload."""
+    nodes = {n.name: n for n in cluster.nodes}
+    first: dict[str, Committed] = {}
+    for entry in committed:
+        first.setdefault(entry.key, entry)
+    drifted = {d.committed.key for d in drift}
+    out: list[Drift] = []
+    seen: set[str] = set()
+    for key, pod, node in misbound:
+        found = first.get(key)
+        if found is None or key in seen or key in drifted:
+            continue
+        c = found
+        seen.add(key)
+        planned = ", ".join(sorted({x.node for x in committed if x.key == key}))
+        n = nodes.get(node)
+        req = c.request.requirement
+        why = None
+        if n is not None:
+            others = NodeTenancy(
+                n.name, n.labels, n.tenants - {req.tenant}, n.exclusive_tenants - {req.tenant}
+            )
+            why = check_node(
+                Requirement(req.tenant, req.jurisdiction, req.exclusive, req.allowed),
+                others,
+                policy.sovereignty.jurisdiction_label,
+            )
+        if why is not None and (why.permanent or req.exclusive):
+            text = (
+                f"its pod {pod} is bound on {node}, which does not satisfy it: {why.constraint}: {why.detail}"
+            )
+            out.append(Drift(c, text))
+        else:
+            text = (
+                f"its pod {pod} is bound on {node}, not on a node it was planned on ({planned}): its GPUs "
+                f"are counted on both until it ends, and its γ was judged on the planned node"
+            )
+            out.append(Drift(c, text, event="BoundElsewhere"))
+    return out
 
 
 def _drift(

@@ -10,7 +10,8 @@ import pytest
 from sovereignspec.operator import annotations as ann
 from sovereignspec.operator.plan import shorten
 from sovereignspec.operator.policy import PolicySpec
-from sovereignspec.operator.view import UnreadableFieldError, gpu_quantity, parse_quantity, tenancy_of
+from sovereignspec.operator.view import tenancy_of
+from sovereignspec.operator.workloads import UnreadableFieldError, gpu_quantity, parse_quantity
 from sovereignspec.telemetry.dcgm import parse_exposition
 from sovereignspec.telemetry.snapshot import activity_readings, normalise_activity
 

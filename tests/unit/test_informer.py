@@ -245,7 +245,7 @@ def test_a_stripped_pod_keeps_the_workload_kueue_built_for_its_group(where: str)
 
 def test_a_statefulsets_cached_object_holds_only_our_keys_of_its_template_and_its_own_annotations() -> None:
     from sovereignspec.operator import annotations as ann
-    from sovereignspec.operator.view import owner_metadata
+    from sovereignspec.operator.workloads import owner_metadata
 
     sts = {
         "metadata": {

@@ -54,6 +54,8 @@ def test_the_tree_keeps_every_layer_contract(tree: Path) -> None:
         ("cli.py", "import localdev.demo", "localdev is not shipped"),
         ("operator/plan.py", "import time", "decision layer"),  # the clock is passed in
         ("operator/view.py", "from sovereignspec.operator import writer", "decision layer"),
+        ("operator/workloads.py", "import os", "decision layer"),
+        ("operator/nodes.py", "from sovereignspec.operator import informer", "decision layer"),
     ],
 )
 def test_a_wrong_import_breaks_its_contract(tree: Path, module: str, line: str, contract: str) -> None:

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from sovereignspec.operator.view import node_pool, node_unavailable
+from sovereignspec.operator.nodes import node_pool, node_unavailable
 
 
 def node(name: str, *, ready: str | None = None, taints: list[dict[str, str]] | None = None,

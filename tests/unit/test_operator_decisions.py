@@ -15,7 +15,8 @@ import pytest
 from sovereignspec.core.specs import ProfileSet
 from sovereignspec.operator import annotations as ann
 from sovereignspec.operator.plan import Write, plan
-from sovereignspec.operator.view import View, build, owner_metadata
+from sovereignspec.operator.view import View, build
+from sovereignspec.operator.workloads import owner_metadata
 from sovereignspec.operator.writer import KUEUE, MESSAGE_LIMIT, check_entry_apply
 from sovereignspec.profiles import load_profiles
 from sovereignspec.telemetry.snapshot import Snapshot
@@ -566,8 +567,60 @@ def test_an_unreadable_topology_assignment_is_refused_naming_the_field() -> None
 def test_engine_metrics_are_joined_on_what_every_engine_pod_of_the_workload_carries(
     kind: str, owner: str, joined_on: str
 ) -> None:
-    from sovereignspec.operator.view import job_name
+    from sovereignspec.operator.workloads import job_name
 
     wl = chat("wl-chat").owned_by(kind, owner).obj()
     wl["metadata"]["ownerReferences"].append({"kind": "Pod", "name": "chat-0"})  # as Kueue adds them
     assert job_name(wl) == joined_on
+
+
+def _wide_on(node_name: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A Job of two 8-GPU pods planned on h1 and h2 (pinned by eu), one pod bound on `node_name`."""
+    wide = chat("wide").annotate(jurisdiction="eu").owned_by("Job", "wide").gpus("16").pods(2).obj()
+    wide["status"]["admissionChecks"][0].update(
+        state="Ready",
+        message="plain γ=0 on 2 pods over h1/gpu0, h2/gpu0",
+        podSetUpdates=[{"name": "main", "nodeSelector": {JURISDICTION: "eu"},
+                        "annotations": {ann.OUT_NODES: "h1/0,h2/0", ann.OUT_BUDGET: "0"}}],
+    )  # fmt: skip
+    pod = {
+        "metadata": {
+            "name": "wide-x",
+            "namespace": "team-a",
+            "ownerReferences": [{"kind": "Job", "name": "wide"}],
+        },
+        "spec": {"nodeName": node_name, "containers": [{"resources": {"requests": {"nvidia.com/gpu": "8"}}}]},
+        "status": {"phase": "Running"},
+    }
+    return wide, [pod]
+
+
+def test_a_pod_bound_where_it_was_not_planned_raises_one_warning_and_leaves_the_workload_running() -> None:
+    # Planned on h1 and h2; the scheduler bound a pod on h3, which the jurisdiction label also
+    # selects. The user is told once (BoundElsewhere), the workload stays Ready, the pod's GPUs
+    # are counted on h3 meanwhile.
+    from sovereignspec.operator.plan import drift_writes
+
+    nodes = [node(f"h{i}", "eu", gpus=8) for i in (1, 2, 3)]
+    wide, pods = _wide_on("h3")
+    view = _view([wide], nodes, snapshot({}), pods=pods)
+    assert view.drift == []
+    (warned,) = view.bound_elsewhere
+    assert "its pod wide-x is bound on h3, not on a node it was planned on (h1, h2)" in warned.why
+    (write,) = drift_writes(view, policy(), {})
+    assert write.state == "Ready" and write.pod_set_updates
+    assert [(e.reason, e.warning) for e in write.events] == [("BoundElsewhere", True)]
+    assert drift_writes(view, policy(), {"team-a/wide": warned.why}) == []  # told once
+    assert next(n for n in view.cluster.nodes if n.name == "h3").free_gpus == 0
+    # Bound where planned: nothing to say.
+    wide, pods = _wide_on("h1")
+    assert _view([wide], nodes, snapshot({}), pods=pods).bound_elsewhere == []
+
+
+def test_a_pod_bound_on_a_node_outside_its_jurisdiction_is_sovereignty_drift_not_a_mere_warning() -> None:
+    nodes = [node("h1", "eu", gpus=8), node("h2", "eu", gpus=8), node("k1", "kr", gpus=8)]
+    wide, pods = _wide_on("k1")
+    view = _view([wide], nodes, snapshot({}), pods=pods)
+    assert view.bound_elsewhere == []
+    (drift,) = view.drift
+    assert "its pod wide-x is bound on k1, which does not satisfy it: jurisdiction" in drift.why

@@ -1,0 +1,278 @@
+"""What a Workload says, read by the kind of object Kueue made it for: its owner (a Job, a
+StatefulSet, a LeaderWorkerSet, a Pod), where its user's keys are, the GPUs and pods it asks for,
+and the nodes Kueue's Topology Aware Scheduling assigned it. Plain dicts in, plain data out: no
+I/O. Each kind's reading lives here (see docs/serving-shapes.md)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from datetime import datetime
+from fractions import Fraction
+from typing import Any
+
+GPU_RESOURCE = "nvidia.com/gpu"
+
+_QUANTITY_RE = re.compile(
+    r"([+-]?)([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE])|[eE]([+-]?[0-9]+))?", re.ASCII
+)
+
+_SUFFIX = {
+    "": Fraction(1),
+    "n": Fraction(1, 10**9),
+    "u": Fraction(1, 10**6),
+    "m": Fraction(1, 10**3),
+    "k": Fraction(10**3),
+    "M": Fraction(10**6),
+    "G": Fraction(10**9),
+    "T": Fraction(10**12),
+    "P": Fraction(10**15),
+    "E": Fraction(10**18),
+    **{s: Fraction(1024**i) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"), 1)},
+}
+
+
+class UnreadableFieldError(ValueError):
+    """A field of an API object that cannot be read; the message names the field and the value."""
+
+
+def parse_quantity(text: object) -> Fraction:
+    """A Kubernetes resource quantity (`2`, `1k`, `500m`, `1Gi`, `1e3`), exactly."""
+    if isinstance(text, bool) or not isinstance(text, (str, int)):
+        raise UnreadableFieldError(f"got {text!r}; accepted: a Kubernetes quantity such as 1, 2, 1k")
+    s = str(text)
+    m = _QUANTITY_RE.fullmatch(s)
+    if m is None or len(s) > 64:
+        raise UnreadableFieldError(f"got {s!r}; accepted: a Kubernetes quantity such as 1, 2, 1k")
+    sign, number, suffix, exponent = m.groups()
+    value = Fraction(number)
+    if exponent is not None:
+        if abs(int(exponent)) > 30:
+            raise UnreadableFieldError(f"got {s!r}; exponent out of range")
+        value *= Fraction(10) ** int(exponent)
+    else:
+        value *= _SUFFIX[suffix or ""]
+    return -value if sign == "-" else value
+
+
+def gpu_quantity(value: object, where: str) -> int:
+    """A GPU count: a whole, non-negative quantity (extended resources cannot be split)."""
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 9:
+        return int(value)  # the common case, "1" or "8", without the general parser
+    try:
+        q = parse_quantity(value)
+    except UnreadableFieldError as exc:
+        raise UnreadableFieldError(f"{where}: {exc}") from None
+    if q < 0 or q.denominator != 1:
+        raise UnreadableFieldError(f"{where}: got {value!r}; accepted: a whole number of GPUs")
+    return int(q)
+
+
+def condition(obj: Mapping[str, Any], kind: str) -> bool:
+    status = obj.get("status") or {}
+    return any(
+        isinstance(c, dict) and c.get("type") == kind and c.get("status") == "True"
+        for c in status.get("conditions") or []
+    )
+
+
+def key_of(obj: Mapping[str, Any]) -> str:
+    meta = obj["metadata"]
+    return f"{meta.get('namespace', '')}/{meta['name']}"
+
+
+def our_entry(wl: Mapping[str, Any], checks: set[str] | frozenset[str]) -> dict[str, Any] | None:
+    for entry in (wl.get("status") or {}).get("admissionChecks") or []:
+        if isinstance(entry, dict) and entry.get("name") in checks:
+            return dict(entry)
+    return None
+
+
+# What Kueue makes a Workload for, among its integrations this operator reads: a Job; a StatefulSet
+# (one Workload for all its replicas); a LeaderWorkerSet (one per group; its pod templates carry
+# their metadata, keys and all, as a Job's); a Pod (a plain Pod, or one replica of a Deployment,
+# each admitted alone). Kueue also lists a group's Pods as owners of its Workload: the group's
+# owner comes first.
+OWNER_KINDS = ("Job", "StatefulSet", "LeaderWorkerSet", "Pod")
+
+# Owners whose Workload carries no pod metadata: the keys are read from the owner (every tick).
+KEYS_ON_OWNER = ("Pod", "StatefulSet")
+
+
+def owner_of(wl: Mapping[str, Any]) -> tuple[str, str]:
+    """(kind, name) of the object Kueue made `wl` for; ("Workload", its name) for any other."""
+    refs = [r for r in wl["metadata"].get("ownerReferences") or [] if isinstance(r, dict)]
+    for kind in OWNER_KINDS:
+        for ref in refs:
+            if ref.get("kind") == kind:
+                return kind, str(ref.get("name", ""))
+    return "Workload", str(wl["metadata"]["name"])
+
+
+def owner_metadata(obj: Mapping[str, Any]) -> dict[str, dict[str, str]]:
+    """What `World.owners` keeps of an owner (as its informer cut it): its own "annotations" and
+    "labels", and for a StatefulSet its pod template's ("template_annotations", "template_labels")."""
+    meta = obj.get("metadata") or {}
+    out = {
+        "annotations": dict(meta.get("annotations") or {}),
+        "labels": dict(meta.get("labels") or {}),
+    }
+    tpl = ((obj.get("spec") or {}).get("template") or {}).get("metadata")
+    if isinstance(tpl, dict):
+        out["template_annotations"] = dict(tpl.get("annotations") or {})
+        out["template_labels"] = dict(tpl.get("labels") or {})
+    return out
+
+
+def job_name(wl: Mapping[str, Any]) -> str:
+    """What the engines' metrics are joined on: the Job's name (its pods' `job_name`), the
+    Workload's own for a group's pods (Kueue's prebuilt-workload name, relabelled `workload`), the
+    Pod's for a Pod admitted alone (`pod`)."""
+    kind, name = owner_of(wl)
+    return str(wl["metadata"]["name"]) if kind in ("StatefulSet", "LeaderWorkerSet") else name
+
+
+def container_gpus(spec: Mapping[str, Any], where: str) -> int:
+    total = 0
+    for i, c in enumerate(spec.get("containers") or []):
+        res = c.get("resources") or {}
+        for kind in ("requests", "limits"):
+            value = (res.get(kind) or {}).get(GPU_RESOURCE)
+            if value is not None:
+                total += gpu_quantity(value, f"{where}.containers[{i}].resources.{kind}[{GPU_RESOURCE}]")
+                break
+    return total
+
+
+def requested_gpus(wl: Mapping[str, Any]) -> int:
+    """GPUs the whole workload needs (every pod lands on the one node we choose)."""
+    total = 0
+    for n, ps in enumerate(wl.get("spec", {}).get("podSets") or []):
+        where = f"spec.podSets[{n}].template.spec"
+        per_pod = container_gpus((ps.get("template") or {}).get("spec") or {}, where)
+        count = ps.get("count", 1)
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise UnreadableFieldError(f"spec.podSets[{n}].count: got {count!r}; accepted: an integer >= 0")
+        total += per_pod * count
+    return total
+
+
+def requested_pods(wl: Mapping[str, Any]) -> int:
+    """The workload's pods when every one asks for the same GPUs (then they may be spread over
+    nodes, one by one); 1 when they differ (all of them then go to one node, as one request).
+    Read after `requested_gpus`, which refuses an unreadable count."""
+    sizes, total = set(), 0
+    for n, ps in enumerate(wl.get("spec", {}).get("podSets") or []):
+        count = ps.get("count", 1)
+        if count:
+            sizes.add(
+                container_gpus(
+                    (ps.get("template") or {}).get("spec") or {}, f"spec.podSets[{n}].template.spec"
+                )
+            )
+            total += count
+    return total if len(sizes) == 1 and 0 not in sizes and total > 1 else 1
+
+
+def template(wl: Mapping[str, Any]) -> dict[str, Any]:
+    pod_sets = wl.get("spec", {}).get("podSets") or []
+    return dict(pod_sets[0].get("template") or {}) if pod_sets else {}
+
+
+def parse_time(text: str | None) -> float:
+    if not text:
+        return 0.0
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0
+
+
+def declared_metadata(
+    wl: Mapping[str, Any], owner: Mapping[str, Mapping[str, str]] | None, kind: str | None = None
+) -> tuple[Mapping[str, Any], Mapping[str, Any], dict[str, Any]]:
+    """Where a user's keys are read: (annotations, labels, annotations where they are misplaced).
+
+    A Job's Workload carries the pod template, keys and all; the Job's own annotations are the
+    wrong place. A Pod's Workload carries its spec only (Kueue copies no pod metadata into it), so
+    the keys are read from the Pod itself, which is the template its controller stamped out; a
+    StatefulSet's likewise, so they are read from the StatefulSet's pod template."""
+    meta = wl["metadata"]
+    own = dict(meta.get("annotations") or {})
+    kind = kind or owner_of(wl)[0]
+    found = owner or {}
+    if kind == "Pod":
+        return found.get("annotations") or {}, found.get("labels") or {}, own
+    if kind == "StatefulSet":
+        misplaced = {**own, **(found.get("annotations") or {})}
+        return found.get("template_annotations") or {}, found.get("template_labels") or {}, misplaced
+    tpl_meta = template(wl).get("metadata") or {}
+    job = found.get("annotations") or {}
+    return tpl_meta.get("annotations") or {}, tpl_meta.get("labels") or {}, {**own, **job}
+
+
+def labels_match(labels: Mapping[str, str], selector: Mapping[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+def _domain_values(level: Mapping[str, Any], count: int, where: str) -> list[str]:
+    if "universal" in level:
+        return [str(level["universal"])] * count
+    ind = level.get("individual") or {}
+    roots = ind.get("roots") or []
+    if not isinstance(roots, list) or len(roots) != count:
+        raise UnreadableFieldError(f"{where}.individual.roots: got {roots!r}; accepted: {count} values")
+    return [f"{ind.get('prefix') or ''}{r}{ind.get('suffix') or ''}" for r in roots]
+
+
+def topology_assignment(
+    wl: Mapping[str, Any], nodes: list[dict[str, Any]]
+) -> tuple[tuple[frozenset[str], int], ...] | None:
+    """Where Kueue's Topology Aware Scheduling put the workload's pods before checks ran
+    (`status.admission.podSetAssignments[].topologyAssignment`, v1beta2's sliced form): per domain,
+    the nodes whose labels carry its value at every level, and its pod count. None: no assignment.
+    Raises UnreadableFieldError for an assignment that cannot be read."""
+    out: list[tuple[frozenset[str], int]] = []
+    found = False
+    assignments = ((wl.get("status") or {}).get("admission") or {}).get("podSetAssignments") or []
+    for a, psa in enumerate(assignments):
+        ta = psa.get("topologyAssignment") if isinstance(psa, dict) else None
+        if not ta:
+            continue
+        found = True
+        levels = [str(x) for x in ta.get("levels") or []]
+        for s, piece in enumerate(ta.get("slices") or []):
+            where = f"status.admission.podSetAssignments[{a}].topologyAssignment.slices[{s}]"
+            count = piece.get("domainCount")
+            if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+                raise UnreadableFieldError(f"{where}.domainCount: got {count!r}; accepted: an integer >= 1")
+            per_level = piece.get("valuesPerLevel") or []
+            if len(per_level) != len(levels):
+                raise UnreadableFieldError(
+                    f"{where}.valuesPerLevel: got {len(per_level)} levels; "
+                    f"accepted: {len(levels)} (one per level)"
+                )
+            values = [
+                _domain_values(lv, count, f"{where}.valuesPerLevel[{i}]") for i, lv in enumerate(per_level)
+            ]
+            counts = piece.get("podCounts") or {}
+            pods = (
+                [counts["universal"]] * count
+                if "universal" in counts
+                else list(counts.get("individual") or [])
+            )
+            if len(pods) != count or not all(
+                isinstance(c, int) and not isinstance(c, bool) and c >= 1 for c in pods
+            ):
+                raise UnreadableFieldError(
+                    f"{where}.podCounts: got {counts!r}; accepted: {count} counts >= 1"
+                )
+            for d in range(count):
+                want = {levels[i]: values[i][d] for i in range(len(levels))}
+                members = frozenset(
+                    str(n["metadata"]["name"])
+                    for n in nodes
+                    if labels_match(n["metadata"].get("labels") or {}, want)
+                )
+                out.append((members, int(pods[d])))
+    return tuple(out) if found else None
