@@ -13,6 +13,9 @@ too), with the LISTs per 100 decided workloads and the operator's own cache LIST
 metrics: after start-up it LISTs only when a watch cannot be resumed).
 
 `--jobs N` (per queue) and `--gpus N` (8 per node) size it: `make bench-operator ARGS="--jobs 5000"`.
+`--mix` makes them the serving shapes: a third each of Jobs, Deployments of one replica (a Pod the
+controller-manager makes and Kueue admits alone) and LeaderWorkerSet groups of two pods (one
+Workload per group): `make bench-operator ARGS="--mix"`.
 """
 
 from __future__ import annotations
@@ -74,14 +77,47 @@ def _cache_lists(text: str) -> float:
     )
 
 
-def job(name: str, namespace: str, queue: str, i: int) -> dict[str, Any]:
-    notes = {
+def _notes(i: int) -> dict[str, str]:
+    return {
         "sovereignspec.io/model": "llama-3.1-8b",
         "sovereignspec.io/drafter": "eagle3" if i % 3 else "ngram",
         "sovereignspec.io/acceptance-rate": f"{0.5 + (i % 5) * 0.1:.1f}",
         "sovereignspec.io/tpot-slo-ms": "60",
     }
-    return k.job(name, namespace, queue, annotations=notes)
+
+
+def job(name: str, namespace: str, queue: str, i: int) -> dict[str, Any]:
+    return k.job(name, namespace, queue, annotations=_notes(i))
+
+
+def _server_template(i: int, app: str) -> dict[str, Any]:
+    tpl = k.job(app, "x", "q", annotations=_notes(i))["spec"]["template"]
+    tpl["metadata"]["labels"] = {"app": app}
+    tpl["spec"]["restartPolicy"] = "Always"
+    return dict(tpl)
+
+
+def workload(name: str, namespace: str, queue: str, i: int, mix: bool) -> dict[str, Any]:
+    """Job i, or with `mix` every third a Job, a Deployment of one replica (its Pod admitted alone,
+    made by the controller-manager) or a LeaderWorkerSet group of two one-GPU pods (made by the
+    LeaderWorkerSet controller and the controller-manager): one Workload each."""
+    if not mix or i % 3 == 0:
+        return job(name, namespace, queue, i)
+    meta = {"name": name, "namespace": namespace, "labels": {"kueue.x-k8s.io/queue-name": queue}}
+    if i % 3 == 1:
+        spec = {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": name}},
+            "template": _server_template(i, name),
+        }
+        return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta, "spec": spec}
+    group = {"size": 2, "workerTemplate": _server_template(i, name)}
+    return {
+        "apiVersion": "leaderworkerset.x-k8s.io/v1",
+        "kind": "LeaderWorkerSet",
+        "metadata": meta,
+        "spec": {"replicas": 1, "leaderWorkerTemplate": group},
+    }
 
 
 class Recorder:
@@ -150,6 +186,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.operator", description=__doc__.split("\n")[0])
     parser.add_argument("--jobs", type=int, default=JOBS, help=f"Jobs per queue (default {JOBS})")
     parser.add_argument(
+        "--mix",
+        action="store_true",
+        help="a third each of Jobs, Deployments (one replica) and LeaderWorkerSet groups (two pods)",
+    )
+    parser.add_argument(
         "--gpus",
         type=int,
         default=NODES * GPUS_PER_NODE,
@@ -210,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     for i in range(jobs):
         for label in ("ours", "trivial"):
-            server_side_apply(api, job(f"j{i:03d}", namespaces[label], "q", i), "bench")
+            server_side_apply(api, workload(f"j{i:03d}", namespaces[label], "q", i, args.mix), "bench")
     # Jobs never finish here (no kubelet), so each queue admits at most its GPU quota.
     admissible = min(jobs, nodes * GPUS_PER_NODE)
     deadline = time.monotonic() + max(600.0, 0.5 * jobs)
@@ -235,9 +276,10 @@ def main(argv: list[str] | None = None) -> int:
             if k.startswith(ns + "/") and k in recorder.reserved
         ]
         results[label] = waits
+    shapes = "workloads (Jobs, Deployments, LeaderWorkerSet groups)" if args.mix else "Jobs"
     print(
-        f"\n{jobs} Jobs per queue over {nodes * GPUS_PER_NODE} GPUs ({admissible} per queue can be admitted: "
-        f"the quota, as Jobs never finish here); admitted in {elapsed:.1f} s"
+        f"\n{jobs} {shapes} per queue over {nodes * GPUS_PER_NODE} GPUs ({admissible} per queue can be "
+        f"admitted: the quota, as nothing finishes here); admitted in {elapsed:.1f} s"
     )
     print(f"{'queue':<28} {'admitted':>8} {'median s':>9} {'p99 s':>8}")
     for label, waits in results.items():

@@ -43,28 +43,10 @@ GATE = "kueue.x-k8s.io/admission"
 
 def replica(pool: Pool, name: str, gpus: int = 1, **notes: Any) -> dict[str, Any]:
     """A serving replica as a Deployment's ReplicaSet creates it under Kueue's integration."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": name,
-            "namespace": pool.namespace,
-            "labels": {"kueue.x-k8s.io/queue-name": pool.queue, "app": "chat"},
-            "annotations": annotations(**notes),
-        },
-        "spec": {
-            "containers": [
-                {
-                    "name": "server",
-                    "image": "vllm/vllm-openai:latest",
-                    "resources": {
-                        "requests": {"cpu": "1", "nvidia.com/gpu": str(gpus)},
-                        "limits": {"nvidia.com/gpu": str(gpus)},
-                    },
-                }
-            ]
-        },
-    }
+    pod = server_template(gpus, annotations(**notes), "chat")
+    pod["metadata"].update(name=name, namespace=pool.namespace)
+    pod["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = pool.queue
+    return {"apiVersion": "v1", "kind": "Pod", **pod}
 
 
 def pods_workload(pool: Pool, pod: str) -> dict[str, Any] | None:
@@ -75,15 +57,17 @@ def pods_workload(pool: Pool, pod: str) -> dict[str, Any] | None:
     return None
 
 
-def ungated(pool: Pool, name: str, timeout: float = 60.0) -> client.V1Pod:
+def ungated(pool: Pool, name: str, timeout: float = 90.0) -> client.V1Pod:
+    """The Pod once Kueue removed its scheduling gate and wrote our decision into it."""
     core = client.CoreV1Api(pool.env.api)
 
     def read() -> client.V1Pod | None:
         pod = core.read_namespaced_pod(name, pool.namespace)
         gates = [g.name for g in pod.spec.scheduling_gates or []]
-        return pod if GATE not in gates and (pod.spec.node_selector or {}).get(HOST) else None
+        decided = (pod.metadata.annotations or {}).get("sovereignspec.io/mode")
+        return pod if GATE not in gates and decided else None
 
-    return wait_until(read, timeout=timeout, what=f"pod {name} admitted and ungated")
+    return wait_until(read, timeout=timeout, what=f"pod {name} admitted with our decision")
 
 
 def test_each_replica_of_a_server_is_decided_from_its_own_pod_and_pinned_inside_the_jurisdiction(
@@ -137,9 +121,12 @@ def test_a_replica_whose_pod_breaks_the_grammar_is_rejected_naming_the_key(env, 
         )
 
     entry = wait_until(rejected, timeout=60, what="bad-0 rejected")
-    events = client.CoreV1Api(env.api).list_namespaced_event(namespace).items
-    said = " ".join(e.message or "" for e in events if e.reason == "Rejected") + entry.get("message", "")
-    assert "annotation sovereignspec.io/jurisdiction: got 'eu,kr;'; accepted: an ISO 3166-1" in said, said
+    told_rejected(
+        env,
+        namespace,
+        entry,
+        "annotation sovereignspec.io/jurisdiction: got 'eu,kr;'; accepted: an ISO 3166-1",
+    )
     pod = client.CoreV1Api(env.api).read_namespaced_pod("bad-0", namespace)
     assert GATE in [g.name for g in pod.spec.scheduling_gates or []]  # never admitted
 
@@ -167,6 +154,35 @@ def test_a_job_of_four_pods_of_eight_gpus_is_spread_over_four_nodes_pinned_by_it
     submit(pool, "after", jurisdiction="eu", **CHAT)
     state, message = outcome(pool, "after")
     assert state == "Retry", message
+
+
+def told_rejected(env: Any, namespace: str, entry: dict[str, Any], why: str) -> str:
+    """The Rejected reason, from our entry or (Kueue resets the entry's message once it
+    deactivates the Workload) its Event, posted after the status write: waited for, not raced."""
+
+    def told() -> str | None:
+        events = client.CoreV1Api(env.api).list_namespaced_event(namespace).items
+        text = entry.get("message", "") + " ".join(e.message or "" for e in events if e.reason == "Rejected")
+        return text if why in text else None
+
+    return str(wait_until(told, timeout=30, what=f"the Rejected reason {why!r}"))
+
+
+def queued(pool: Pool, name: str, **meta: Any) -> dict[str, Any]:
+    """An owner's metadata in the pool's namespace, with the queue label Kueue's webhooks read."""
+    return {
+        "name": name,
+        "namespace": pool.namespace,
+        "labels": {"kueue.x-k8s.io/queue-name": pool.queue},
+        **meta,
+    }
+
+
+def deactivate(env: Any, namespace: str, workload: str) -> None:
+    """Kueue evicts a deactivated Workload and never requeues it: out of the way."""
+    client.CustomObjectsApi(env.api).patch_namespaced_custom_object(
+        "kueue.x-k8s.io", "v1beta2", namespace, "workloads", workload, {"spec": {"active": False}}
+    )
 
 
 def gated_pods(pool: Pool, selector: str, count: int, timeout: float = 90.0) -> list[client.V1Pod]:
@@ -203,7 +219,7 @@ def admissible_pods(pool: Pool, pods: list[client.V1Pod], jurisdiction: str) -> 
     (host/GPUs) entries they hold."""
     nodes = []
     for made in pods:
-        pod = ungated_pod(pool, made.metadata.name)
+        pod = ungated(pool, made.metadata.name)
         selector = pod.spec.node_selector or {}
         host = selector.get(HOST)
         if host is None:
@@ -214,21 +230,6 @@ def admissible_pods(pool: Pool, pods: list[client.V1Pod], jurisdiction: str) -> 
         assert notes["sovereignspec.io/mode"] in ("speculative", "plain"), notes
         nodes.extend(notes.get("sovereignspec.io/nodes", f"{host}/x").split(","))
     return nodes
-
-
-def ungated_pod(pool: Pool, name: str, timeout: float = 90.0) -> client.V1Pod:
-    core = client.CoreV1Api(pool.env.api)
-
-    def read() -> client.V1Pod | None:
-        pod = core.read_namespaced_pod(name, pool.namespace)
-        gates = [g.name for g in pod.spec.scheduling_gates or []]
-        return (
-            pod
-            if GATE not in gates and (pod.metadata.annotations or {}).get("sovereignspec.io/mode")
-            else None
-        )
-
-    return wait_until(read, timeout=timeout, what=f"pod {name} admitted with our decision")
 
 
 def test_a_statefulsets_replicas_are_decided_as_one_workload_from_its_pod_template_and_spread_in_eu(
@@ -245,11 +246,7 @@ def test_a_statefulsets_replicas_are_decided_as_one_workload_from_its_pod_templa
     body = {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
-        "metadata": {
-            "name": "chat",
-            "namespace": namespace,
-            "labels": {"kueue.x-k8s.io/queue-name": pool.queue},
-        },
+        "metadata": queued(pool, "chat"),
         "spec": {
             "replicas": 2,
             "serviceName": "chat",
@@ -288,11 +285,7 @@ def test_a_leaderworkerset_group_spans_two_nodes_and_each_group_is_its_own_workl
     body = {
         "apiVersion": "leaderworkerset.x-k8s.io/v1",
         "kind": "LeaderWorkerSet",
-        "metadata": {
-            "name": "big",
-            "namespace": namespace,
-            "labels": {"kueue.x-k8s.io/queue-name": pool.queue},
-        },
+        "metadata": queued(pool, "big"),
         "spec": {
             "replicas": 2,
             "leaderWorkerTemplate": {
@@ -334,12 +327,7 @@ def test_a_jurisdiction_on_a_statefulset_itself_is_refused_naming_where_it_belon
     body = {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
-        "metadata": {
-            "name": "misplaced",
-            "namespace": namespace,
-            "labels": {"kueue.x-k8s.io/queue-name": pool.queue},
-            "annotations": annotations(jurisdiction="eu"),
-        },
+        "metadata": queued(pool, "misplaced", annotations=annotations(jurisdiction="eu")),
         "spec": {
             "replicas": 1,
             "serviceName": "misplaced",
@@ -357,9 +345,7 @@ def test_a_jurisdiction_on_a_statefulset_itself_is_refused_naming_where_it_belon
         return None
 
     entry = wait_until(refused, timeout=90, what="the StatefulSet's Workload Rejected")
-    events = client.CoreV1Api(env.api).list_namespaced_event(namespace).items
-    said = " ".join(e.message or "" for e in events if e.reason == "Rejected") + entry.get("message", "")
-    assert "found on the StatefulSet's own annotations" in said, said
+    told_rejected(env, namespace, entry, "found on the StatefulSet's own annotations")
 
 
 def test_scaling_a_deployment_decides_new_replicas_and_frees_removed_ones_for_the_next_decision(
@@ -372,11 +358,7 @@ def test_scaling_a_deployment_decides_new_replicas_and_frees_removed_ones_for_th
     body = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": {
-            "name": "chat",
-            "namespace": namespace,
-            "labels": {"kueue.x-k8s.io/queue-name": pool.queue},
-        },
+        "metadata": queued(pool, "chat"),
         "spec": {
             "replicas": 3,
             "selector": {"matchLabels": {"app": "chat"}},
@@ -408,14 +390,7 @@ def test_scaling_a_deployment_decides_new_replicas_and_frees_removed_ones_for_th
     # freed replicas decide what comes next.
     early = workload_of(pool, "early")
     assert early is not None
-    client.CustomObjectsApi(env.api).patch_namespaced_custom_object(
-        "kueue.x-k8s.io",
-        "v1beta2",
-        namespace,
-        "workloads",
-        early["metadata"]["name"],
-        {"spec": {"active": False}},
-    )
+    deactivate(env, namespace, early["metadata"]["name"])
     body["spec"]["replicas"] = 1
     server_side_apply(env.api, body, "sovereignspec-e2e")
     wait_until(lambda: decided_gpus(1), timeout=90, what="one replica left")
@@ -480,14 +455,7 @@ def test_kueues_topology_assignment_is_honoured_and_one_across_the_jurisdiction_
     assert planned == assigned_hosts(wl) == [kr], (planned, assigned_hosts(wl))
     assert "on Kueue's topology assignment" in entry["message"]
     # The kr node is now full; free it for the next one (deactivated: evicted, never requeued).
-    client.CustomObjectsApi(env.api).patch_namespaced_custom_object(
-        "kueue.x-k8s.io",
-        "v1beta2",
-        namespace,
-        "workloads",
-        wl["metadata"]["name"],
-        {"spec": {"active": False}},
-    )
+    deactivate(env, namespace, wl["metadata"]["name"])
     wait_until(
         lambda: (
             not any(
@@ -518,11 +486,7 @@ def lws_body(pool: Pool, name: str, size: int, gpus: int, **notes: Any) -> dict[
     return {
         "apiVersion": "leaderworkerset.x-k8s.io/v1",
         "kind": "LeaderWorkerSet",
-        "metadata": {
-            "name": name,
-            "namespace": pool.namespace,
-            "labels": {"kueue.x-k8s.io/queue-name": pool.queue},
-        },
+        "metadata": queued(pool, name),
         "spec": {
             "replicas": 1,
             "leaderWorkerTemplate": {
@@ -569,4 +533,4 @@ def test_a_group_beside_an_exclusive_tenant_waits_and_one_its_jurisdiction_can_n
     entry = lws_outcome(pool, "trio")
     said = entry.get("message", "")
     assert "Rejected" in (entry["state"], said.rsplit("Previously: ", 1)[-1]), said
-    assert "its 3 pods of 8 GPUs never fit: the nodes it may use hold 2" in said, said
+    told_rejected(env, namespace, entry, "its 3 pods of 8 GPUs never fit: the nodes it may use hold 2")

@@ -328,20 +328,30 @@ def test_a_pods_keys_set_to_values_no_decision_writes_are_rejected_as_a_template
     assert write.state == "Rejected", write.message
 
 
-def test_a_running_pod_admitted_alone_is_counted_once_not_also_as_a_foreign_pod() -> None:
-    # h1 has 4 GPUs; a Pod admitted alone holds 3 of them and runs there. A second workload of
-    # 2 GPUs does not fit beside it: counted twice, the Pod would leave it 0 rather than 1 GPU.
-    placed, pod = chat("pod-big").gpus("3").as_pods_workload("big")
-    placed["status"]["admissionChecks"][0].update(
+def _ready_on_h1(wl: dict[str, Any]) -> None:
+    """Our check Ready on wl, its pods on h1 (GPU 0), as the ledger reads it."""
+    wl["status"]["admissionChecks"][0].update(
         state="Ready",
         podSetUpdates=[{"name": "main", "nodeSelector": {"kubernetes.io/hostname": "h1"},
                         "annotations": {ann.OUT_GPU_INDEX: "0"}}],
     )  # fmt: skip
-    running = {
-        "metadata": {"name": "big", "namespace": "team-a", "ownerReferences": [{"kind": "ReplicaSet"}]},
-        "spec": {"nodeName": "h1", "containers": [{"resources": {"requests": {"nvidia.com/gpu": "3"}}}]},
+
+
+def _running_on_h1(gpus: str, **meta: Any) -> dict[str, Any]:
+    """A Pod bound on h1 and running, with `meta` (name, namespace, owners, labels)."""
+    return {
+        "metadata": {"namespace": "team-a", **meta},
+        "spec": {"nodeName": "h1", "containers": [{"resources": {"requests": {"nvidia.com/gpu": gpus}}}]},
         "status": {"phase": "Running"},
     }
+
+
+def test_a_running_pod_admitted_alone_is_counted_once_not_also_as_a_foreign_pod() -> None:
+    # h1 has 4 GPUs; a Pod admitted alone holds 3 of them and runs there. A second workload of
+    # 2 GPUs does not fit beside it: counted twice, the Pod would leave it 0 rather than 1 GPU.
+    placed, pod = chat("pod-big").gpus("3").as_pods_workload("big")
+    _ready_on_h1(placed)
+    running = _running_on_h1("3", name="big", ownerReferences=[{"kind": "ReplicaSet"}])
     one = chat("one").obj()
     two = chat("two").gpus("2").obj()
     owners = {("team-a", "Pod", "big"): pod}
@@ -393,16 +403,8 @@ def test_a_running_pod_of_a_statefulset_is_counted_once_by_its_owner(
     # The StatefulSet's Workload holds 3 GPUs of h1, where its Pod runs. Matched to the Workload
     # by its owner, the Pod is not counted again; a Pod of another StatefulSet is someone else's.
     placed, sts = chat("statefulset-chat-1a2b3").gpus("3").as_statefulsets_workload("chat")
-    placed["status"]["admissionChecks"][0].update(
-        state="Ready",
-        podSetUpdates=[{"name": "main", "nodeSelector": {"kubernetes.io/hostname": "h1"},
-                        "annotations": {ann.OUT_GPU_INDEX: "0"}}],
-    )  # fmt: skip
-    running = {
-        "metadata": {"name": "chat-0", "namespace": "team-a"} | meta,
-        "spec": {"nodeName": "h1", "containers": [{"resources": {"requests": {"nvidia.com/gpu": "3"}}}]},
-        "status": {"phase": "Running"},
-    }
+    _ready_on_h1(placed)
+    running = _running_on_h1("3", **({"name": "chat-0"} | meta))
     owners = {("team-a", "StatefulSet", "chat"): owner_metadata(sts)}
     one = _decide([placed, chat("one").obj()], [node("h1")], snapshot(IDLE), owners=owners, pods=[running])
     assert one.state == ("Ready" if counted_once else "Retry"), one.message
@@ -412,21 +414,13 @@ def test_a_running_pod_of_a_group_is_counted_once_by_the_workload_kueue_built_fo
     # A LeaderWorkerSet group's Workload is owned by the LeaderWorkerSet, its Pods by the
     # StatefulSets the LeaderWorkerSet controller makes: Kueue's prebuilt-workload label joins them.
     placed = chat("lws-chat-0").gpus("3").owned_by("LeaderWorkerSet", "chat").obj()
-    placed["status"]["admissionChecks"][0].update(
-        state="Ready",
-        podSetUpdates=[{"name": "main", "nodeSelector": {"kubernetes.io/hostname": "h1"},
-                        "annotations": {ann.OUT_GPU_INDEX: "0"}}],
-    )  # fmt: skip
-    running = {
-        "metadata": {
-            "name": "chat-0",
-            "namespace": "team-a",
-            "labels": {ann.KUEUE_PREBUILT: "lws-chat-0"},
-            "ownerReferences": [{"kind": "StatefulSet", "name": "chat"}],
-        },
-        "spec": {"nodeName": "h1", "containers": [{"resources": {"requests": {"nvidia.com/gpu": "3"}}}]},
-        "status": {"phase": "Running"},
-    }
+    _ready_on_h1(placed)
+    running = _running_on_h1(
+        "3",
+        name="chat-0",
+        labels={ann.KUEUE_PREBUILT: "lws-chat-0"},
+        ownerReferences=[{"kind": "StatefulSet", "name": "chat"}],
+    )
     fits = _decide([placed, chat("one").obj()], [node("h1")], snapshot(IDLE), pods=[running])
     assert fits.state == "Ready", fits.message
     running["metadata"]["labels"] = {}
