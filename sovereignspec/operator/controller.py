@@ -33,7 +33,14 @@ from sovereignspec.operator.policy import GROUP, PLURAL, VERSION, PolicySpec
 from sovereignspec.operator.role import Role, Settings, TickReport
 from sovereignspec.operator.telemetry_source import TelemetryCache
 from sovereignspec.operator.view import View, World, build
-from sovereignspec.operator.workloads import KEYS_ON_OWNER, condition, our_entry, owner_metadata, owner_of
+from sovereignspec.operator.workloads import (
+    KEYS_ON_OWNER,
+    condition,
+    deployment_of,
+    our_entry,
+    owner_metadata,
+    owner_of,
+)
 from sovereignspec.operator.writer import TRANSPORT_ERRORS, ConflictError, now_rfc3339
 
 log = logging.getLogger(__name__)
@@ -98,12 +105,23 @@ class Controller(Role):
             )
         }
         owners: dict[tuple[str, str, str], dict[str, dict[str, str]]] = {}
-        sources = {"Job": c.jobs, "Pod": c.queued_pods, "StatefulSet": c.statefulsets}
+        sources = {
+            "Job": c.jobs,
+            "Pod": c.queued_pods,
+            "StatefulSet": c.statefulsets,
+            "LeaderWorkerSet": c.leaderworkersets,
+        }
         for namespace, kind, name in wanted:
             source = sources.get(kind)
             found = source.get(f"{namespace}/{name}") if source is not None else None
             if found:
                 owners[(namespace, kind, name)] = owner_metadata(found)
+                deployment = deployment_of(found) if kind == "Pod" else None
+                parent = c.deployments.get(f"{namespace}/{deployment}") if deployment else None
+                if parent:  # a replica's Deployment: where its keys are misplaced
+                    owners[(namespace, kind, name)]["owner_annotations"] = dict(
+                        (parent.get("metadata") or {}).get("annotations") or {}
+                    )
         return World(workloads, nodes, flavors, namespaces, pods, owners, known, tolerations)
 
     def tick(self) -> TickReport:

@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
 PAGE = 500  # objects per LIST page: bounds the memory of one response
+ABSENT_RECHECK = 60.0  # seconds between LISTs of an optional resource the server does not serve
 # Workloads and Jobs carry tenants' pod templates (up to etcd's 1.5 MB each): a page of them is
 # held whole while it is read and stripped, so it is smaller.
 TEMPLATE_PAGE = 50
@@ -200,6 +201,15 @@ def strip_queued_pod(obj: Obj) -> Obj:
     its labels (where they are misplaced); a tenant grows nothing else into the cache."""
     meta = obj.get("metadata") or {}
     kept = {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion") if k in meta}
+    labels = ours(meta.get("labels"))
+    digest = (meta.get("labels") or {}).get("pod-template-hash")
+    if isinstance(digest, str) and len(digest) <= 63:  # which Deployment: see workloads.deployment_of
+        labels["pod-template-hash"] = digest
+    owners = [
+        {"kind": "ReplicaSet", "name": str(r.get("name", ""))[:253]}
+        for r in meta.get("ownerReferences") or []
+        if isinstance(r, dict) and r.get("kind") == "ReplicaSet"
+    ][:1]
     return strip(
         {
             "apiVersion": obj.get("apiVersion", "v1"),
@@ -207,7 +217,8 @@ def strip_queued_pod(obj: Obj) -> Obj:
             "metadata": {
                 **kept,
                 "annotations": ours(meta.get("annotations")),
-                "labels": ours(meta.get("labels")),
+                "labels": labels,
+                **({"ownerReferences": owners} if owners else {}),
             },
         }
     )
@@ -267,6 +278,10 @@ class Informer:
     on_wake: Callable[[], None] = lambda: None
     watch_seconds: int = WATCH_SECONDS
     page: int = PAGE
+    # A resource whose API may not be served (a CRD not installed: LeaderWorkerSets): a 404 is an
+    # empty cache in sync, listed again every ABSENT_RECHECK seconds, not a cache that holds
+    # every decision back.
+    optional: bool = False
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -276,6 +291,7 @@ class Informer:
         self.lists = 0  # full LISTs so far: 1 at start-up, one more per watch that could not resume
         self.last_error = ""
         self.denied = False  # the last try was refused (401/403): no wait will mend that
+        self.absent = False  # an optional resource whose API the server does not serve
         self._rv: str | None = None
         self._thread: threading.Thread | None = None
         self._open: Any = None  # the watch response being read, to unblock it on stop
@@ -326,6 +342,10 @@ class Informer:
             try:
                 if self._rv is None:
                     self._rv = self._relist()
+                if self.absent:  # nothing to watch: look again later (the CRD may come)
+                    self._stop.wait(ABSENT_RECHECK)
+                    self._rv = None
+                    continue
                 self._watch()
                 backoff = 0.2  # the server closed a healthy watch: resume from its RV
             except GoneError:
@@ -372,6 +392,8 @@ class Informer:
                     cont = ""  # the continue token expired mid-list: start the list again
                     fresh.clear()
                     continue
+                if raw.status == 404 and self.optional and not cont:
+                    return self._absent()
                 if raw.status >= 400:
                     raise ApiException(status=raw.status, reason=data.decode(errors="replace")[:300])
             finally:
@@ -398,11 +420,24 @@ class Informer:
             self._store = fresh
         self.lists += 1
         self.denied = False
+        self.absent = False
         metrics.CACHE_LISTS.labels(resource=self.name).inc()
         metrics.CACHE_OBJECTS.labels(resource=self.name).set(len(fresh))
         self.synced.set()
         self.on_wake()
         return rv
+
+    def _absent(self) -> str:
+        if not self.absent:
+            log.info(
+                "%s: not served by this API server (its CRD is not installed): an empty cache", self.name
+            )
+        with self._lock:
+            self._store = {}
+        self.absent = True
+        self.denied = False
+        self.synced.set()
+        return ""
 
     def _watch(self) -> None:
         seconds = int(self.watch_seconds * random.uniform(0.8, 1.2))
@@ -562,6 +597,25 @@ class ClusterCache(InformerSet):
             watch_accept=PARTIAL.format(""),
             transform=strip_queued_pod,
             page=TEMPLATE_PAGE,
+        )
+        # The metadata of Deployments and LeaderWorkerSets: to tell a user whose keys sit on the
+        # object itself rather than its pod template.
+        self.deployments = informer(
+            "/apis/apps/v1/deployments",
+            "deployments",
+            accept=PARTIAL.format("List"),
+            watch_accept=PARTIAL.format(""),
+            transform=strip_owner,
+            page=TEMPLATE_PAGE,
+        )
+        self.leaderworkersets = informer(
+            "/apis/leaderworkerset.x-k8s.io/v1/leaderworkersets",
+            "leaderworkersets",
+            accept=PARTIAL.format("List"),
+            watch_accept=PARTIAL.format(""),
+            transform=strip_owner,
+            page=TEMPLATE_PAGE,
+            optional=True,
         )
         # A StatefulSet's pod template: Kueue makes one Workload for all its replicas and copies
         # no pod metadata into it, so its keys are read here (whole objects, as the template is in

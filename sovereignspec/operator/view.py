@@ -207,7 +207,7 @@ def declared_request(
         set(profiles.drafters),
         labels=labels,
         owner_annotations=misplaced,
-        owner=kind if kind in ("Job", "StatefulSet") else "Workload",
+        owner=_misplaced_on(kind, owner),
     )
     if declared.sovereignty_problems:
         return declared, None, ""
@@ -243,6 +243,13 @@ def declared_request(
         allowed_jurisdictions=declared.allowed_jurisdictions,
     )
     return declared, request, source
+
+
+def _misplaced_on(kind: str, owner: Mapping[str, Mapping[str, str]] | None) -> str:
+    """Whose own annotations misplaced keys were found on, as the user will read it."""
+    if kind in ("Job", "StatefulSet", "LeaderWorkerSet"):
+        return kind
+    return "Deployment" if kind == "Pod" and (owner or {}).get("owner_annotations") else "Workload"
 
 
 def learned_alpha(prior: float, observed: tuple[float, float] | None, policy: PolicySpec) -> float | None:

@@ -196,19 +196,34 @@ def declared_metadata(
     A Job's Workload carries the pod template, keys and all; the Job's own annotations are the
     wrong place. A Pod's Workload carries its spec only (Kueue copies no pod metadata into it), so
     the keys are read from the Pod itself, which is the template its controller stamped out; a
-    StatefulSet's likewise, so they are read from the StatefulSet's pod template."""
+    StatefulSet's likewise, so they are read from the StatefulSet's pod template. The owner's own
+    annotations (the Job's, the StatefulSet's, the LeaderWorkerSet's, a replica's Deployment's:
+    "owner_annotations" of the Pod's entry) are where keys are misplaced."""
     meta = wl["metadata"]
     own = dict(meta.get("annotations") or {})
     kind = kind or owner_of(wl)[0]
     found = owner or {}
-    if kind == "Pod":
-        return found.get("annotations") or {}, found.get("labels") or {}, own
+    if kind == "Pod":  # a Deployment's replica: its Deployment's own annotations are misplaced too
+        misplaced = {**own, **(found.get("owner_annotations") or {})}
+        return found.get("annotations") or {}, found.get("labels") or {}, misplaced
     if kind == "StatefulSet":
         misplaced = {**own, **(found.get("annotations") or {})}
         return found.get("template_annotations") or {}, found.get("template_labels") or {}, misplaced
     tpl_meta = template(wl).get("metadata") or {}
     job = found.get("annotations") or {}
     return tpl_meta.get("annotations") or {}, tpl_meta.get("labels") or {}, {**own, **job}
+
+
+def deployment_of(pod: Mapping[str, Any]) -> str | None:
+    """The Deployment a Pod belongs to: its ReplicaSet owner's name less the pod-template-hash the
+    Deployment controller appends (`<deployment>-<hash>`, the hash also the Pod's label)."""
+    meta = pod.get("metadata") or {}
+    digest = (meta.get("labels") or {}).get("pod-template-hash")
+    for ref in meta.get("ownerReferences") or []:
+        name = str(ref.get("name", "")) if isinstance(ref, dict) else ""
+        if ref.get("kind") == "ReplicaSet" and digest and name.endswith(f"-{digest}"):
+            return name[: -len(digest) - 1]
+    return None
 
 
 def labels_match(labels: Mapping[str, str], selector: Mapping[str, str]) -> bool:

@@ -273,6 +273,28 @@ def test_a_statefulsets_replicas_are_decided_as_one_workload_from_its_pod_templa
     planned = admissible_pods(pool, pods, "eu")
     eu = sorted(pool.hosts[n] for n, (_, j, _) in pool.nodes.items() if j == "eu")
     assert sorted({p.split("/")[0] for p in planned}) == eu
+    # A replica deleted and made again by its controller joins the same decision: the Workload
+    # keeps its entry (nothing decided twice), the new Pod gets the same selector and notes.
+    core = client.CoreV1Api(env.api)
+    before = core.read_namespaced_pod("chat-0", namespace)
+    core.delete_namespaced_pod("chat-0", namespace, grace_period_seconds=0)
+
+    def remade() -> client.V1Pod | None:
+        try:
+            pod = core.read_namespaced_pod("chat-0", namespace)
+        except client.ApiException:
+            return None
+        return pod if pod.metadata.uid != before.metadata.uid else None
+
+    wait_until(remade, timeout=60, what="chat-0 made again by the StatefulSet controller")
+    again = ungated(pool, "chat-0")
+    assert again.spec.node_selector == before.spec.node_selector
+    ours = {k: v for k, v in (before.metadata.annotations or {}).items() if k.startswith("sovereignspec.io/")}
+    assert {
+        k: v for k, v in (again.metadata.annotations or {}).items() if k.startswith("sovereignspec.io/")
+    } == ours
+    now = next(w for w in k.workloads(env.api, namespace) if w["metadata"]["name"] == wl["metadata"]["name"])
+    assert k.check_state(now, env.check) == entry
 
 
 def test_a_leaderworkerset_group_spans_two_nodes_and_each_group_is_its_own_workload(env, namespace):
@@ -534,3 +556,43 @@ def test_a_group_beside_an_exclusive_tenant_waits_and_one_its_jurisdiction_can_n
     said = entry.get("message", "")
     assert "Rejected" in (entry["state"], said.rsplit("Previously: ", 1)[-1]), said
     told_rejected(env, namespace, entry, "its 3 pods of 8 GPUs never fit: the nodes it may use hold 2")
+
+
+def test_a_rolling_updates_surge_replica_is_decided_like_any_other_and_nothing_is_counted_twice(
+    env, namespace
+):
+    # One eu node of 4 GPUs, a Deployment of two one-GPU replicas. A new template rolls out: the
+    # surge replica (a third Pod, the old two still there: no kubelet makes it Ready, so the
+    # rollout waits) is decided on a GPU of its own. Three GPUs are held, once each: a one-GPU
+    # Job takes the fourth, and the next waits.
+    pool = make_pool(env, namespace, [("H100-SXM", "eu", 4, [1.0] * 4)])
+    body = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": queued(pool, "chat"),
+        "spec": {
+            "replicas": 2,
+            "strategy": {"rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            "selector": {"matchLabels": {"app": "chat"}},
+            "template": server_template(1, annotations(jurisdiction="eu", **CHAT), "chat"),
+        },
+    }
+    server_side_apply(env.api, body, "sovereignspec-e2e")
+    core = client.CoreV1Api(env.api)
+
+    def decided(count: int) -> list[client.V1Pod] | None:
+        pods = core.list_namespaced_pod(namespace, label_selector="app=chat").items
+        done = [p for p in pods if (p.metadata.annotations or {}).get("sovereignspec.io/mode")]
+        return done if len(pods) == count and len(done) == count else None
+
+    wait_until(lambda: decided(2), timeout=90, what="both replicas decided")
+    body["spec"]["template"]["metadata"]["annotations"]["sovereignspec.io/acceptance-rate"] = "0.7"
+    server_side_apply(env.api, body, "sovereignspec-e2e")
+    pods = wait_until(lambda: decided(3), timeout=90, what="the surge replica decided")
+    assert len({p.metadata.annotations["sovereignspec.io/gpu-index"] for p in pods}) == 3
+    submit(pool, "fourth", jurisdiction="eu", **CHAT)
+    state, message = outcome(pool, "fourth")
+    assert state == "Ready", message
+    submit(pool, "fifth", jurisdiction="eu", **CHAT)
+    state, message = outcome(pool, "fifth")
+    assert state == "Retry", message

@@ -272,3 +272,57 @@ def test_a_statefulsets_cached_object_holds_only_our_keys_of_its_template_and_it
         "template_annotations": {ann.PREFIX + "model": "llama-3.1-8b"},
         "template_labels": {ann.PREFIX + "drafter": "eagle3"},
     }
+
+
+class _Raw:
+    def __init__(self, status: int, body: bytes) -> None:
+        self.status, self._body = status, body
+
+    def read(self) -> bytes:
+        return self._body
+
+    def release_conn(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("optional", [True, False])
+def test_a_resource_the_server_does_not_serve_is_an_empty_cache_in_sync_only_when_optional(
+    informer, optional: bool
+) -> None:
+    # LeaderWorkerSets where the CRD is not installed: without `optional` every decision would
+    # wait for a cache that can never be listed.
+    informer.optional = optional
+    informer._request = lambda *_a, **_k: _Raw(404, b'{"kind":"Status","code":404}')
+    if optional:
+        assert informer._relist() == "" and informer.synced.is_set() and informer.absent
+        assert informer.items() == []
+        informer._request = lambda *_a, **_k: _Raw(
+            200, b'{"kind":"ThingList","metadata":{"resourceVersion":"7"},"items":[]}'
+        )
+        assert informer._relist() == "7" and not informer.absent  # the CRD came: listed as any
+    else:
+        with pytest.raises(client.ApiException):
+            informer._relist()
+        assert not informer.synced.is_set()
+
+
+def test_a_queued_pod_keeps_which_deployment_it_belongs_to_and_nothing_else_of_its_owners() -> None:
+    from sovereignspec.operator.workloads import deployment_of
+
+    pod = {
+        "metadata": {
+            "name": "chat-7d9f8c6b5-x2k4q",
+            "namespace": "team-a",
+            "labels": {"pod-template-hash": "7d9f8c6b5", "app": "chat"},
+            "ownerReferences": [
+                {"kind": "ReplicaSet", "name": "chat-7d9f8c6b5", "uid": "u", "controller": True}
+            ],
+        }
+    }
+    kept = strip_queued_pod(pod)
+    assert kept["metadata"]["ownerReferences"] == [{"kind": "ReplicaSet", "name": "chat-7d9f8c6b5"}]
+    assert deployment_of(kept) == "chat"
+    # A ReplicaSet of no Deployment (its name without the hash) and a bare Pod: none.
+    pod["metadata"]["ownerReferences"][0]["name"] = "handmade"
+    assert deployment_of(strip_queued_pod(pod)) is None
+    assert deployment_of({"metadata": {"name": "bare"}}) is None

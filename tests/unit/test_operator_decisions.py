@@ -618,3 +618,21 @@ def test_a_pod_bound_on_a_node_outside_its_jurisdiction_is_sovereignty_drift_not
     assert view.bound_elsewhere == []
     (drift,) = view.drift
     assert "its pod wide-x is bound on k1, which does not satisfy it: jurisdiction" in drift.why
+
+
+@pytest.mark.parametrize("kind", ["Deployment", "LeaderWorkerSet"])
+def test_a_jurisdiction_on_the_owner_itself_fails_closed_naming_the_owner(kind: str) -> None:
+    # A Deployment's replica is a Pod admitted alone: the keys belong on the template (the Pod),
+    # never on the Deployment; a LeaderWorkerSet's on its pod templates, never on it.
+    if kind == "Deployment":
+        wl, pod = chat("pod-chat-7d9f-x").as_pods_workload("chat-7d9f-x")
+        pod["owner_annotations"] = {"sovereignspec.io/jurisdiction": "kr"}
+        owners = {("team-a", "Pod", "chat-7d9f-x"): pod}
+    else:
+        wl = chat("lws-chat-0").owned_by("LeaderWorkerSet", "chat").obj()
+        owners = {
+            ("team-a", "LeaderWorkerSet", "chat"): {"annotations": {"sovereignspec.io/jurisdiction": "kr"}}
+        }
+    write = _decide([wl], [node("h1")], snapshot(IDLE), owners=owners)
+    assert write.state == "Rejected", write.message
+    assert f"the {kind}'s own annotations" in write.message, write.message
