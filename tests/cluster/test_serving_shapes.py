@@ -156,6 +156,15 @@ def test_a_job_of_four_pods_of_eight_gpus_is_spread_over_four_nodes_pinned_by_it
     assert state == "Retry", message
 
 
+def any_rejected(env: Any, namespace: str) -> dict[str, Any] | None:
+    """Our entry on a Workload of the namespace that we Rejected (Kueue may have reset it since)."""
+    for wl in k.workloads(env.api, namespace):
+        entry = k.check_state(wl, env.check) or {}
+        if "Rejected" in (entry.get("state"), entry.get("message", "").rsplit("Previously: ", 1)[-1]):
+            return entry
+    return None
+
+
 def told_rejected(env: Any, namespace: str, entry: dict[str, Any], why: str) -> str:
     """The Rejected reason, from our entry or (Kueue resets the entry's message once it
     deactivates the Workload) its Event, posted after the status write: waited for, not raced."""
@@ -359,14 +368,7 @@ def test_a_jurisdiction_on_a_statefulset_itself_is_refused_naming_where_it_belon
     }
     server_side_apply(env.api, body, "sovereignspec-e2e")
 
-    def refused() -> dict[str, Any] | None:
-        for wl in k.workloads(env.api, namespace):
-            entry = k.check_state(wl, env.check) or {}
-            if "Rejected" in (entry.get("state"), entry.get("message", "").rsplit("Previously: ", 1)[-1]):
-                return entry
-        return None
-
-    entry = wait_until(refused, timeout=90, what="the StatefulSet's Workload Rejected")
+    entry = wait_until(lambda: any_rejected(env, namespace), timeout=90, what="the Workload Rejected")
     told_rejected(env, namespace, entry, "found on the StatefulSet's own annotations")
 
 
@@ -596,3 +598,25 @@ def test_a_rolling_updates_surge_replica_is_decided_like_any_other_and_nothing_i
     submit(pool, "fifth", jurisdiction="eu", **CHAT)
     state, message = outcome(pool, "fifth")
     assert state == "Retry", message
+
+
+def test_a_jurisdiction_on_a_deployment_itself_is_refused_naming_where_it_belongs(env, namespace):
+    # The Deployment's own annotations reach none of its Pods: a sovereignty key there fails closed
+    # for each replica, naming the Deployment (found from the Pod's ReplicaSet).
+    pool = make_pool(env, namespace, [("H100-SXM", "eu", 4, [1.0] * 4)])
+    body = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": queued(pool, "misplaced", annotations=annotations(jurisdiction="eu")),
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": "misplaced"}},
+            "template": server_template(1, annotations(**CHAT), "misplaced"),
+        },
+    }
+    server_side_apply(env.api, body, "sovereignspec-e2e")
+
+    entry = wait_until(
+        lambda: any_rejected(env, namespace), timeout=90, what="the replica's Workload Rejected"
+    )
+    told_rejected(env, namespace, entry, "found on the Deployment's own annotations")
