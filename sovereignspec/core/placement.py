@@ -722,6 +722,8 @@ class Placer:
         would place it and committed; all or none. One mode and γ: the lowest any pod got."""
         assert w.assigned is not None
         total = sum(count for _, count in w.assigned)
+        if total < 1:
+            return self._unplaced(w, "retry", "Kueue's topology assignment places none of its pods", explain)
         index = {n: i for i, n in enumerate(self.node_names)}
         now = self.tenancy.mask(w.requirement)  # as this tick has filled the view so far
         for nodes, _ in w.assigned:
@@ -746,7 +748,7 @@ class Placer:
                 if w.node_pool is not None and node not in w.node_pool:
                     why = f"Kueue's topology assignment puts pods on {node}, outside its flavor's nodes"
                     return self._unplaced(w, "retry", why, explain)
-        per_pod = w.gpus // max(total, 1) if w.gpus is not None else None
+        per_pod = w.gpus // total if w.gpus is not None else None
         saved = self._save()
         placed: list[Placement] = []
         for nodes, count in w.assigned:

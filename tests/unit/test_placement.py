@@ -830,3 +830,17 @@ def test_an_assignment_outside_the_flavors_nodes_or_without_room_now_waits_and_c
         and "eu1, where Kueue's topology assignment puts a pod, has no room" in more.record.reason
     )
     assert list(placer.free) == [1, 0]  # the pod that fitted on eu0 was not kept
+
+
+def test_pods_on_an_assignment_share_the_lowest_gamma_any_got_and_an_empty_one_waits(profiles):
+    # Kueue put one pod on a busy eu0 and one on an idle eu1: each judged where it is, the pod
+    # set's one γ the lower of the two (never the idle node's, which would push eu0's pod).
+    view = cluster(("eu0", "H100-SXM", [0.02] * 2, "eu"), ("eu1", "H100-SXM", [1.0] * 2, "eu"))
+    p = Placer(profiles, view).place(
+        wl("job", gpus=2, pods=2, jurisdiction="eu", seqs=64, assigned=_on(("eu0", 1), ("eu1", 1)))
+    )
+    gammas = {n: g for n, _, g in p.record.pods}
+    assert gammas["eu1"] > gammas["eu0"] and p.gamma == gammas["eu0"], p.record.pods
+    # An assignment of no pods (nothing Kueue writes, but nothing to raise on either): it waits.
+    none = Placer(profiles, view).place(wl("job", gpus=2, pods=2, jurisdiction="eu", assigned=()))
+    assert none.outcome == "retry" and "places none of its pods" in none.record.reason
