@@ -527,6 +527,18 @@ class InformerSet:
         self.all.append(made)
         return made
 
+    def metadata_only(self, path: str, name: str, transform: Callable[[Obj], Obj], **kw: Any) -> Informer:
+        """An informer of objects' metadata only (PartialObjectMetadata), in bounded pages."""
+        return self.informer(
+            path,
+            name,
+            accept=PARTIAL.format("List"),
+            watch_accept=PARTIAL.format(""),
+            transform=transform,
+            page=TEMPLATE_PAGE,
+            **kw,
+        )
+
     def _wake(self) -> None:
         self.on_wake()
 
@@ -579,42 +591,19 @@ class ClusterCache(InformerSet):
             transform=strip_pod,
         )
         # Only the Jobs' metadata: to tell a user whose keys sit on the Job itself.
-        self.jobs = informer(
-            "/apis/batch/v1/jobs",
-            "jobs",
-            accept=PARTIAL.format("List"),
-            watch_accept=PARTIAL.format(""),
-            transform=strip_owner,
-            page=TEMPLATE_PAGE,
-        )
+        self.jobs = self.metadata_only("/apis/batch/v1/jobs", "jobs", strip_owner)
         # The metadata of the Pods Kueue admits one by one (a plain Pod, a Deployment's or a
         # StatefulSet's replica): their Workloads carry no pod metadata, so our keys are read here.
-        self.queued_pods = informer(
-            "/api/v1/pods",
-            "queued-pods",
-            query=[("labelSelector", QUEUE_LABEL)],
-            accept=PARTIAL.format("List"),
-            watch_accept=PARTIAL.format(""),
-            transform=strip_queued_pod,
-            page=TEMPLATE_PAGE,
+        self.queued_pods = self.metadata_only(
+            "/api/v1/pods", "queued-pods", strip_queued_pod, query=[("labelSelector", QUEUE_LABEL)]
         )
         # The metadata of Deployments and LeaderWorkerSets: to tell a user whose keys sit on the
         # object itself rather than its pod template.
-        self.deployments = informer(
-            "/apis/apps/v1/deployments",
-            "deployments",
-            accept=PARTIAL.format("List"),
-            watch_accept=PARTIAL.format(""),
-            transform=strip_owner,
-            page=TEMPLATE_PAGE,
-        )
-        self.leaderworkersets = informer(
+        self.deployments = self.metadata_only("/apis/apps/v1/deployments", "deployments", strip_owner)
+        self.leaderworkersets = self.metadata_only(
             "/apis/leaderworkerset.x-k8s.io/v1/leaderworkersets",
             "leaderworkersets",
-            accept=PARTIAL.format("List"),
-            watch_accept=PARTIAL.format(""),
-            transform=strip_owner,
-            page=TEMPLATE_PAGE,
+            strip_owner,
             optional=True,
         )
         # A StatefulSet's pod template: Kueue makes one Workload for all its replicas and copies

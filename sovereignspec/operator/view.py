@@ -38,7 +38,7 @@ from sovereignspec.core.placement import (
     with_ledger_load,
 )
 from sovereignspec.core.roofline import headroom_from_tensor_activity
-from sovereignspec.core.sovereignty import NodeTenancy, Requirement, check_node
+from sovereignspec.core.sovereignty import Exclusion, NodeTenancy, check_node
 from sovereignspec.core.specs import ProfileSet
 from sovereignspec.operator import annotations as ann
 from sovereignspec.operator.nodes import PoolMemo, assigned_pool, node_pool, node_unavailable
@@ -698,6 +698,16 @@ def _cluster(
     return ClusterView(node_states, gpu_states), headroom_out, stale_reason
 
 
+def _breaks(c: Committed, n: NodeState, policy: PolicySpec) -> Exclusion | None:
+    """Why running on node `n` breaks `c`'s sovereignty requirement, if it does for good (a
+    label, or any other tenant beside an exclusive one). Its own presence is not a reason: the
+    node is judged as the others left it."""
+    req = c.request.requirement
+    others = NodeTenancy(n.name, n.labels, n.tenants - {req.tenant}, n.exclusive_tenants - {req.tenant})
+    why = check_node(req, others, policy.sovereignty.jurisdiction_label)
+    return why if why is not None and (why.permanent or req.exclusive) else None
+
+
 def _bound_elsewhere(
     committed: list[Committed],
     cluster: ClusterView,
@@ -716,25 +726,14 @@ def _bound_elsewhere(
     out: list[Drift] = []
     seen: set[str] = set()
     for key, pod, node in misbound:
-        found = first.get(key)
-        if found is None or key in seen or key in drifted:
+        c = first.get(key)
+        if c is None or key in seen or key in drifted:
             continue
-        c = found
         seen.add(key)
         planned = ", ".join(sorted({x.node for x in committed if x.key == key}))
         n = nodes.get(node)
-        req = c.request.requirement
-        why = None
-        if n is not None:
-            others = NodeTenancy(
-                n.name, n.labels, n.tenants - {req.tenant}, n.exclusive_tenants - {req.tenant}
-            )
-            why = check_node(
-                Requirement(req.tenant, req.jurisdiction, req.exclusive, req.allowed),
-                others,
-                policy.sovereignty.jurisdiction_label,
-            )
-        if why is not None and (why.permanent or req.exclusive):
+        why = _breaks(c, n, policy) if n is not None else None
+        if why is not None:
             text = (
                 f"its pod {pod} is bound on {node}, which does not satisfy it: {why.constraint}: {why.detail}"
             )
@@ -758,14 +757,7 @@ def _drift(
         n = nodes.get(c.node)
         if n is None:
             continue
-        req = c.request.requirement
-        # Its own presence is not a reason: judge the node as the others left it.
-        others = NodeTenancy(n.name, n.labels, n.tenants - {req.tenant}, n.exclusive_tenants - {req.tenant})
-        why = check_node(
-            Requirement(req.tenant, req.jurisdiction, req.exclusive, req.allowed),
-            others,
-            policy.sovereignty.jurisdiction_label,
-        )
-        if why is not None and (why.permanent or req.exclusive):
+        why = _breaks(c, n, policy)
+        if why is not None:
             out.append(Drift(c, f"its node {c.node} no longer satisfies it: {why.constraint}: {why.detail}"))
     return out

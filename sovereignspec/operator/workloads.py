@@ -249,6 +249,9 @@ def topology_assignment(
     Raises UnreadableFieldError for an assignment that cannot be read."""
     out: list[tuple[frozenset[str], int]] = []
     found = False
+    # Nodes by their values at an assignment's levels: one pass over the nodes per level list,
+    # not one per domain (a slice may name thousands of domains).
+    index: dict[tuple[str, ...], dict[tuple[str | None, ...], set[str]]] = {}
     assignments = ((wl.get("status") or {}).get("admission") or {}).get("podSetAssignments") or []
     for a, psa in enumerate(assignments):
         ta = psa.get("topologyAssignment") if isinstance(psa, dict) else None
@@ -282,12 +285,15 @@ def topology_assignment(
                 raise UnreadableFieldError(
                     f"{where}.podCounts: got {counts!r}; accepted: {count} counts >= 1"
                 )
+            by_values = index.get(tuple(levels))
+            if by_values is None:
+                by_values = index[tuple(levels)] = {}
+                for n in nodes:
+                    labels = n["metadata"].get("labels") or {}
+                    by_values.setdefault(tuple(labels.get(lv) for lv in levels), set()).add(
+                        str(n["metadata"]["name"])
+                    )
             for d in range(count):
-                want = {levels[i]: values[i][d] for i in range(len(levels))}
-                members = frozenset(
-                    str(n["metadata"]["name"])
-                    for n in nodes
-                    if labels_match(n["metadata"].get("labels") or {}, want)
-                )
-                out.append((members, int(pods[d])))
+                members = by_values.get(tuple(values[i][d] for i in range(len(levels))), set())
+                out.append((frozenset(members), int(pods[d])))
     return tuple(out) if found else None
