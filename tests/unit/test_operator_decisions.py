@@ -636,3 +636,21 @@ def test_a_jurisdiction_on_the_owner_itself_fails_closed_naming_the_owner(kind: 
     write = _decide([wl], [node("h1")], snapshot(IDLE), owners=owners)
     assert write.state == "Rejected", write.message
     assert f"the {kind}'s own annotations" in write.message, write.message
+
+
+def test_an_assignment_slice_of_several_domains_names_each_domains_own_node() -> None:
+    # Kueue compresses many domains into one slice: a common prefix and a root per domain, a count
+    # per domain. Each domain is its own node: one pod on h1, two on h2.
+    wl = chat("tas").gpus("1").pods(3).topology([HOSTNAME], (["h1"], 1)).obj()
+    assignment = wl["status"]["admission"]["podSetAssignments"][0]["topologyAssignment"]
+    assignment["slices"] = [
+        {
+            "domainCount": 2,
+            "valuesPerLevel": [{"individual": {"prefix": "h", "roots": ["1", "2"]}}],
+            "podCounts": {"individual": [1, 2]},
+        }
+    ]
+    write = _decide([wl], [node("h1"), node("h2")], snapshot({("h1", 0): 0.0, ("h2", 0): 0.0}))
+    assert write.state == "Ready", write.message
+    (update,) = write.pod_set_updates or []
+    assert [p.split("/")[0] for p in update["annotations"][ann.OUT_NODES].split(",")] == ["h1", "h2", "h2"]
