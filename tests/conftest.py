@@ -1,3 +1,8 @@
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
 import pytest
 from hypothesis import settings
 
@@ -21,3 +26,21 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.fixture(scope="session")
 def profiles() -> ProfileSet:
     return load_profiles()
+
+
+GOQUOTE = Path(__file__).resolve().parent / "data" / "goquote" / "main.go"
+
+
+@pytest.fixture(scope="session")
+def go_quote(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The kubelet's own formatting (Go's `%q`), built once from tests/data/goquote."""
+    go = shutil.which("go") or "/usr/local/go/bin/go"
+    out = tmp_path_factory.mktemp("goquote") / "goquote"
+    subprocess.run([go, "build", "-o", str(out), str(GOQUOTE)], check=True, timeout=600)
+    return out
+
+
+def go_quoted(go_quote: Path, notes: dict[str, str]) -> bytes:
+    return subprocess.run(
+        [str(go_quote)], input=json.dumps(notes).encode(), capture_output=True, check=True, timeout=60
+    ).stdout

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 import secrets
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -19,6 +18,7 @@ from kubernetes import client
 from localdev import controlplane
 from localdev.gpunodes import apply_examples
 from localdev.prometheus import LocalPrometheus
+from tests.waiting import wait_until
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -69,19 +69,6 @@ def prometheus() -> Iterator[LocalPrometheus]:
     prom = LocalPrometheus().start()
     yield prom
     prom.close()
-
-
-def wait_until(
-    predicate: Callable[[], Any], timeout: float = 60.0, interval: float = 0.25, what: str = ""
-) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}; last value: {last!r}")
 
 
 @pytest.fixture(scope="session")

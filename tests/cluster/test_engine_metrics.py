@@ -5,10 +5,8 @@ namespace and Job that Prometheus's service discovery names, never by what an en
 
 from __future__ import annotations
 
-import copy
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -17,50 +15,13 @@ from sovereignspec.telemetry.prometheus import PrometheusReader
 from tests.cluster.conftest import wait_until
 from tests.cluster.engine_standins import FORGED, EngineStandIn
 from tests.cluster.operator_env import add_namespace, decided, in_namespace, make_pool, our_entry, submit
+from tests.scrape_job import discovered
 
 REPO = Path(__file__).resolve().parents[2]
 SCRAPE = REPO / "deploy" / "prometheus" / "serving-engines.yaml"
 PODMONITOR = REPO / "charts" / "sovereignspec" / "templates" / "engine-podmonitor.yaml"
 MODEL = "llama-3.1-8b"
 CHAT = {"model": MODEL, "drafter": "eagle3", "acceptance_rate": 0.8, "latency_class": "latency"}
-
-
-def discovered(targets: list[tuple[str, str, str, bool]]) -> dict[str, Any]:
-    """The shipped scrape job with Kubernetes service discovery replaced by static targets that
-    carry the labels discovery would give them: (address, namespace, job, serving-label). A job
-    of "pod:NAME" is a Pod of no Job (a Deployment's replica): its name and no job labels; one of
-    "group:WORKLOAD" a Pod of a group (a StatefulSet's), named by Kueue's prebuilt-workload key."""
-    job = copy.deepcopy(yaml.safe_load(SCRAPE.read_text()))
-    del job["kubernetes_sd_configs"]
-    job["scrape_interval"] = "1s"
-
-    def pod_labels(jobname: str) -> dict[str, str]:
-        if jobname.startswith("pod:"):
-            return {"__meta_kubernetes_pod_name": jobname[4:]}
-        if jobname.startswith("group:"):  # a StatefulSet's pod: Kueue's prebuilt Workload, annotated
-            return {
-                "__meta_kubernetes_pod_name": "chat-0",
-                "__meta_kubernetes_pod_annotation_kueue_x_k8s_io_prebuilt_workload_name": jobname[6:],
-            }
-        return {
-            "__meta_kubernetes_pod_name": f"{jobname}-abcde",
-            "__meta_kubernetes_pod_label_job_name": jobname,
-            "__meta_kubernetes_pod_label_batch_kubernetes_io_job_name": jobname,
-        }
-
-    job["static_configs"] = [
-        {
-            "targets": [address],
-            "labels": {
-                "__meta_kubernetes_namespace": namespace,
-                "__meta_kubernetes_pod_container_port_name": "http",
-                **pod_labels(jobname),
-                **({"__meta_kubernetes_pod_label_sovereignspec_io_serving": "true"} if serving else {}),
-            },
-        }
-        for address, namespace, jobname, serving in targets
-    ]
-    return job
 
 
 def test_the_podmonitor_in_the_chart_relabels_exactly_as_the_plain_prometheus_job() -> None:

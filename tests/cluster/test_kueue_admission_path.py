@@ -49,10 +49,10 @@ def test_a_check_written_ready_by_ssa_admits_the_job_with_its_pod_set_updates(
     )
 
     def reserved():
+        # Kueue may write QuotaReserved and the checks' Pending entries in separate updates.
         wls = k.workloads(api, namespace)
-        if wls and (c := k.condition(wls[0], "QuotaReserved")) and c["status"] == "True":
-            return wls[0]
-        return None
+        reserved = wls and (c := k.condition(wls[0], "QuotaReserved")) and c["status"] == "True"
+        return wls[0] if reserved and k.check_state(wls[0], ours) and k.check_state(wls[0], theirs) else None
 
     wl = wait_until(reserved, what="QuotaReserved")
     assert k.check_state(wl, ours)["state"] == "Pending"

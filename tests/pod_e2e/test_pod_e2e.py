@@ -10,7 +10,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -23,6 +22,7 @@ from kubernetes import client
 from localdev import controlplane
 from localdev.operator import SyntheticTelemetry
 from localdev.prometheus import LocalPrometheus
+from tests import waiting
 from tests.pod_e2e.conftest import NODE, REPO, SERVING_IMAGE
 
 RELEASE, NAMESPACE, CHECK = "sovereignspec", "sovereignspec-system", "sovereignspec"
@@ -47,14 +47,7 @@ def kubectl(*args: str, stdin: str | None = None) -> str:
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
+    return waiting.wait_until(predicate, timeout=timeout, interval=0.5, what=what)
 
 
 def operator_pods(api: client.ApiClient) -> list[Any]:
