@@ -25,14 +25,22 @@ from typing import Any
 
 PREFIX = "sovereignspec.io/"
 DEFAULT_ANNOTATIONS = "/etc/podinfo/annotations"
-# vLLM: --speculative-config (and its older spellings); SGLang: every --speculative-* flag.
+# Every spelling that sets speculation. vLLM 0.32 (vllm/engine/arg_utils.py): --speculative-config
+# and its short -sc, the top-level --spec-method/--spec-model/--spec-tokens, the pre-0.7 flags; its
+# parser also takes underscores for dashes, `--opt.key value` for one key of a JSON option, any
+# unambiguous prefix (argparse's abbreviations) and the keys of a `--config` YAML file. SGLang: every
+# --speculative-* flag, with the same argparse prefixes and its own `--config` file.
 VLLM_SPECULATIVE = (
     "--speculative-config",
-    "--speculative_config",
+    "-sc",
+    "--spec-method",
+    "--spec-model",
+    "--spec-tokens",
     "--speculative-model",
     "--num-speculative-tokens",
 )
-SGLANG_SPECULATIVE = ("--speculative-", "--speculative_")
+SGLANG_SPECULATIVE = ("--speculative-",)
+VLLM_DATA_PARALLEL = ("--data-parallel-size", "-dp")
 PER_BATCH = "num_speculative_tokens_per_batch_size"
 MODES = ("speculative", "plain")
 # What the operator writes (sovereignspec/engines.py), and nothing else: a rewritten annotation
@@ -141,8 +149,90 @@ def engine_of(command: list[str]) -> str | None:
     return None
 
 
-def _conflicts(command: list[str], prefixes: tuple[str, ...]) -> list[str]:
-    return [w for w in command if w.startswith(prefixes)]
+def option_name(word: str) -> str | None:
+    """The option a command word names, as the engines' parsers read it: `--a_b.c=1` is `--a-b`,
+    `-sc.x` is `-sc`; None for a value."""
+    if not word.startswith("-") or word == "-" or word[1:2].isdigit():
+        return None
+    name = word.split("=", 1)[0].split(".", 1)[0]
+    return "--" + name[2:].replace("_", "-") if name.startswith("--") else name
+
+
+def sets_speculation(name: str, engine: str) -> bool:
+    """Whether option `name` (`option_name`) sets speculation in `engine`, abbreviations included."""
+    if engine == "vllm":
+        if name in VLLM_SPECULATIVE:
+            return True
+        spellings = [s for s in VLLM_SPECULATIVE if s.startswith("--")]
+    else:
+        if name.startswith(SGLANG_SPECULATIVE):
+            return True
+        spellings = list(SGLANG_SPECULATIVE)
+    # A prefix short of "spec" means other options too (vLLM's --sparse-*, --num-gpu-*), which
+    # argparse resolves to them or refuses as ambiguous.
+    return name.startswith("--") and "spec" in name and any(s.startswith(name) for s in spellings)
+
+
+def _option_value(command: list[str], names: tuple[str, ...]) -> tuple[str, str] | None:
+    """(word, value) of the first of `names` in the command: `--x v` or `--x=v`."""
+    for i, word in enumerate(command):
+        name = option_name(word)
+        if name in names:
+            if "=" in word:
+                return word, word.split("=", 1)[1]
+            return word, command[i + 1] if i + 1 < len(command) else ""
+    return None
+
+
+def config_file_keys(path: Path) -> list[str]:
+    """The top-level keys of an engine's `--config` file (YAML, or JSON, which YAML reads too), read
+    without a YAML library: this launcher is one standard-library file."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise LaunchError(
+            f"cannot read the engine's --config file {path} ({exc.strerror or exc}) to check that it "
+            "sets no speculation"
+        ) from None
+    if text.lstrip().startswith("{"):
+        try:
+            doc = json.loads(text)
+        except ValueError:
+            doc = None
+        if isinstance(doc, dict):
+            return [str(k) for k in doc]
+    keys = []
+    for line in text.splitlines():
+        if line[:1] in (" ", "\t", "-", "#") or ":" not in line:
+            continue  # nested, a list item, a comment
+        key = line.split(":", 1)[0].strip().strip("'\"")
+        if key:
+            keys.append(key)
+    return keys
+
+
+def _conflicts(command: list[str], engine: str) -> list[str]:
+    found = []
+    for word in command:
+        name = option_name(word)
+        if name is not None and sets_speculation(name, engine):
+            found.append(word)
+    config = _option_value(command, ("--config",))
+    if config is not None:
+        for key in config_file_keys(Path(config[1])):
+            if sets_speculation("--" + key.replace("_", "-"), engine):
+                found.append(f"{key} (in --config {config[1]})")
+    return found
+
+
+def _data_parallel(command: list[str]) -> int:
+    found = _option_value(command, VLLM_DATA_PARALLEL)
+    if found is None:
+        return 1
+    try:
+        return int(found[1])
+    except ValueError:
+        raise LaunchError(f"{found[0]}: got {found[1]!r}; accepted: an integer >= 1") from None
 
 
 def plan(
@@ -159,23 +249,35 @@ def plan(
     if mode != "speculative":
         return command, f"plain decode decided on {where}: running the command as given", {}
     files: dict[str, str] = {}
+    warning = ""
     if engine == "vllm":
         config = notes.get(PREFIX + "vllm-speculative-config")
         if not config:
             raise LaunchError("the decision is speculative but carries no vllm-speculative-config annotation")
-        conflicts = _conflicts(command, VLLM_SPECULATIVE)
+        conflicts = _conflicts(command, "vllm")
         if conflicts:
             raise LaunchError(_refusal(conflicts))
         doc = _vllm_config(config)
+        ranks = _data_parallel(command)
+        fixed = ""
         if vllm_legacy and PER_BATCH in doc:
-            # No per-batch table before vLLM 0.24: the fixed γ decided at the declared batch.
+            fixed = "vLLM < 0.24 reads no per-batch table"
+        elif ranks > 1 and PER_BATCH in doc:
+            # vLLM drops the table under data parallelism and runs num_speculative_tokens at every
+            # batch (config/vllm.py _maybe_disable_dynamic_sd_for_data_parallel): the table's largest
+            # K, which the decision never allowed at the declared batch.
+            fixed = f"vLLM drops the per-batch table with data parallelism ({ranks} ranks)"
+        if fixed:
+            # The fixed γ decided at the declared batch, which holds at every batch up to it.
             doc.pop(PER_BATCH)
             if _int(gamma) <= 0:
-                why = "vLLM < 0.24 reads no per-batch table and γ at the declared batch is 0"
+                why = f"{fixed} and γ at the declared batch is 0"
                 return command, f"plain decode decided on {where} ({why}): running the command as given", {}
             doc["num_speculative_tokens"] = _int(gamma)
         extra = ["--speculative-config", json.dumps(doc, separators=(",", ":"), sort_keys=True)]
         table = f", {len(doc[PER_BATCH])} batch ranges" if PER_BATCH in doc else ""
+        if fixed:
+            table = f" (fixed: {fixed})"
     else:
         args = notes.get(PREFIX + "sglang-args")
         if not args and _int(gamma) <= 0:
@@ -183,19 +285,37 @@ def plan(
             return command, f"plain decode decided on {where} ({why}): running the command as given", {}
         if not args:
             raise LaunchError("the decision is speculative but carries no sglang-args annotation")
-        conflicts = _conflicts(command, SGLANG_SPECULATIVE)
+        conflicts = _conflicts(command, "sglang")
         if conflicts:
             raise LaunchError(_refusal(conflicts))
         extra = _sglang_args(args)
         adaptive = notes.get(PREFIX + "sglang-adaptive-config")
         table = ""
+        if adaptive and any(option_name(w) == "--enable-dp-attention" for w in command):
+            # SGLang refuses its adaptive mode with DP attention (adaptive_spec_params.py:
+            # adaptive_unsupported_reason): the table would not run, and the chain of
+            # --speculative-num-steps is the table's largest γ. The fixed γ decided at the declared
+            # batch instead, which holds at every batch up to it.
+            steps = _int(gamma)
+            why = "SGLang runs no adaptive table with --enable-dp-attention"
+            if steps <= 0:
+                why += " and γ at the declared batch is 0"
+                return command, f"plain decode decided on {where} ({why}): running the command as given", {}
+            extra = _with_steps(extra, steps)
+            adaptive = ""
+            table = f" (fixed: {why})"
+        if not any(option_name(w) == "--enable-metrics" for w in command):
+            warning = (
+                "; warning: SGLang exports no metrics without --enable-metrics: this engine's "
+                "acceptance will not be learned and its neighbours' TPOT not measured"
+            )
         if adaptive:
             path = config_dir / "sovereignspec-sglang-adaptive.json"
             files[str(path)] = adaptive
             extra += ["--speculative-adaptive", "--speculative-adaptive-config", str(path)]
             table = f", adaptive over {_adaptive_ranges(adaptive)} batch ranges"
     light = " (0 at the declared batch: speculates only at lighter batches)" if _int(gamma) <= 0 else ""
-    line = f"speculative γ={gamma}{light} decided on {where}{table}: appending {shlex.join(extra)}"
+    line = f"speculative γ={gamma}{light} decided on {where}{table}: appending {shlex.join(extra)}{warning}"
     return command + extra, line, files
 
 
@@ -240,6 +360,17 @@ def _sglang_args(text: str) -> list[str]:
     return words
 
 
+def _with_steps(words: list[str], gamma: int) -> list[str]:
+    """SGLang's flags with the draft chain set to `gamma` steps (`gamma` + 1 tokens verified)."""
+    out = list(words)
+    for i in range(0, len(out) - 1, 2):
+        if out[i] == "--speculative-num-steps":
+            out[i + 1] = str(gamma)
+        elif out[i] == "--speculative-num-draft-tokens":
+            out[i + 1] = str(gamma + 1)
+    return out
+
+
 def _adaptive_ranges(text: str) -> int:
     key = PREFIX + "sglang-adaptive-config"
     try:
@@ -259,7 +390,7 @@ def _int(text: str) -> int:
 
 
 def _refusal(conflicts: list[str]) -> str:
-    shown = ", ".join(sorted({c.split("=", 1)[0] for c in conflicts}))
+    shown = ", ".join(sorted({c if " (in --config" in c else c.split("=", 1)[0] for c in conflicts}))
     return (
         f"the command already sets {shown}, which would override SovereignSpec's decision; remove it "
         "(the decision's configuration is appended here), or run the engine without `sovereignspec launch`"

@@ -235,7 +235,17 @@ def handoff(
     )
     if not any(k > 0 for k in ks) or not _pays(ks, tables, decided[0], margin):
         return None
-    return _ranges(ks)
+    table = _ranges(ks)
+    top = BATCH_BREAKPOINTS[-1]
+    if decided[0] > top:
+        # The engine carries the last range's K to every larger batch: a declared batch past the
+        # last breakpoint must find the decision made there, not the lighter batches' budget.
+        end = math.ceil(decided[0])
+        if table[-1][2] == decided[1]:
+            table[-1][1] = end
+        else:
+            table.append([top + 1, end, decided[1]])
+    return table
 
 
 def _cautious(table: GammaTable, caution: float) -> int:

@@ -4,12 +4,13 @@ chosen code: what it appends, what it refuses, and that the engine replaces it (
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import go_quoted
 
 ENGINE = """\
 import json, os, sys
@@ -41,24 +42,6 @@ PLAIN = {"sovereignspec.io/mode": "plain", "sovereignspec.io/draft-budget": "0"}
 PER_BATCH_KEY = "num_speculative_tokens_per_batch_size"
 
 
-GOQUOTE = Path(__file__).resolve().parents[1] / "data" / "goquote" / "main.go"
-
-
-@pytest.fixture(scope="session")
-def go_quote(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The kubelet's own formatting (Go's `%q`), built once from tests/data/goquote."""
-    go = shutil.which("go") or "/usr/local/go/bin/go"
-    out = tmp_path_factory.mktemp("goquote") / "goquote"
-    subprocess.run([go, "build", "-o", str(out), str(GOQUOTE)], check=True, timeout=600)
-    return out
-
-
-def go_quoted(go_quote: Path, notes: dict[str, str]) -> bytes:
-    return subprocess.run(
-        [str(go_quote)], input=json.dumps(notes).encode(), capture_output=True, check=True, timeout=60
-    ).stdout
-
-
 @pytest.fixture
 def downward_api_file(go_quote: Path):  # type: ignore[no-untyped-def]
     """Writes `notes` as the kubelet writes a downwardAPI annotations file."""
@@ -73,20 +56,39 @@ def downward_api_file(go_quote: Path):  # type: ignore[no-untyped-def]
 @pytest.fixture
 def launch(downward_api_file):  # type: ignore[no-untyped-def]
     def run(
-        tmp_path: Path, notes: dict[str, str] | None, *args: str, exit_code: int = 0, engine: str = "vllm"
+        tmp_path: Path,
+        notes: dict[str, str] | None,
+        *args: str,
+        exit_code: int = 0,
+        engine: str = "vllm",
+        extra: list[str] | None = None,
     ):  # type: ignore[no-untyped-def]
         written = downward_api_file(tmp_path / "annotations", notes) if notes is not None else None
-        return _launch(tmp_path, written or tmp_path / "none", *args, exit_code=exit_code, engine=engine)
+        return _launch(
+            tmp_path,
+            written or tmp_path / "none",
+            *args,
+            exit_code=exit_code,
+            engine=engine,
+            extra=extra or [],
+        )
 
     return run
 
 
-def _launch(tmp_path: Path, annotations: Path, *args: str, exit_code: int = 0, engine: str = "vllm"):  # type: ignore[no-untyped-def]
+def _launch(  # type: ignore[no-untyped-def]
+    tmp_path: Path,
+    annotations: Path,
+    *args: str,
+    exit_code: int = 0,
+    engine: str = "vllm",
+    extra: tuple[str, ...] = (),
+):
     engine_py = tmp_path / "engine.py"
     engine_py.write_text(ENGINE)
     cmd = [sys.executable, "-m", "sovereignspec.cli", "launch", "--engine", engine,
            "--annotations", str(annotations), "--config-dir", str(tmp_path), *args,
-           "--", sys.executable, str(engine_py), *BASE]  # fmt: skip
+           "--", sys.executable, str(engine_py), *BASE, *extra]  # fmt: skip
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={"ENGINE_EXIT": str(exit_code)}
     )
@@ -143,7 +145,15 @@ def test_plain_decode_or_no_decision_adds_nothing(
     [
         ("vllm", "--speculative-config={}"),
         ("vllm", "--speculative_config"),
+        ("vllm", "--spec-tokens"),  # vLLM 0.32's top-level alias
+        ("vllm", "--spec_method=ngram"),
+        ("vllm", "-sc"),
+        ("vllm", "--speculative-config.num_speculative_tokens"),  # one key of the JSON option
+        ("vllm", "--spec-tok"),  # argparse takes an unambiguous prefix
+        ("vllm", "--speculative"),
         ("sglang", "--speculative-num-steps"),
+        ("sglang", "--speculative-algo"),
+        ("sglang", "--spec"),
     ],
 )
 def test_a_command_that_sets_its_own_speculative_argument_is_refused_with_the_flag_named(
@@ -296,3 +306,80 @@ def test_a_malformed_value_of_ours_is_one_clear_line_and_no_engine(
     proc, ran, err = launch(tmp_path, {**SPECULATIVE, f"sovereignspec.io/{key}": value}, engine=engine)
     assert proc.returncode == 2 and ran is None
     assert needle in err and "Traceback" not in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize(
+    ("engine", "text", "named"),
+    [
+        ("vllm", "port: 8000\nspeculative_config:\n  method: ngram\n", "speculative_config"),
+        ("vllm", "spec-tokens: 3\n", "spec-tokens"),
+        ("vllm", '{"max-num-seqs": 8, "speculative-config": {"method": "ngram"}}', "speculative-config"),
+        ("sglang", "speculative-algorithm: EAGLE\n", "speculative-algorithm"),
+    ],
+)
+def test_a_config_file_that_sets_speculation_is_refused_naming_the_key_and_file(
+    launch, tmp_path: Path, engine: str, text: str, named: str
+) -> None:
+    config = tmp_path / "serve.yaml"
+    config.write_text(text)
+    proc, ran, err = launch(tmp_path, SPECULATIVE, engine=engine, extra=["--config", str(config)])
+    assert proc.returncode == 2 and ran is None
+    assert f"{named} (in --config {config})" in err and "override" in err
+
+
+def test_a_config_file_without_speculation_runs_and_an_unreadable_one_is_named(
+    launch, tmp_path: Path
+) -> None:
+    config = tmp_path / "serve.yaml"
+    config.write_text("max-num-seqs: 8\n# speculative_config: {} is a comment\nextra:\n  spec-tokens: 1\n")
+    proc, ran, _ = launch(tmp_path, SPECULATIVE, extra=[f"--config={config}"])
+    assert proc.returncode == 0 and ran is not None
+    proc, ran, err = launch(tmp_path, SPECULATIVE, extra=["--config", str(tmp_path / "missing.yaml")])
+    assert proc.returncode == 2 and ran is None and "missing.yaml" in err
+
+
+@pytest.mark.parametrize("flag", [["--data-parallel-size", "2"], ["-dp", "4"], ["--data_parallel_size=2"]])
+def test_vllm_with_data_parallelism_gets_the_fixed_gamma_because_it_would_drop_the_table(
+    launch, tmp_path: Path, flag: list[str]
+) -> None:
+    proc, ran, err = launch(tmp_path, SPECULATIVE, extra=flag)
+    assert proc.returncode == 0 and ran is not None
+    config = json.loads(ran["argv"][ran["argv"].index("--speculative-config") + 1])
+    assert PER_BATCH_KEY not in config and config["num_speculative_tokens"] == 4  # the decided γ
+    assert "drops the per-batch table with data parallelism" in err
+    light = {**SPECULATIVE, "sovereignspec.io/draft-budget": "0"}  # speculates only at light batches
+    proc, ran, err = launch(tmp_path, light, extra=flag)
+    assert ran is not None and ran["argv"] == BASE + flag and "plain decode" in err
+
+
+def test_one_data_parallel_rank_keeps_the_table(launch, tmp_path: Path) -> None:
+    _, ran, _ = launch(tmp_path, SPECULATIVE, extra=["--data-parallel-size", "1"])
+    assert ran is not None
+    config = json.loads(ran["argv"][ran["argv"].index("--speculative-config") + 1])
+    assert config[PER_BATCH_KEY] == VLLM[PER_BATCH_KEY]
+
+
+def test_sglang_with_dp_attention_gets_the_fixed_gamma_because_it_runs_no_adaptive_table(
+    launch, tmp_path: Path
+) -> None:
+    two = {**SPECULATIVE, "sovereignspec.io/draft-budget": "2"}
+    proc, ran, err = launch(
+        tmp_path, two, engine="sglang", extra=["--enable-dp-attention", "--enable-metrics"]
+    )
+    assert proc.returncode == 0 and ran is not None
+    extra = ran["argv"][len(BASE) + 2 :]
+    assert extra[extra.index("--speculative-num-steps") + 1] == "2"
+    assert extra[extra.index("--speculative-num-draft-tokens") + 1] == "3"
+    assert "--speculative-adaptive" not in extra and "runs no adaptive table" in err
+    light = {**SPECULATIVE, "sovereignspec.io/draft-budget": "0"}
+    proc, ran, err = launch(tmp_path, light, engine="sglang", extra=["--enable-dp-attention"])
+    assert ran is not None and ran["argv"] == [*BASE, "--enable-dp-attention"] and "plain decode" in err
+
+
+@pytest.mark.parametrize(("extra", "warned"), [([], True), (["--enable-metrics"], False)])
+def test_sglang_without_its_metrics_flag_is_told_what_is_lost(
+    launch, tmp_path: Path, extra: list[str], warned: bool
+) -> None:
+    proc, ran, err = launch(tmp_path, SPECULATIVE, engine="sglang", extra=extra)
+    assert proc.returncode == 0 and ran is not None
+    assert ("without --enable-metrics" in err) is warned
