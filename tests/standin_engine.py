@@ -38,9 +38,11 @@ class StandInEngine:
         kv_capacity_tokens: float = 1e7,
         prefill_time: Callable[[int], float] = lambda tokens: 0.005,
         max_running: int = 1 << 30,  # vLLM's --max-num-seqs: the rest wait
+        vocabulary: int | None = None,  # token ids at or above it are refused in the stream, as vLLM does
     ):
         self.step_time, self.model, self.kv_capacity = step_time, model, kv_capacity_tokens
         self.max_running = max_running
+        self.vocabulary = vocabulary
         self.prefill_time = prefill_time
         self._waiting: queue.Queue[_Request] = queue.Queue()
         self._running: list[_Request] = []
@@ -78,11 +80,19 @@ class StandInEngine:
                 prompt = body.get("prompt", "")
                 n = len(prompt) if isinstance(prompt, list) else max(len(str(prompt).split()), 1)
                 req = _Request(n, int(body.get("max_tokens", 16)))
-                engine._waiting.put(req)
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
                 self.send_header("Transfer-Encoding", "chunked")
                 self.end_headers()
+                ids = prompt if isinstance(prompt, list) else []
+                if engine.vocabulary is not None and (bad := [t for t in ids if t >= engine.vocabulary]):
+                    # HTTP 200, then the error in the stream (what vLLM 0.32 answers).
+                    error = {"message": f"Token id {bad[0]} is out of vocabulary", "code": 400}
+                    self._chunk(f"data: {json.dumps({'error': error})}\n\n")
+                    self._chunk("data: [DONE]\n\n")
+                    self._chunk("")
+                    return
+                engine._waiting.put(req)
                 while (item := req.out.get()) is not None:
                     self._chunk(f"data: {item}\n\n")
                 self._chunk("data: [DONE]\n\n")

@@ -33,7 +33,9 @@ class TelemetryCache:
             return cached  # failures are not cached: the next tick tries again
         try:
             if t.source == "prometheus" and t.prometheus_url:
-                snap = PrometheusReader(t.prometheus_url, window=t.acceptance.window).snapshot()
+                snap = PrometheusReader(
+                    t.prometheus_url, window=t.acceptance.window, sglang_rate=t.acceptance.sglang_accept_rate
+                ).snapshot()
             elif t.source == "dcgm-exporter" and t.dcgm_endpoints:
                 snap = DcgmScraper(t.dcgm_endpoints).snapshot()
             elif t.source == "none":

@@ -22,6 +22,7 @@ from sovereignspec.telemetry.snapshot import (
 
 TPOT_METRICS = (
     "vllm:request_time_per_output_token_seconds",
+    "sglang:request_time_per_output_token_seconds",
     "vllm:time_per_output_token_seconds",
     "sglang:time_per_output_token_seconds",
     "sglang:inter_token_latency_seconds",
@@ -34,10 +35,13 @@ class PrometheusError(RuntimeError):
 
 
 class PrometheusReader:
-    def __init__(self, url: str, timeout: float = 3.0, window: str = "5m") -> None:
+    def __init__(
+        self, url: str, timeout: float = 3.0, window: str = "5m", sglang_rate: str = "drafts"
+    ) -> None:
         self.url = url.rstrip("/")
         self.timeout = timeout
         self.window = window
+        self.sglang_rate = sglang_rate  # what sglang:spec_accept_rate means (_sglang_alpha)
         self.rejected: dict[str, int] = {}  # reason -> rows treated as missing, for the metric
 
     def query(self, promql: str, at: float | None = None) -> list[tuple[dict[str, str], float, float]]:
@@ -136,8 +140,10 @@ class PrometheusReader:
 
     def _sglang_alpha(self, by: str, at: float) -> dict[tuple[str, str], float]:
         """SGLang's gauges: spec_accept_length is τ, the tokens a verification step yields (accepted
-        drafts and the bonus token); spec_accept_rate is τ/(γ+1). Their ratio gives γ, and τ at
-        that γ inverts to the per-token α. Neither alone is α."""
+        drafts and the bonus token), the same in every version; spec_accept_rate gives γ, with the
+        version's meaning (`sglang_rate`): accepted drafts over proposed drafts, (τ-1)/γ, since
+        SGLang's PR #23530 ("drafts"); τ/(γ+1) before it ("tokens-with-bonus"). τ at that γ inverts
+        to the per-token α. Neither gauge alone is α."""
         w = self.window
         length = {
             _namespace_model(labels): v
@@ -151,10 +157,16 @@ class PrometheusReader:
             tau_ = length.get(key)
             if tau_ is None:
                 continue
-            if not (0.0 < rate <= 1.0 and tau_ >= 1.0 and math.isfinite(tau_)):  # also false for NaN
+            if not (0.0 <= rate <= 1.0 and tau_ >= 1.0 and math.isfinite(tau_)):  # also false for NaN
                 self.rejected["out-of-range"] = self.rejected.get("out-of-range", 0) + 1
                 continue
-            gamma = round(tau_ / rate) - 1
+            if self.sglang_rate == "drafts":
+                if tau_ - 1.0 < 1e-9 and rate == 0.0:
+                    out[key] = 0.0  # no draft accepted, at whatever γ
+                    continue
+                gamma = round((tau_ - 1.0) / rate) if rate > 0 else 0
+            else:
+                gamma = round(tau_ / rate) - 1 if rate > 0 else 0
             if gamma < 1 or tau_ > gamma + 1 + 1e-6:
                 self.rejected["inconsistent-counters"] = self.rejected.get("inconsistent-counters", 0) + 1
                 continue
@@ -167,9 +179,10 @@ class PrometheusReader:
         (a StatefulSet's, a LeaderWorkerSet group's) the Workload Kueue built (`workload`); for an
         engine pod of neither (a Deployment's replica, admitted alone), the Pod itself (`pod`).
 
-        The first histogram a workload has, in this order: vLLM's per-request TPOT
-        (`vllm:request_time_per_output_token_seconds`, current), the names older vLLM and SGLang
-        exported, then the per-output-event latencies (`sglang:inter_token_latency_seconds`,
+        The first histogram a workload has, in this order: the engines' per-request TPOT
+        (`vllm:request_time_per_output_token_seconds`; `sglang:request_time_per_output_token_seconds`
+        in SGLang versions that export it), the names older vLLM and SGLang exported, then the
+        per-output-event latencies (`sglang:inter_token_latency_seconds`,
         `vllm:inter_token_latency_seconds`), which overstate per-token latency under speculation
         (an event carries τ tokens): conservative for a neighbour's SLO, never optimistic."""
         out: dict[tuple[str, str], float] = {}

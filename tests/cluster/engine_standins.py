@@ -44,10 +44,21 @@ class EngineStandIn:
             rate = Gauge("sglang:spec_accept_rate", "accept rate", own, registry=r)
             t = float(tau(alpha, gamma))
             length.labels(model, "sglang", FORGED).set(t)
-            rate.labels(model, "sglang", FORGED).set(t / (gamma + 1))
+            rate.labels(model, "sglang", FORGED).set(
+                (t - 1) / gamma
+            )  # accepted drafts / proposed (PR #23530)
             self.tpot = Histogram(
+                "sglang:request_time_per_output_token_seconds",
+                "TPOT per request",
+                own,
+                buckets=BUCKETS,
+                registry=r,
+            )
+            # One ITL sample per output event, which carries τ tokens under speculation: not a TPOT.
+            self.itl = Histogram(
                 "sglang:inter_token_latency_seconds", "ITL", own, buckets=BUCKETS, registry=r
             )
+            self.event_seconds = seconds_per_token * t
         self._lock = threading.Lock()
         self._server = _serve_text_format(self.registry, self._lock)
         self.port = self._server.server_address[1]
@@ -66,6 +77,8 @@ class EngineStandIn:
                 for _ in range(20):
                     self.tpot.labels(*labels).observe(self.seconds)
                 if self.kind != "vllm":
+                    for _ in range(20):
+                        self.itl.labels(*labels).observe(self.event_seconds)
                     continue
                 n = 250
                 self.drafts.labels(*labels).inc(n)
