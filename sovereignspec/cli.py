@@ -72,6 +72,17 @@ def _float_list(name: str, low: float, high: float) -> Callable[[str], tuple[flo
     return parse
 
 
+def _id_range(text: str) -> tuple[int, int]:
+    low, sep, high = text.partition(":")
+    try:
+        ids = (int(low), int(high))
+    except ValueError:
+        ids = (-1, -1)
+    if not sep or ids[0] < 0 or ids[1] <= ids[0]:
+        raise argparse.ArgumentTypeError(f"--prompt-ids: got {text!r}; accepted: LOW:HIGH, 0 <= LOW < HIGH")
+    return ids
+
+
 def _int_list(name: str, low: int, high: int) -> Callable[[str], tuple[int, ...]]:
     one = _bounded_int(name, low, high)
 
@@ -175,6 +186,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="prompt lengths per point (comma-separated)",
     )
     prof.add_argument("--output-tokens", type=_bounded_int("--output-tokens", 4, 100_000), default=64)
+    prof.add_argument(
+        "--prompt-ids",
+        type=_id_range,
+        default=None,
+        metavar="LOW:HIGH",
+        help="token ids the prompts are drawn from, [LOW, HIGH) (default 1000:20000: inside every "
+        "Llama-family vocabulary; a smaller vocabulary needs its own)",
+    )
     prof.add_argument(
         "--repeats", type=_bounded_int("--repeats", 1, 100), default=3, help="runs per point (median kept)"
     )
@@ -425,6 +444,8 @@ def _profile(args: argparse.Namespace) -> int:
     profiles = load_profiles(args.profiles)
     model = resolve_name("model", args.model, profiles.models)
     engine = profiler.Engine.at(args.url, args.timeout)
+    if args.prompt_ids is not None:
+        engine.prompt_ids = args.prompt_ids
     engine.probe(args.served_model)
     if not engine.has_metrics:
         print(f"profile: {engine.base} has no /metrics: batch taken as the concurrency", file=sys.stderr)

@@ -77,6 +77,7 @@ class Engine:
     kind: str = "unknown"  # vllm, sglang or unknown (from /metrics)
     has_metrics: bool = False
     scheme: str = "http"
+    prompt_ids: tuple[int, int] = PROMPT_IDS  # [low, high) token ids the prompts are drawn from
     _families: dict[str, float] = field(default_factory=dict)
 
     @staticmethod
@@ -211,6 +212,13 @@ def _stream_one(
                 chunk = json.loads(data)
             except ValueError:
                 continue
+            if isinstance(chunk, dict) and chunk.get("error"):
+                # An engine refuses some requests mid-stream with HTTP 200 (vLLM: a token id out of
+                # the vocabulary): its own words are the error.
+                error = chunk["error"]
+                text = error.get("message", error) if isinstance(error, dict) else error
+                errors.insert(0, f"the engine answered in the stream: {str(text)[:300]}")
+                return
             if chunk.get("choices"):
                 out.arrivals.append(now)
     except OSError as exc:
@@ -232,7 +240,7 @@ def measure(
             target=_stream_one,
             args=(
                 engine,
-                [rng.randrange(*PROMPT_IDS) for _ in range(prompt_tokens)],
+                [rng.randrange(*engine.prompt_ids) for _ in range(prompt_tokens)],
                 output_tokens,
                 st,
                 errors,
@@ -284,13 +292,14 @@ def measure(
         )
     step = statistics.median(steps)
     after = engine.metrics() if engine.has_metrics else None
-    query, tau = _speculation(before, after)
+    query, tau = _speculation(before, after, concurrency * output_tokens)
     return Point(
         concurrency=concurrency,
         prompt_tokens=prompt_tokens,
-        # The steps are timed while the whole point decodes: the batch is the fullest the engine
-        # reported (the point's requests, plus any other traffic: profile an engine of its own).
-        batch=max(running) if running else float(concurrency),
+        # The steps are timed while the whole point decodes, so the batch holds every request of the
+        # point, plus any other traffic the engine reported (profile an engine of its own). A gauge
+        # sampled every 50 ms can miss a short decode altogether (a real vLLM read 0 throughout).
+        batch=max(max(running, default=0.0), float(concurrency)),
         context=prompt_tokens + output_tokens / 2,
         query_tokens=query,
         step_ms=1e3 * step,
@@ -323,16 +332,26 @@ def _measure_together(
     return measure(engine, concurrency, prompt_tokens, output_tokens << 2, rng)
 
 
-def _speculation(before: dict[str, float] | None, after: dict[str, float] | None) -> tuple[float, float]:
+def _speculation(
+    before: dict[str, float] | None, after: dict[str, float] | None, tokens: int
+) -> tuple[float, float]:
     """(query tokens per sequence per step, tokens per step) over the point, from the engine's
-    speculative counters; (1, 1) for an engine that does not speculate."""
+    speculative counters and the `tokens` the point's sequences produced; (1, 1) for an engine
+    that does not speculate.
+
+    Per step, not per draft: vLLM counts a draft only on the steps that drafted (ngram drafts where
+    the text repeats), and a step that did not draft still verified one token and yielded one. Each
+    step of a sequence yields one token plus the drafts it accepted, so the point's sequence-steps
+    are its tokens less the accepted drafts (chunks are no count of them: a lagging client gets
+    several steps merged into one)."""
     if not before or not after:
         return 1.0, 1.0
     drafts, drafted, accepted = (
         after.get(n + "_total", 0.0) - before.get(n + "_total", 0.0) for n in VLLM_SPEC
     )
-    if drafts > 0 and drafted >= 0 and 0 <= accepted <= drafted:
-        return 1.0 + drafted / drafts, 1.0 + accepted / drafts
+    if drafts > 0 and drafted >= 0 and 0 <= accepted <= drafted and tokens - accepted >= drafts:
+        steps = tokens - accepted
+        return 1.0 + drafted / steps, tokens / steps
     length = after.get(SGLANG_ACCEPT_LENGTH)
     if length and length > 1.0:
         # SGLang exports τ but not γ: the verified tokens per step are its configured draft tokens,

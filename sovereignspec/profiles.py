@@ -71,6 +71,10 @@ class Calibration(BaseModel):
         description="per model and context, the ridge [low, estimate, high] in sequences (.inf: none)",
     )
     ridge_identified: bool = Field(default=False, description="whether the data pin every ridge")
+    identified: list[str] = Field(default_factory=list, description="coefficients the data pin")
+    not_identified: list[str] = Field(default_factory=list, description="coefficients the data leave open")
+    at_bounds: list[str] = Field(default_factory=list, description="coefficients the fit pushed to a bound")
+    measured_refused: list[str] = Field(default_factory=list, description="why measured is false")
 
     @field_validator("intervals")
     @classmethod
@@ -106,6 +110,11 @@ class GpuProfile(_Profile):
             raise ValueError(
                 "measured: true needs a calibration whose data pin the compute ridge "
                 "(calibration.ridge_identified: true); accepted: measured: false otherwise"
+            )
+        if self.measured and self.calibration is not None and self.calibration.measured_refused:
+            why = "; ".join(self.calibration.measured_refused)
+            raise ValueError(
+                f"measured: true, but its calibration says why not: {why}; accepted: measured: false"
             )
         return self
 

@@ -341,6 +341,7 @@ def errors_on(
 
 COEFFICIENTS = ("bandwidth_efficiency", "compute_efficiency", "serial_fraction", "overlap")
 _BOUNDS = ((0.05, 1.0), (0.01, 1.0), (0.0, 1.0), (1.0, MAX_OVERLAP))
+BOUNDS = dict(zip(COEFFICIENTS, _BOUNDS, strict=True))  # each coefficient's (low, high) in the fit
 # A measured step time is taken to be known to 2 % (run-to-run spread of a step at one batch; the
 # simulated world's is 3 %) however closely a fit reproduces it: a fit to a formula's own grid
 # (0.0 % error) must not make every other coefficient look pinned.

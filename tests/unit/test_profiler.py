@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from sovereignspec.core.roofline import roofline_for
+from sovereignspec.profiler import _speculation
 from sovereignspec.profiles import default_profile_dir
 from tests.standin_engine import StandInProcess
 from tests.unit.test_cli import run
@@ -214,3 +215,47 @@ def test_profile_stops_at_its_time_budget(engine, tmp_path):
     assert "time budget of 1 s spent" in err
     rows = [line for line in out.splitlines() if line and not line.startswith("#")][1:]
     assert 1 <= len(rows) < 4
+
+
+def _counters(drafts: float, drafted: float, accepted: float) -> dict[str, float]:
+    names = (
+        "vllm:spec_decode_num_drafts",
+        "vllm:spec_decode_num_draft_tokens",
+        "vllm:spec_decode_num_accepted_tokens",
+    )
+    return {f"{n}_total": v for n, v in zip(names, (drafts, drafted, accepted), strict=True)}
+
+
+@pytest.mark.parametrize(
+    ("drafts", "drafted", "accepted", "tokens", "query", "tau"),
+    [
+        # ngram on text that rarely repeats: 9 drafting steps of 4 among 128 tokens. Per draft this
+        # would be filed as tau 2.0 and 5 query tokens; per step it is barely above plain decode.
+        (9, 36, 9, 128, 1 + 36 / 119, 128 / 119),
+        # A draft model on every step: 32 steps of 4, 3 accepted each, 128 tokens -> tau 4.0.
+        (32, 128, 96, 128, 1 + 128 / 32, 4.0),
+    ],
+)
+def test_speculative_counters_are_filed_per_step_not_per_draft(
+    drafts: float, drafted: float, accepted: float, tokens: int, query: float, tau: float
+) -> None:
+    got = _speculation(_counters(0, 0, 0), _counters(drafts, drafted, accepted), tokens)
+    assert got == pytest.approx((query, tau))
+
+
+def test_counters_that_contradict_the_tokens_produced_are_not_speculation() -> None:
+    assert _speculation(_counters(0, 0, 0), _counters(10, 40, 120), 128) == (
+        1.0,
+        1.0,
+    )  # fewer steps than drafts
+
+
+def test_an_error_the_engine_sends_inside_the_stream_is_reported_in_its_own_words():
+    small = StandInProcess(lambda query, seqs, context: 0.002, model="tiny", vocabulary=512)
+    try:
+        code, _, err = run("profile", "--url", small.url, "--model", "llama-3.1-8b", "--concurrency", "1",
+                           "--prompt-tokens", "8", "--output-tokens", "8", "--repeats", "1")  # fmt: skip
+    finally:
+        small.close()
+    assert code == 2 and "the engine answered in the stream: Token id" in err and "out of vocabulary" in err
+    assert "fewer than 3 chunks" not in err and "Traceback" not in err

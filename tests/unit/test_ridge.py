@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import yaml
 
-from sovereignspec.calibrate import calibrate, read_measurements
-from sovereignspec.core.calibration import RIDGE_IDENTIFIED_RATIO, Measurement, fit, identify
+from sovereignspec.calibrate import calibrate, profile_document, read_measurements, refusals
+from sovereignspec.core.calibration import COEFFICIENTS, RIDGE_IDENTIFIED_RATIO, Measurement, fit, identify
 from sovereignspec.core.decision import DecisionRecord
 from sovereignspec.core.placement import Placer
 from sovereignspec.core.roofline import roofline_for, smooth_max
@@ -120,15 +120,20 @@ def _synthetic(gpu, model, rng, noise):
     return steps, linear
 
 
-def test_linear_rows_pin_a_compute_efficiency_the_steps_alone_leave_open(profiles):
-    model = profiles.models["llama-3.1-8b"]
-    truth = replace(
+def _l40s_truth(profiles):
+    """An L40S whose coefficients the synthetic rows are drawn from."""
+    return replace(
         profiles.gpus["L40S"],
         compute_efficiency=0.55,
         bandwidth_efficiency=0.8,
         serial_fraction=0.5,
         overlap=8.0,
     )
+
+
+def test_linear_rows_pin_a_compute_efficiency_the_steps_alone_leave_open(profiles):
+    model = profiles.models["llama-3.1-8b"]
+    truth = _l40s_truth(profiles)
     start = replace(truth, compute_efficiency=0.9, bandwidth_efficiency=0.9)
     steps, linear = _synthetic(truth, model, np.random.default_rng(7), noise=0.01)
 
@@ -261,3 +266,50 @@ def test_the_float_path_and_the_vectorised_path_keep_the_same_terms_where_the_ri
     assert (careful.any() and not careful.all()) if careful_somewhere else not careful.any()
     for f in _SCORE_FIELDS:
         assert out["_evaluate"][f] == pytest.approx(out["_evaluate_scalar"][f], rel=1e-12), f
+
+
+@pytest.fixture(scope="module")
+def gate_world():
+    """Seeded synthetic rows (`_synthetic`) by name: the truth's, another GPU's, a noisy draw."""
+    profiles = load_profiles()
+    model = profiles.models["llama-3.1-8b"]
+    truth = _l40s_truth(profiles)
+    other = replace(truth, compute_efficiency=0.3, bandwidth_efficiency=0.5)
+    steps, linear = _synthetic(truth, model, np.random.default_rng(7), noise=0.01)
+    held_steps, held_linear = _synthetic(truth, model, np.random.default_rng(8), noise=0.01)
+    sets = {
+        "rows": steps + linear,
+        "steps": steps,
+        "held": held_steps + held_linear,
+        "held-steps": held_steps,
+        "other": [r for part in _synthetic(other, model, np.random.default_rng(9), noise=0.01) for r in part],
+        "noisy": [r for part in _synthetic(truth, model, np.random.default_rng(7), noise=0.3) for r in part],
+    }
+    return replace(truth, compute_efficiency=0.9, bandwidth_efficiency=0.9), model, sets
+
+
+@pytest.mark.parametrize(
+    ("why", "rows", "held", "refused"),
+    [
+        ("pinned, reproduced, tested on rows it never saw", "rows", "held", []),
+        ("no held-out rows", "rows", None, ["no held-out rows (--held-out) to test the fit on"]),
+        ("held out from another GPU", "rows", "other", ["the held-out RMS error 37.3 % is over 15 %"]),
+        ("steps below the ridge only", "steps", "held-steps", ["the data do not pin the compute ridge",
+                                                              "compute_efficiency at a bound of the fit"]),
+        ("30 % noise", "noisy", "held", ["the data do not pin the compute ridge",
+                                         "the fit's RMS error 38.8 % is over 10 %",
+                                         "the held-out RMS error 26.7 % is over 15 %",
+                                         "bandwidth_efficiency, serial_fraction at a bound of the fit"]),
+    ],
+)  # fmt: skip
+def test_measured_only_when_the_ridge_is_pinned_both_errors_are_small_and_no_coefficient_is_at_a_bound(
+    gate_world, why: str, rows: str, held: str | None, refused: list[str]
+) -> None:
+    start, model, sets = gate_world
+    calibrated = calibrate(start, model, sets[rows], tp=1, held_out=sets[held] if held else None)
+    assert refusals(calibrated) == refused, why
+    doc = profile_document({"kind": "gpu", "name": "L40S"}, calibrated, model.name, ["x.csv"], [""], 1)
+    assert doc["measured"] is (refused == []) and doc["calibration"]["measured_refused"] == refused
+    assert set(doc["calibration"]["identified"]) | set(doc["calibration"]["not_identified"]) == set(
+        COEFFICIENTS
+    )
