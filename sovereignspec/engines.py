@@ -35,19 +35,24 @@ class EngineConfig:
     sglang_adaptive: str = ""  # JSON for SGLang's --speculative-adaptive-config ("" if unsupported)
 
 
-def engine_config(drafter: DrafterSpec, model: str, gamma: int, table: Table | None = None) -> EngineConfig:
+def engine_config(
+    drafter: DrafterSpec, model: str, gamma: int, table: Table | None = None, checkpoint: str | None = None
+) -> EngineConfig:
     """vLLM and SGLang configuration for a decision of `gamma` draft tokens at the declared batch.
 
     `table` is the per-batch budget (`core.handoff.handoff`); its largest K may exceed `gamma` when light
     batches pay and the declared one does not (γ = 0 there). Engines that read a table get it;
     the fixed-γ forms (SGLang's NGRAM and STANDALONE; vLLM before 0.24, see `launch`) run `gamma`.
+    `checkpoint`, where given, is the draft checkpoint instead of the profile's for `model`.
     No γ > 0 anywhere is plain decode: nothing at all."""
     # Never below the decision at the declared batch, whatever a cautious table says there.
     top = max(max((k for _, _, k in table), default=gamma), gamma) if table else gamma
     if top <= 0:
         return EngineConfig()
     names = drafter.engines
-    draft = names.draft_models.get(model, "")
+    # `checkpoint` (the policy's, or the workload's within the policy's allowlist) replaces the
+    # profile's; an ngram drafter has none to replace.
+    draft = (checkpoint if drafter.kind != "ngram" else None) or names.draft_models.get(model, "")
     vllm: dict[str, object] = {"method": names.vllm_method, "num_speculative_tokens": top}
     if draft:
         vllm["model"] = draft

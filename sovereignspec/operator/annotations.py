@@ -64,7 +64,11 @@ INPUTS = {
     "latency-class": Field("latency-class", "latency or throughput"),
     "max-num-seqs": Field("max-num-seqs", "an integer in 1..65536 (concurrent sequences)"),
     "context-length": Field("context-length", "an integer in 1..4194304 (typical tokens of context)"),
+    "draft-checkpoint": Field(
+        "draft-checkpoint", "a path or model id (letters, digits and ._/:@+=-, at most 512) the policy allows"
+    ),
 }
+CHECKPOINT_RE = re.compile(r"[A-Za-z0-9._/:@+=-]{1,512}")
 SOVEREIGNTY_KEYS = tuple(k for k, f in INPUTS.items() if f.sovereignty)
 
 # What the controller writes into podSetUpdates. Reserved: a template that sets one of them is
@@ -135,6 +139,7 @@ class Declared:
     latency_class: str | None = None
     seqs: int | None = None
     context: int | None = None
+    draft_checkpoint: str | None = None  # the policy decides whether it may be used (view)
     jurisdiction: str | None = None  # required (declared, or the namespace's only one)
     allowed_jurisdictions: frozenset[str] | None = None  # the namespace's list (None: anywhere)
     exclusive: bool = False
@@ -251,6 +256,11 @@ def parse(
             values["latency_class"] = raw["latency-class"]
         else:
             bad("latency-class", raw["latency-class"])
+    if "draft-checkpoint" in raw:
+        if CHECKPOINT_RE.fullmatch(raw["draft-checkpoint"]):
+            values["draft_checkpoint"] = raw["draft-checkpoint"]
+        else:
+            bad("draft-checkpoint", raw["draft-checkpoint"])
     for key, name, high in (("max-num-seqs", "seqs", 65536), ("context-length", "context", 4194304)):
         value = _number(raw, key, problems, INTEGER_RE, 1.0, float(high))
         if value is not None:

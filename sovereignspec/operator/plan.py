@@ -193,7 +193,12 @@ def decision_notes(
             (float(req.seqs), record.gamma),
             record.headroom_measured,
         )
-    config = engine_config(drafter, req.model, record.gamma, table) if drafter is not None else None
+    checkpoint = p.declared.draft_checkpoint or (
+        spec.drafts.checkpoints.get(req.drafter, {}).get(req.model) if req.drafter else None
+    )
+    config = (
+        engine_config(drafter, req.model, record.gamma, table, checkpoint) if drafter is not None else None
+    )
     if table is not None and drafter is not None and record.gamma == 0 and record.headroom is not None:
         # Armed at its declared batch with K = 0 there: slower than plain by a draft pass and the
         # machinery; what it is handed says so.

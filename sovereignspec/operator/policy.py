@@ -44,6 +44,13 @@ class Acceptance(_Model):
     learn: bool = Field(True, description="true or false")
     window: str = Field("5m", pattern=r"^[0-9]+[smh]$", description="a Prometheus range such as 5m")
     prior_weight_tokens: float = Field(2000.0, alias="priorWeightTokens", ge=0, description="a number >= 0")
+    # SGLang changed what its spec_accept_rate gauge means (PR #23530, merged 2026-04-23): accepted
+    # drafts over proposed drafts, (τ-1)/γ. Before, (accepted + 1)/(proposed + 1) per step: τ/(γ+1).
+    sglang_accept_rate: Literal["drafts", "tokens-with-bonus"] = Field(
+        "drafts",
+        alias="sglangAcceptRate",
+        description="drafts (SGLang with PR #23530) or tokens-with-bonus (SGLang before it)",
+    )
 
 
 class Telemetry(_Model):
@@ -120,6 +127,29 @@ class PlacementConfig(_Model):
     )
 
 
+CHECKPOINT_PATTERN = r"^[A-Za-z0-9._/:@+=-]{1,512}$"
+
+
+class Drafts(_Model):
+    """Where drafters' checkpoints come from for this policy's workloads: a cluster without the model
+    hub serves them from local paths or volumes (a PVC mounted in the engine's pod)."""
+
+    checkpoints: dict[str, dict[str, Annotated[str, StringConstraints(pattern=CHECKPOINT_PATTERN)]]] = Field(
+        default_factory=dict,
+        description="drafter profile name -> target model -> checkpoint (a path or model id)",
+    )
+    allowed: list[Annotated[str, StringConstraints(pattern=CHECKPOINT_PATTERN)]] = Field(
+        default_factory=list,
+        description="checkpoints a workload may name itself (sovereignspec.io/draft-checkpoint): an "
+        "entry ending in / allows everything under it",
+    )
+
+    def allows(self, checkpoint: str) -> bool:
+        if ".." in checkpoint.split("/"):
+            return False  # "/models/../etc" starts with "/models/" and leaves it
+        return any(checkpoint == a or (a.endswith("/") and checkpoint.startswith(a)) for a in self.allowed)
+
+
 class Retry(_Model):
     base_seconds: int = Field(15, alias="baseSeconds", ge=1, le=3600, description="an integer in 1..3600")
     max_seconds: int = Field(600, alias="maxSeconds", ge=1, le=86400, description="an integer in 1..86400")
@@ -143,6 +173,7 @@ class PolicySpec(_Model):
     tenancy: TenancyConfig = Field(default_factory=TenancyConfig)
     placement: PlacementConfig = Field(default_factory=PlacementConfig)
     retry: Retry = Field(default_factory=Retry)
+    drafts: Drafts = Field(default_factory=Drafts)
     reevaluation_seconds: float = Field(
         10.0, alias="reevaluationSeconds", gt=0, le=600, description="in (0, 600]"
     )

@@ -211,6 +211,13 @@ def declared_request(
     )
     if declared.sovereignty_problems:
         return declared, None, ""
+    if declared.draft_checkpoint is not None and not policy.drafts.allows(declared.draft_checkpoint):
+        # A checkpoint the administrator has not allowed is not loaded into a shared engine.
+        allowed = ", ".join(policy.drafts.allowed) or "none (the policy's drafts.allowed is empty)"
+        refused = ann.Problem(
+            "draft-checkpoint", declared.draft_checkpoint, f"one the policy allows: {allowed}", False
+        )
+        declared = replace(declared, draft_checkpoint=None, problems=(*declared.problems, refused))
     d = policy.defaults
     model = declared.model or d.model
     prior = declared.alpha if declared.alpha is not None else d.acceptance_rate

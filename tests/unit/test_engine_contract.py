@@ -171,6 +171,20 @@ def test_a_declared_batch_that_saturates_hands_a_table_that_speculates_only_at_l
     assert ngram.vllm and ngram.sglang == ""  # SGLang's NGRAM runs a fixed γ: 0 at the declared batch
 
 
+def test_a_declared_batch_past_the_last_breakpoint_finds_the_decision_there_not_the_last_ranges_k() -> None:
+    """vLLM carries the last range's K to every larger batch (real-engine.md): a server declared at
+    1024 sequences whose decision there is γ 0 must not run K = 1 from the 512 row."""
+    from sovereignspec.core.handoff import handoff
+
+    gpu, model, d = PROFILES.gpus["H100-SXM"], PROFILES.models["llama-3.1-8b"], PROFILES.drafters["ngram"]
+    for declared, gamma in ((1024.0, 0), (600.5, 1), (700.0, 0)):
+        table = handoff(gpu, model, d, 0.7, 144.0, 8, 0.02, 1.0, math.inf, (declared, gamma))
+        assert table is not None
+        vllm_table_is_valid(table)
+        assert table[-1][1] == math.ceil(declared) and table[-1][2] == gamma, (declared, table)
+        assert next(k for lo, hi, k in table if lo <= 512 <= hi) >= gamma  # lighter batches keep theirs
+
+
 def test_the_hand_off_keeps_lighter_batches_at_or_above_the_decision_and_heavier_ones_at_or_below() -> None:
     from sovereignspec.core.handoff import handoff
 

@@ -654,3 +654,56 @@ def test_an_assignment_slice_of_several_domains_names_each_domains_own_node() ->
     assert write.state == "Ready", write.message
     (update,) = write.pod_set_updates or []
     assert [p.split("/")[0] for p in update["annotations"][ann.OUT_NODES].split(",")] == ["h1", "h2", "h2"]
+
+
+# -- where the draft checkpoint comes from ----------------------------------------------------------
+
+LOCAL_HEAD = "/models/eagle3-llama-3.1-8b"
+
+
+@pytest.mark.parametrize(
+    ("why", "policy_drafts", "declared", "checkpoint", "problem"),
+    [
+        ("the profile's hub id by default", {}, None, "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B", None),
+        ("the policy's local copy replaces it", {"checkpoints": {"eagle3": {"llama-3.1-8b": LOCAL_HEAD}}},
+         None, LOCAL_HEAD, None),
+        ("the workload's own, under a prefix the policy allows", {"allowed": ["/models/"]},
+         "/models/team-a/head", "/models/team-a/head", None),
+        ("the workload's own, exactly as allowed", {"allowed": ["pvc://drafts/head-v2"]},
+         "pvc://drafts/head-v2", "pvc://drafts/head-v2", None),
+        ("one the policy does not allow: plain decode, named", {"allowed": ["/models/"]},
+         "/tmp/mine", None, "one the policy allows: /models/"),
+        ("no allowlist: a workload names none", {}, "/models/x", None,
+         "none (the policy's drafts.allowed is empty)"),
+        ("not a path or id", {"allowed": ["/models/"]}, "/models/a b", None, "letters, digits"),
+        ("a path climbing out of an allowed directory", {"allowed": ["/models/"]}, "/models/../etc/x", None,
+         "one the policy allows: /models/"),
+    ],
+)  # fmt: skip
+def test_the_draft_checkpoint_is_the_policys_or_the_workloads_within_the_allowlist_else_plain_and_said(
+    why: str, policy_drafts: dict[str, Any], declared: str | None, checkpoint: str | None, problem: str | None
+) -> None:
+    spec = policy(drafts=policy_drafts)
+    workload = chat()
+    if declared is not None:
+        workload.annotate(draft_checkpoint=declared)
+    view = build(world([workload.obj()], [node("h1")], spec), {CHECK}, spec, profiles(), snapshot(IDLE), NOW)
+    (write,) = plan("default", spec, view, profiles(), STAMP)
+    notes = (write.pod_set_updates or [{}])[0]["annotations"]
+    if checkpoint is None:
+        assert notes[ann.OUT_MODE] == "plain" and ann.OUT_VLLM not in notes, why
+        assert write.bad_fields == ("draft-checkpoint",), why
+        bad = next(e for e in write.events if e.reason == "BadAnnotation")
+        assert "sovereignspec.io/draft-checkpoint" in bad.message and problem in bad.message, bad.message
+        return
+    assert json.loads(notes[ann.OUT_VLLM])["model"] == checkpoint, why
+    assert f"--speculative-draft-model-path {checkpoint}" in notes[ann.OUT_SGLANG], why
+
+
+def test_an_ngram_drafter_loads_no_checkpoint_whatever_is_named() -> None:
+    spec = policy(drafts={"allowed": ["/models/"], "checkpoints": {"ngram": {"llama-3.1-8b": "/models/x"}}})
+    workload = chat().annotate(drafter="ngram", draft_checkpoint="/models/y").obj()
+    view = build(world([workload], [node("h1")], spec), {CHECK}, spec, profiles(), snapshot(IDLE), NOW)
+    (write,) = plan("default", spec, view, profiles(), STAMP)
+    config = json.loads((write.pod_set_updates or [{}])[0]["annotations"][ann.OUT_VLLM])
+    assert config["method"] == "ngram" and "model" not in config
