@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 OUT ?= out
 
-.PHONY: venv lint format typecheck test unit run demo regimes calibration-figure calibrate-profiles simulate bench bench-operator bench-flood bench-sim sim-native clean binaries cluster-up cluster-down pod-e2e image multicluster-up multicluster-down demo-multicluster bench-multicluster mutants
+.PHONY: venv lint format typecheck test unit run demo regimes calibration-figure calibrate-profiles simulate bench bench-operator bench-flood bench-sim sim-native clean binaries engine-e2e cluster-up cluster-down pod-e2e image multicluster-up multicluster-down demo-multicluster bench-multicluster mutants
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,14 +27,23 @@ typecheck: venv
 	$(BIN)/mypy sovereignspec localdev benchmarks
 
 unit: venv
-	VENV=$(VENV) hack/pytest.sh -m "not cluster and not pod_e2e"
+	VENV=$(VENV) hack/pytest.sh -m "not cluster and not pod_e2e and not engine"
 
 # The whole suite: lint, types (strict on the pure core), the layering check and every test,
 # including those against the real control plane (built first: pytest's timeouts are per test),
 # then the operator as users run it, on a real node (pod-e2e: its own control plane and ports).
 test: lint typecheck binaries
-	VENV=$(VENV) hack/pytest.sh -m "not pod_e2e"
+	VENV=$(VENV) hack/pytest.sh -m "not pod_e2e and not engine"
+	$(MAKE) engine-e2e
 	$(MAKE) pod-e2e
+
+# A real vLLM (its CPU build from PyPI, in a virtualenv of its own cached beside the Go binaries)
+# serving tiny checkpoints built at test time, started by `sovereignspec launch` from the operator's
+# own decisions; Prometheus scrapes it with the shipped relabelling. See docs/engine-e2e.md.
+engine-e2e: venv
+	hack/engine-env.sh >/dev/null
+	hack/build-binaries.sh prometheus
+	VENV=$(VENV) hack/pytest.sh tests/engine -m engine -s
 
 # etcd, kube-apiserver, kubectl and the Kueue manager from pinned Go modules, and Debian's
 # Prometheus; cached under ~/.cache/sovereignspec, so only the first run builds.
