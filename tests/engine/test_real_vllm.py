@@ -28,7 +28,8 @@ from sovereignspec.operator.view import build
 from sovereignspec.profiles import load_profiles
 from sovereignspec.telemetry.prometheus import PrometheusReader
 from sovereignspec.telemetry.snapshot import Snapshot
-from tests.engine.conftest import SERVED, local_profiles
+from tests.engine.env import local_profiles
+from tests.engine_client import SERVED
 from tests.scrape_job import discovered
 from tests.unit.builders import CHECK, NOW, STAMP, chat, node, policy, snapshot, world
 from tests.waiting import wait_until

@@ -17,7 +17,7 @@ from sovereignspec.core.handoff import handoff
 from sovereignspec.engines import engine_config
 from sovereignspec.launch import option_name, sets_speculation
 from sovereignspec.profiles import load_profiles
-from tests.engine.conftest import engine_env
+from tests.engine.env import engine_env
 
 HERE = Path(__file__).resolve().parent
 SPECULATIVE_DESTS = {"speculative_config", "spec_method", "spec_model", "spec_tokens"}
