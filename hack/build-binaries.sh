@@ -178,7 +178,7 @@ build_node() {
 # Debian's prometheus package, extracted into the cache (no system install, no service started).
 fetch_prometheus() {
   local existing
-  existing=$(ls "$BIN_DIR"/prometheus-* 2>/dev/null | head -n1 || true)
+  existing=$(ls "$BIN_DIR"/prometheus-[0-9]* 2>/dev/null | head -n1 || true)
   [[ -n $existing && -x $existing ]] && { log "prometheus cached ($(basename "$existing"))"; return; }
   local work; work=$(mktemp -d)
   local logf=$CACHE_DIR/fetch-prometheus.log
@@ -191,6 +191,25 @@ fetch_prometheus() {
     dpkg-deb -x "$deb" root
     install -m 0755 root/usr/bin/prometheus "$BIN_DIR/prometheus-$version"
   ) >"$logf" 2>&1 || fail prometheus "$logf"
+  rm -rf "$work"
+}
+
+# Prometheus with Kubernetes service discovery (Debian's has none), from its Go module, with every
+# other discovery left out by Prometheus's own build tags.
+build_prometheus_sd() {
+  local out=$BIN_DIR/prometheus-kubernetes-sd-$PROMETHEUS_SD_VERSION
+  [[ -x $out ]] && { log "prometheus (kubernetes SD) $PROMETHEUS_SD_VERSION cached"; return; }
+  local work; work=$(mktemp -d)
+  local logf=$CACHE_DIR/build-prometheus-sd.log
+  log "building prometheus $PROMETHEUS_SD_VERSION with kubernetes SD (log: $logf)"
+  (
+    cd "$work"
+    go mod init sovereignspec.local/prometheus-build
+    go get "github.com/prometheus/prometheus@$PROMETHEUS_SD_VERSION"
+    go build -trimpath -ldflags '-s -w' -tags remove_all_sd,enable_kubernetes_sd -o "$out.tmp" \
+      github.com/prometheus/prometheus/cmd/prometheus
+  ) >"$logf" 2>&1 || fail prometheus-sd "$logf"
+  mv "$out.tmp" "$out"
   rm -rf "$work"
 }
 
@@ -212,11 +231,12 @@ case ${1:-all} in
   components) build_components ;;
   helm) build_helm ;;
   prometheus) fetch_prometheus ;;
+  prometheus-sd) build_prometheus_sd ;;
   etcd) build_etcd ;;
   kubernetes) build_kubernetes ;;
   kueue) build_kueue ;;
   lws) build_lws ;;
   crd-dir) kueue_crd_dir ;;
   lws-dir) lws_dir ;;
-  *) echo "usage: $0 [all|node|components|etcd|kubernetes|kueue|lws|helm|prometheus|crd-dir|lws-dir]" >&2; exit 2 ;;
+  *) echo "usage: $0 [all|node|components|etcd|kubernetes|kueue|lws|helm|prometheus|prometheus-sd|crd-dir|lws-dir]" >&2; exit 2 ;;
 esac

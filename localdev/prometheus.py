@@ -1,4 +1,6 @@
-"""A real Prometheus (Debian's package, extracted by hack/build-binaries.sh) on loopback.
+"""A real Prometheus (Debian's package, extracted by hack/build-binaries.sh) on loopback; or, where
+pods are discovered through the API server, Prometheus built from its Go module with Kubernetes
+service discovery (Debian's build has none).
 
 The harness writes the scrape configuration, starts the server on a free port, and can rewrite
 the targets and reload, stop it, or start it again on the same port (to test outages).
@@ -23,17 +25,23 @@ from localdev.controlplane import HACK
 from localdev.ports import free_port
 
 
-def binary() -> Path:
+def binary(kubernetes_sd: bool = False) -> Path:
     cache = Path(os.environ.get("SOVEREIGNSPEC_CACHE", Path.home() / ".cache" / "sovereignspec")) / "bin"
-    found = sorted(cache.glob("prometheus-*"))
+    pattern, mode = (
+        ("prometheus-kubernetes-sd-*", "prometheus-sd")
+        if kubernetes_sd
+        else ("prometheus-[0-9]*", "prometheus")
+    )
+    found = sorted(cache.glob(pattern))
     if not found:
-        subprocess.run([str(HACK / "build-binaries.sh"), "prometheus"], check=True, capture_output=True)
-        found = sorted(cache.glob("prometheus-*"))
+        subprocess.run([str(HACK / "build-binaries.sh"), mode], check=True, capture_output=True)
+        found = sorted(cache.glob(pattern))
     return found[-1]
 
 
 class LocalPrometheus:
-    def __init__(self, scrape_interval: str = "1s") -> None:
+    def __init__(self, scrape_interval: str = "1s", kubernetes_sd: bool = False) -> None:
+        self.binary = binary(kubernetes_sd)
         self.port = free_port()
         self.scrape_interval = scrape_interval
         self.dir = Path(tempfile.mkdtemp(prefix="sovereignspec-prometheus-"))
@@ -61,7 +69,7 @@ class LocalPrometheus:
         log = (self.dir / "prometheus.log").open("ab")
         self.proc = subprocess.Popen(
             [
-                str(binary()),
+                str(self.binary),
                 f"--config.file={self.dir / 'prometheus.yml'}",
                 f"--storage.tsdb.path={self.dir / 'data'}",
                 f"--web.listen-address=127.0.0.1:{self.port}",
