@@ -147,7 +147,7 @@ clean:
 # install`, the examples applied with kubectl (tests/pod_e2e/). Root, this machine kind; see
 # docs/pod-e2e.md.
 pod-e2e: venv binaries
-	VENV=$(VENV) hack/pytest.sh tests/pod_e2e -m pod_e2e
+	VENV=$(VENV) hack/pytest.sh tests/pod_e2e -m pod_e2e -s
 
 # The operator image as an OCI archive (out/), built offline with buildah: push it with
 # `skopeo copy oci-archive:out/sovereignspec-image.tar docker://REGISTRY/sovereignspec:TAG`.

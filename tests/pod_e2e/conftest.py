@@ -13,12 +13,14 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from kubernetes import client
 
 from localdev import controlplane
+from tests.engine import env as engine_setup
 
 REPO = Path(__file__).resolve().parents[2]
 HACK = REPO / "hack"
@@ -83,6 +85,7 @@ def node_cluster() -> Iterator[client.ApiClient]:
         source = os.environ.get("SOVEREIGNSPEC_E2E_SOURCE", str(REPO))
         run(str(HACK / "pod-e2e/packages.sh"))
         run(str(HACK / "build-binaries.sh"), "node")
+        run(str(HACK / "build-binaries.sh"), "prometheus-sd")  # pods discovered through the API server
         run(str(HACK / "pod-e2e/images.sh"), "pause")
         build = {"OPERATOR_IMAGE": OPERATOR_IMAGE, "CONTEXT": source, "DOCKERFILE": f"{source}/Dockerfile"}
         run(str(HACK / "pod-e2e/images.sh"), "operator", env=build)
@@ -122,3 +125,41 @@ def _our_processes() -> list[str]:
         if exe.startswith(f"{cache}/bin/") and state in cmdline:
             out.append(f"{proc.name} {exe}")
     return out
+
+
+@dataclass(frozen=True)
+class RealEngine:
+    """vLLM's CPU build as the node holds it for a serving Pod: the engine's virtualenv, the interpreter
+    it was made from (where that is not the system's own) and the tiny checkpoints, all read-only
+    host paths that stand in for an engine image and a model volume."""
+
+    venv: Path
+    interpreter: Path | None  # the venv's base prefix, mounted at the same path; None: the system's
+    models: Path
+    libraries: tuple[Path, ...]  # host libraries the engine's extensions link that the image lacks
+
+
+# Libraries vLLM's CPU extension links beyond glibc and what the serving image's Debian base holds.
+EXTRA_LIBRARIES = ("libnuma.so.1",)
+
+
+@pytest.fixture(scope="session")
+def real_engine(tmp_path_factory: pytest.TempPathFactory) -> RealEngine:
+    try:
+        python = engine_setup.install()
+    except RuntimeError as e:
+        pytest.fail(str(e))
+    venv = python.parent.parent
+    cfg = dict(
+        line.split(" = ", 1) for line in (venv / "pyvenv.cfg").read_text().splitlines() if " = " in line
+    )
+    prefix = Path(cfg["home"]).parent
+    interpreter = None if str(prefix) in ("/usr", "/usr/local") else prefix
+    models = engine_setup.build_tiny(python, tmp_path_factory.mktemp("pod-models"))
+    found = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, check=True).stdout
+    libraries = tuple(
+        Path(line.rsplit(" => ", 1)[1])
+        for line in found.splitlines()
+        if " => " in line and line.split()[0] in EXTRA_LIBRARIES and "x86-64" in line
+    )
+    return RealEngine(venv, interpreter, models, libraries)

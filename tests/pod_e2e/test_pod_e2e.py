@@ -2,7 +2,8 @@
 
 The tests run in order and build on each other: the chart installed, the check Active, the
 examples applied, a serving Job decided and run, a serving Deployment's replicas decided and run,
-the chart upgraded, the operator's Pod deleted in the middle of a burst.
+the chart upgraded, the operator's Pod deleted in the middle of a burst, then a real vLLM served by a
+Pod of our decision, scraped through Kubernetes service discovery, its α learned by the next decision.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
+import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -21,9 +24,13 @@ from kubernetes import client
 
 from localdev import controlplane
 from localdev.operator import SyntheticTelemetry
+from localdev.ports import free_port
 from localdev.prometheus import LocalPrometheus
+from sovereignspec.telemetry.prometheus import PrometheusReader
 from tests import waiting
-from tests.pod_e2e.conftest import NODE, REPO, SERVING_IMAGE
+from tests.engine.env import SETTINGS, local_profiles
+from tests.engine_client import SERVED, EngineClient, get
+from tests.pod_e2e.conftest import NODE, REPO, SERVING_IMAGE, RealEngine
 
 RELEASE, NAMESPACE, CHECK = "sovereignspec", "sovereignspec-system", "sovereignspec"
 SERVING_NS = "llm-serving"
@@ -120,7 +127,7 @@ def our_state(wl: dict[str, Any] | None) -> str | None:
     return None
 
 
-def _job_story(api: client.ApiClient, job: str) -> str:
+def _job_story(api: client.ApiClient, job: str, tail: int = 1500) -> str:
     core = client.CoreV1Api(api)
     wl = workload_of(api, job)
     out = [f"workload checks: {((wl or {}).get('status') or {}).get('admissionChecks')}",
@@ -133,7 +140,7 @@ def _job_story(api: client.ApiClient, job: str) -> str:
         for c in [*(p.spec.init_containers or []), *p.spec.containers]:
             try:
                 log = core.read_namespaced_pod_log(p.metadata.name, SERVING_NS, container=c.name)
-                out.append(f"  {c.name} log: {log[-1500:]}")
+                out.append(f"  {c.name} log: {log[-tail:]}")
             except client.ApiException as e:
                 out.append(f"  {c.name} log: {e.status}")
     for e in core.list_namespaced_event(SERVING_NS).items:
@@ -164,11 +171,12 @@ def decision_line(api: client.ApiClient, job: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def telemetry() -> Any:
-    """dcgm-exporter and vLLM stand-in for the real node's GPUs, behind a real Prometheus."""
+    """dcgm-exporter and vLLM stand-in for the real node's GPUs, behind a real Prometheus (one with
+    Kubernetes service discovery: the real engine's Pod is found through the API server)."""
     synthetic = SyntheticTelemetry()
     for gpu in range(NODE_GPUS):
         synthetic.set_headroom(NODE, gpu, 1.0)  # a fresh node: every GPU idle
-    prom = LocalPrometheus().start()
+    prom = LocalPrometheus(kubernetes_sd=True).start()
     prom.set_targets("synthetic", [synthetic.target])
     wait_until(lambda: prom.query("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"), 30, "Prometheus to scrape")
     yield prom
@@ -369,3 +377,193 @@ def test_deleting_the_operator_pod_mid_burst_decides_every_job_exactly_once(
     assert {n: per_workload[n] for n in names} == dict.fromkeys(names, 1)
     for j in jobs:
         assert decision_line(cluster, j)["pod"].spec.node_name == NODE
+
+
+DRAFT = "llama-3.2-1b-draft"
+PROFILES = "sovereignspec-profiles"
+SCRAPE = REPO / "deploy" / "prometheus" / "serving-engines.yaml"
+
+
+def real_engine_job(name: str, engine: RealEngine, port: int) -> dict[str, Any]:
+    """The example serving Job with a real `vllm serve` behind the launcher: the engine's environment
+    and checkpoints mounted read-only from the node (in place of an engine image and a model volume),
+    its API port named `http` for the shipped scrape job, on the host's network."""
+    job = serving_job(name)
+    job["spec"]["backoffLimit"] = 0  # an engine that fails shows its log once, never restarts unseen
+    tpl = job["spec"]["template"]
+    tpl["metadata"]["annotations"]["sovereignspec.io/drafter"] = DRAFT
+    pod = tpl["spec"]
+    engine_c = pod["containers"][0]
+    engine_c["args"] = [
+        str(engine.venv / "bin" / "vllm"), "serve", "/models/target", "--served-model-name", SERVED,
+        "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "1024", "--max-num-seqs", "8",
+        "--seed", "0",
+        # vLLM's CPU build compiles its graphs with torch inductor at start, which needs a C++
+        # compiler in the image (vLLM's own CPU image installs gcc); the Debian base has none.
+        "--enforce-eager",
+    ]  # fmt: skip
+    engine_c["ports"] = [{"name": "http", "containerPort": port}]
+    engine_c["env"] = [{"name": k, "value": v} for k, v in
+                       {**SETTINGS, "VLLM_CACHE_ROOT": "/cache/vllm", "HOME": "/cache"}.items()]  # fmt: skip
+    engine_c["securityContext"] = {"runAsUser": 0, "runAsGroup": 0}  # the node's environment is root's
+    engine_c["resources"] = {
+        "requests": {"cpu": "100m", "memory": "2Gi", "nvidia.com/gpu": "1"},
+        "limits": {"nvidia.com/gpu": "1"},
+    }
+    host: list[tuple[str, Path, str, str]] = [
+        ("engine", engine.venv, str(engine.venv), "Directory"),
+        ("models", engine.models, "/models", "Directory"),
+    ]
+    if engine.interpreter is not None:
+        host.append(("interpreter", engine.interpreter, str(engine.interpreter), "Directory"))
+    host += [(f"lib-{i}", lib, str(lib), "File") for i, lib in enumerate(engine.libraries)]
+    for volume, path, mount, kind in host:
+        pod["volumes"].append({"name": volume, "hostPath": {"path": str(path), "type": kind}})
+        engine_c["volumeMounts"].append({"name": volume, "mountPath": mount, "readOnly": True})
+    pod["volumes"] += [
+        {"name": "cache", "emptyDir": {}},
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}},  # as vLLM's own manifests
+    ]
+    engine_c["volumeMounts"] += [
+        {"name": "cache", "mountPath": "/cache"},
+        {"name": "dshm", "mountPath": "/dev/shm"},
+    ]
+    return job
+
+
+def service_discovery_job(tmp: Path) -> dict[str, Any]:
+    """The shipped scrape job as a Prometheus outside the cluster runs it: Kubernetes service
+    discovery of pods through the API server, as a ServiceAccount that may list pods (the RBAC the
+    job's comment asks for), relabelling unchanged."""
+    group, sa = "rbac.authorization.k8s.io", {"name": "prometheus", "namespace": "monitoring"}
+    rbac = [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "monitoring"}},
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": sa},
+        {"apiVersion": f"{group}/v1", "kind": "ClusterRole", "metadata": {"name": "prometheus-pods"},
+         "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]},
+        {"apiVersion": f"{group}/v1", "kind": "ClusterRoleBinding", "metadata": {"name": "prometheus-pods"},
+         "roleRef": {"apiGroup": group, "kind": "ClusterRole", "name": "prometheus-pods"},
+         "subjects": [{"kind": "ServiceAccount", **sa}]},
+    ]  # fmt: skip
+    kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(rbac))
+    token = tmp / "prometheus.token"
+    token.write_text(kubectl("-n", "monitoring", "create", "token", "prometheus", "--duration", "2h").strip())
+    job = yaml.safe_load(SCRAPE.read_text())
+    assert job["kubernetes_sd_configs"] == [{"role": "pod"}]  # in-cluster: the Pod's own token and CA
+    api = controlplane.endpoint()
+    job["kubernetes_sd_configs"][0].update(
+        api_server=api.server,
+        authorization={"credentials_file": str(token)},
+        tls_config={"ca_file": str(api.ca)},
+        namespaces={"names": [SERVING_NS]},
+    )
+    job["scrape_interval"] = "1s"
+    return job
+
+
+def our_message(wl: dict[str, Any] | None) -> str:
+    for e in ((wl or {}).get("status") or {}).get("admissionChecks") or []:
+        if e["name"] == CHECK:
+            return str(e.get("message", ""))
+    return ""
+
+
+@pytest.mark.timeout(1500, func_only=True)
+def test_a_real_vllm_pod_runs_the_decision_and_its_measured_alpha_reaches_the_next_decision(
+    cluster: client.ApiClient, telemetry: LocalPrometheus, real_engine: RealEngine, tmp_path: Path
+) -> None:
+    """The whole loop on the real node: the administrator offers the draft model for the served
+    target (a profiles ConfigMap) and serves its checkpoint from a local path (the policy's
+    drafts.checkpoints), both through `helm upgrade`; a real vLLM in a serving Pod is admitted
+    speculative and runs the decided table; Prometheus finds it through Kubernetes service discovery
+    with the shipped relabelling; the operator's next decision in that namespace uses the α the
+    engine measured."""
+    core = client.CoreV1Api(cluster)
+    profiles = local_profiles(tmp_path / "profiles", (DRAFT,))
+    files = [f"--from-file={f.name}={f}" for f in sorted(profiles.glob("*/*.yaml"))]
+    kubectl("-n", NAMESPACE, "create", "configmap", PROFILES, *files)
+    old = operator_pods(cluster)[0].metadata.name
+    drafts = {"checkpoints": {DRAFT: {SERVED: "/models/perturbed"}}}
+    chart, renderer = str(REPO / "charts" / "sovereignspec"), str(REPO / "tests/pod_e2e/post-render.sh")
+    helm("upgrade", RELEASE, chart, "-n", NAMESPACE, "--reuse-values",
+         "--set", f"profilesConfigMap={PROFILES}", "--set", "policy.spec.gammaMax=8",
+         "--set-json", f"policy.spec.drafts={json.dumps(drafts)}",
+         "--post-renderer", renderer)  # fmt: skip
+
+    def replaced() -> bool:
+        pods = operator_pods(cluster)
+        return len(pods) == 1 and pods[0].metadata.name != old and ready(pods[0])
+
+    wait_until(replaced, 180, "the operator Pod with the profiles ConfigMap to be the only one, Ready")
+    telemetry.add_scrape_config(service_discovery_job(tmp_path))
+
+    port = free_port()
+    kubectl("apply", "-f", "-", stdin=yaml.safe_dump(real_engine_job("vllm-real", real_engine, port)))
+    engine = EngineClient(port)
+
+    def serving() -> bool:
+        pods = core.list_namespaced_pod(SERVING_NS, label_selector="job-name=vllm-real").items
+        if any(p.status.phase in ("Failed", "Succeeded") for p in pods):
+            raise AssertionError(f"the engine's Pod ended\n{_job_story(cluster, 'vllm-real', 12000)}")
+        try:
+            get(engine.url + "/health", timeout=2)
+        except OSError:
+            return False
+        return True
+
+    t0 = time.monotonic()
+    try:
+        wait_until(serving, 600, "the real engine's Pod to serve")
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n{_job_story(cluster, 'vllm-real', 12000)}") from None
+    started_s = time.monotonic() - t0
+    (pod,) = core.list_namespaced_pod(SERVING_NS, label_selector="job-name=vllm-real").items
+    assert pod.spec.node_name == NODE
+    notes = pod.metadata.annotations
+    assert notes["sovereignspec.io/mode"] == "speculative", our_message(workload_of(cluster, "vllm-real"))
+    config = json.loads(notes["sovereignspec.io/vllm-speculative-config"])
+    assert config["method"] == "draft_model" and config["model"] == "/models/perturbed", config
+    fixed = [[1, 2**31, config["num_speculative_tokens"]]]
+    table = config.get("num_speculative_tokens_per_batch_size") or fixed
+    k1 = next(k for lo, hi, k in table if lo <= 1 <= hi)
+
+    # A series vLLM creates at its first draft holds that traffic in Prometheus's first sample of it,
+    # which increase() never sees: a few tokens first, scraped to the end, then the measured run
+    # (long, so that what little of the first request the window holds cannot move α).
+    engine.complete(1, tokens=8)
+    drafts = f'vllm:spec_decode_num_drafts_total{{namespace="{SERVING_NS}",job_name="vllm-real"}}'
+
+    def scraped_up_to_now() -> bool:
+        seen = telemetry.query(drafts)
+        now = engine.metrics().get("vllm:spec_decode_num_drafts_total")
+        return bool(seen) and float(seen[0]["value"][1]) == now
+
+    wait_until(scraped_up_to_now, 60, "Prometheus to discover the engine's Pod and scrape its first drafts")
+    done = engine.complete(1, tokens=512)
+    # The engine ran the decided table: at batch 1, K drafts per drafting step.
+    assert done["mean_draft_length"] == pytest.approx(k1, abs=0.15), (done, table)
+    measured = done["alpha_position0"]
+    assert measured is not None and 0.3 < measured < 0.97, done
+    reader = PrometheusReader(telemetry.url, window="5m")
+
+    def learned() -> tuple[float, float] | None:
+        got = reader.acceptance().get((SERVING_NS, SERVED))
+        enough = got is not None and got[1] >= 0.9 * done["drafts"] * done["mean_draft_length"]
+        return got if enough else None
+
+    alpha, _ = wait_until(learned, 60, "the engine's traffic in Prometheus, relabelled")
+    assert alpha == pytest.approx(measured, abs=0.03), (alpha, done)
+
+    # The next decision in the namespace, by the operator's Pod, from the same Prometheus.
+    kubectl("apply", "-f", "-", stdin=yaml.safe_dump(serving_job("after-real-engine")))
+    wait_until(lambda: our_state(workload_of(cluster, "after-real-engine")) == "Ready", 120,
+               "the next serving Job to be decided")  # fmt: skip
+    message = our_message(workload_of(cluster, "after-real-engine"))
+    blended = re.search(r"declared 0\.80 blended with (\d\.\d\d) observed", message)
+    assert blended is not None, message
+    assert float(blended.group(1)) == pytest.approx(measured, abs=0.03), message
+    print(
+        f"real vLLM in a Pod: serving {started_s:.0f}s after apply; table {table}; "
+        f"α measured {measured:.3f}, read {alpha:.3f}; next decision: {message}"
+    )
+    kubectl("-n", SERVING_NS, "delete", "job", "vllm-real", "--wait=true", "--cascade=foreground")
