@@ -22,7 +22,6 @@ from tests.conftest import go_quoted
 from tests.engine import env as engine_setup
 from tests.engine_client import SERVED, EngineClient, get
 
-REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 START_TIMEOUT = 420.0  # 45-115 s on 2 idle cores (real-engine.md); a loaded CI machine takes longer
 
@@ -53,8 +52,8 @@ def tiny(engine_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 class Served(EngineClient):
     """One `vllm serve` process started through `sovereignspec launch`."""
 
-    proc: subprocess.Popen[bytes] | None = None
-    log: Path = Path()
+    proc: subprocess.Popen[bytes]
+    log: Path
     started_s: float = 0.0
     argv: list[str] = field(default_factory=list)
 
@@ -62,7 +61,7 @@ class Served(EngineClient):
         return self.log.read_text(errors="replace")
 
     def close(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
+        if self.proc.poll() is None:
             self.proc.terminate()
             try:
                 self.proc.wait(timeout=60)

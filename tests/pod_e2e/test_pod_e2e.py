@@ -120,11 +120,15 @@ def workload_of(api: client.ApiClient, job: str) -> dict[str, Any] | None:
     return None
 
 
+def our_entry(wl: dict[str, Any] | None) -> dict[str, Any]:
+    """Our check's entry in the Workload's status ({} before there is one)."""
+    entries = ((wl or {}).get("status") or {}).get("admissionChecks") or []
+    return next((e for e in entries if e["name"] == CHECK), {})
+
+
 def our_state(wl: dict[str, Any] | None) -> str | None:
-    for e in ((wl or {}).get("status") or {}).get("admissionChecks") or []:
-        if e["name"] == CHECK:
-            return str(e["state"])
-    return None
+    state = our_entry(wl).get("state")
+    return None if state is None else str(state)
 
 
 def _job_story(api: client.ApiClient, job: str, tail: int = 1500) -> str:
@@ -461,13 +465,6 @@ def service_discovery_job(tmp: Path) -> dict[str, Any]:
     return job
 
 
-def our_message(wl: dict[str, Any] | None) -> str:
-    for e in ((wl or {}).get("status") or {}).get("admissionChecks") or []:
-        if e["name"] == CHECK:
-            return str(e.get("message", ""))
-    return ""
-
-
 @pytest.mark.timeout(1500, func_only=True)
 def test_a_real_vllm_pod_runs_the_decision_and_its_measured_alpha_reaches_the_next_decision(
     cluster: client.ApiClient, telemetry: LocalPrometheus, real_engine: RealEngine, tmp_path: Path
@@ -520,7 +517,7 @@ def test_a_real_vllm_pod_runs_the_decision_and_its_measured_alpha_reaches_the_ne
     (pod,) = core.list_namespaced_pod(SERVING_NS, label_selector="job-name=vllm-real").items
     assert pod.spec.node_name == NODE
     notes = pod.metadata.annotations
-    assert notes["sovereignspec.io/mode"] == "speculative", our_message(workload_of(cluster, "vllm-real"))
+    assert notes["sovereignspec.io/mode"] == "speculative", our_entry(workload_of(cluster, "vllm-real"))
     config = json.loads(notes["sovereignspec.io/vllm-speculative-config"])
     assert config["method"] == "draft_model" and config["model"] == "/models/perturbed", config
     fixed = [[1, 2**31, config["num_speculative_tokens"]]]
@@ -558,7 +555,7 @@ def test_a_real_vllm_pod_runs_the_decision_and_its_measured_alpha_reaches_the_ne
     kubectl("apply", "-f", "-", stdin=yaml.safe_dump(serving_job("after-real-engine")))
     wait_until(lambda: our_state(workload_of(cluster, "after-real-engine")) == "Ready", 120,
                "the next serving Job to be decided")  # fmt: skip
-    message = our_message(workload_of(cluster, "after-real-engine"))
+    message = str(our_entry(workload_of(cluster, "after-real-engine")).get("message", ""))
     blended = re.search(r"declared 0\.80 blended with (\d\.\d\d) observed", message)
     assert blended is not None, message
     assert float(blended.group(1)) == pytest.approx(measured, abs=0.03), message
