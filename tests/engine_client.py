@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import urllib.request
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -85,3 +86,18 @@ class EngineClient:
             if drafted
             else None,
         }
+
+    def scraped_by(self, query: Callable[[str], list[dict[str, Any]]], selector: str) -> bool:
+        """Whether Prometheus's latest samples of this engine's spec-decode counters (its series
+        matching `selector`) equal the engine's own values now: nothing it counted is unscraped."""
+        mine = self.metrics()
+        for name, extra in (
+            ("vllm:spec_decode_num_drafts_total", ""),
+            ("vllm:spec_decode_num_draft_tokens_total", ""),
+            ("vllm:spec_decode_num_accepted_tokens_per_pos_total", ',position="0"'),
+        ):
+            seen = query(f"sum({name}{{{selector}{extra}}})")
+            key = name + (f"{{{extra[1:]}}}" if extra else "")
+            if not seen or float(seen[0]["value"][1]) != mine.get(key):
+                return False
+        return True

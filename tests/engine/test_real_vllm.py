@@ -131,6 +131,8 @@ def test_prometheus_through_the_shipped_relabelling_gives_the_reader_the_drafts_
         done = served.complete(1, tokens=256)
         measured = done["alpha_position0"]
         assert measured is not None and 0.3 < measured < 0.97, done
+        selector = 'namespace="team-a"'
+        wait_until(lambda: served.scraped_by(prom.query, selector), timeout=60, what="the run's last scrape")
         reader = PrometheusReader(prom.url, window="5m")
 
         def learned() -> tuple[float, float] | None:

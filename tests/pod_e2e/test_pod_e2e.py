@@ -541,6 +541,8 @@ def test_a_real_vllm_pod_runs_the_decision_and_its_measured_alpha_reaches_the_ne
     assert done["mean_draft_length"] == pytest.approx(k1, abs=0.15), (done, table)
     measured = done["alpha_position0"]
     assert measured is not None and 0.3 < measured < 0.97, done
+    selector = f'namespace="{SERVING_NS}",job_name="vllm-real"'
+    wait_until(lambda: engine.scraped_by(telemetry.query, selector), 60, "the run's last scrape")
     reader = PrometheusReader(telemetry.url, window="5m")
 
     def learned() -> tuple[float, float] | None:
