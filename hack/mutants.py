@@ -36,6 +36,7 @@ TESTS = [
     "tests/unit/test_published.py",
     "tests/unit/test_roofline.py",
     "tests/unit/test_placement.py",
+    "tests/unit/test_groups.py",
     "tests/unit/test_ridge.py",
     "tests/unit/test_engine_contract.py",
     "tests/unit/test_calibration.py",

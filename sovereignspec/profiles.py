@@ -96,6 +96,11 @@ class GpuProfile(_Profile):
     bandwidth_efficiency: float = Field(gt=0, le=1, description="fraction of bandwidth reached, in (0, 1]")
     step_overhead_ms: float = Field(ge=0, description="fixed cost per engine step in ms, >= 0")
     allreduce_us: float = Field(ge=0, description="latency of one small all-reduce in µs, >= 0")
+    pipeline_hop_us: float = Field(
+        default=30.0,
+        ge=0,
+        description="one pipeline stage handing its activations to the next node in µs, >= 0 (estimated)",
+    )
     serial_fraction: float = Field(
         ge=0, le=1, description="share of per-token compute not hidden by weight streaming, in [0, 1]"
     )
@@ -141,6 +146,7 @@ class GpuProfile(_Profile):
             bandwidth_efficiency=self.bandwidth_efficiency,
             step_overhead_s=self.step_overhead_ms * 1e-3,
             allreduce_s=self.allreduce_us * 1e-6,
+            pipeline_hop_s=self.pipeline_hop_us * 1e-6,
             serial_fraction=self.serial_fraction,
             overlap=self.overlap,
             compute_efficiency_low=self.compute_efficiency_range()[0],

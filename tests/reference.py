@@ -178,6 +178,8 @@ def reference_tick(
                 tp = tensor_parallel_for(profiles.gpus[g.gpu_type], model)
             except ValueError:
                 continue
+            if w.gpus is not None and tp > w.gpus:  # the weights need more GPUs than the pod has
+                continue
             if w.node_pool is not None and g.node not in w.node_pool:
                 continue
             why = check_node(w.requirement, tenancy[g.node], policy.jurisdiction_label)

@@ -59,6 +59,8 @@ from sovereignspec.core.optimiser import (
 from sovereignspec.core.roofline import (
     Roofline,
     compute_bound,
+    fits_at,
+    pipeline_stage,
     roofline_for,
     stack_rooflines,
     tensor_parallel_for,
@@ -72,13 +74,15 @@ from sovereignspec.core.sovereignty import (
     TenancyIndex,
     check_node,
 )
-from sovereignspec.core.specs import ProfileSet
+from sovereignspec.core.specs import ModelSpec, ProfileSet
 
 LatencyClass = Literal["latency", "throughput"]
 EXPLAIN_LIMIT = 32  # excluded nodes named in one record; the rest are counted
 SCALAR_UPDATE_LIMIT = 8  # GPUs to refresh below which plain floats beat numpy
 # As many GPUs as any node could have: a node of unknown capacity, and the ledger's idle nodes.
 UNBOUNDED_GPUS = int(np.iinfo(np.int32).max)
+# A model as one GPU runs it: (name, pipeline stages, GPUs per stage or None for its own degree).
+ModelKey = tuple[str, int, int | None]
 IDLE_HEADROOM = 1.0  # a GPU nothing runs on
 
 
@@ -125,10 +129,37 @@ class WorkloadRequest:
     # Where Kueue's Topology Aware Scheduling put its pods before checks ran: per topology domain,
     # the nodes it covers and its pod count (None: no assignment; see `_on_assignment`).
     assigned: tuple[tuple[frozenset[str], int], ...] | None = None
+    # Its pods are one engine in this many pipeline stages, each pod a stage on its own GPUs (a
+    # LeaderWorkerSet group: tensor parallel inside a pod, pipeline parallel across pods).
+    stages: int = 1
 
     @property
     def requirement(self) -> Requirement:
         return Requirement(self.tenant, self.jurisdiction, self.exclusive, self.allowed_jurisdictions)
+
+    @property
+    def model_key(self) -> ModelKey:
+        """Its model as one GPU sees it: the whole model at its own degree, or one stage of a group
+        on the GPUs each pod asks for."""
+        if self.stages <= 1 or self.gpus is None:
+            return (self.model, 1, None)
+        return (self.model, self.stages, max(self.gpus // max(self.pods, 1), 1))
+
+    @property
+    def stage_slo_s(self) -> float | None:
+        """Its TPOT SLO as one stage's share: a token passes every stage in turn."""
+        return None if self.tpot_slo_s is None else self.tpot_slo_s / max(self.stages, 1)
+
+    @property
+    def model_shown(self) -> str:
+        """Its model as `model_key` sees it, for messages."""
+        _, stages, tp = self.model_key
+        return self.model if stages <= 1 else f"a stage of {self.model} in {stages} on {tp} GPUs"
+
+    def stage_of(self, model: ModelSpec) -> ModelSpec:
+        """`model` as one GPU runs it (`model_key`): itself, or a group's largest stage."""
+        _, stages, tp = self.model_key
+        return pipeline_stage(model, stages, tp)
 
 
 @dataclass(frozen=True)
@@ -264,8 +295,9 @@ def reevaluate(
     model, gpu = profiles.models.get(w.model), profiles.gpus.get(gpu_type)
     if model is None or gpu is None:
         return None
+    model = w.stage_of(model)
     try:
-        c = Coeffs.of(gpu, model, tensor_parallel_for(gpu, model))
+        c = Coeffs.of(gpu, model, w.model_key[2] or tensor_parallel_for(gpu, model))
     except ValueError:
         return None
     req, _ = spec_request(profiles, policy, w)
@@ -323,7 +355,7 @@ class Placer:
         self._node_tenancy = [n.tenancy for n in nodes]
         self.version = np.zeros(len(gpus), dtype=np.int64)
         self._position = {(g.node, g.index): i for i, g in enumerate(gpus)}
-        self._models: dict[str, _ModelArrays] = {}
+        self._models: dict[ModelKey, _ModelArrays] = {}
         self._scores: dict[tuple[object, ...], _Scores] = {}
         self._exhausted: dict[tuple[object, ...], tuple[Literal["retry", "rejected"], str]] = {}
         self._pools: dict[frozenset[str], NDArray[np.bool_]] = {}
@@ -331,28 +363,31 @@ class Placer:
 
     # -- per-model coefficients --------------------------------------------------------------
 
-    def _model(self, name: str) -> _ModelArrays:
-        if name not in self._models:
-            model = self.profiles.models[name]
+    def _model(self, key: ModelKey) -> _ModelArrays:
+        if key not in self._models:
+            name, stages, given = key
+            model = pipeline_stage(self.profiles.models[name], stages, given)
             per_type: list[Roofline] = []
             low_end: list[Roofline] = []
             tps: list[int] = []
             fits: list[bool] = []
             for t in self.gpu_types:
                 gpu = self.profiles.gpus[t]
-                try:
-                    tp = tensor_parallel_for(gpu, model)
-                    fits.append(True)
-                except ValueError:  # never chosen: `fits` excludes the type; any degree builds it
-                    tp = model.tensor_parallel
-                    fits.append(False)
+                if given is not None:  # a group's stage runs on the GPUs its pod asks for
+                    tp, fit = given, fits_at(gpu, model, given)
+                else:
+                    try:
+                        tp, fit = tensor_parallel_for(gpu, model), True
+                    except ValueError:  # never chosen: `fits` excludes the type; any degree builds it
+                        tp, fit = model.tensor_parallel, False
+                fits.append(fit)
                 tps.append(tp)
                 per_type.append(roofline_for(gpu, model, tp))
                 low = replace(gpu, compute_efficiency=gpu.compute_range[0])
                 low_end.append(roofline_for(low, model, tp))
             roof = stack_rooflines(per_type).take(self.gpu_type)
             cautious = stack_rooflines(low_end).take(self.gpu_type).matrix()
-            self._models[name] = _ModelArrays(
+            self._models[key] = _ModelArrays(
                 roof,
                 np.array(tps, dtype=np.int64)[self.gpu_type],
                 np.array(fits, dtype=np.bool_)[self.gpu_type],
@@ -361,7 +396,7 @@ class Placer:
                 [Coeffs(*stack_rooflines([r]).matrix()[:, 0].tolist()) for r in per_type],
                 [Coeffs(*stack_rooflines([r]).matrix()[:, 0].tolist()) for r in low_end],
             )
-        return self._models[name]
+        return self._models[key]
 
     def spec_request(self, w: WorkloadRequest) -> tuple[SpecRequest, str | None]:
         """The optimiser's view of `w`, and why speculation is off for it (None if it isn't)."""
@@ -371,7 +406,7 @@ class Placer:
 
     def _scores_for(self, w: WorkloadRequest, req: SpecRequest, mask: NDArray[np.bool_]) -> _Scores:
         """The signature's γ table choices, current on every GPU in `mask` (the others may lag)."""
-        key = (w.model, req, self.policy.externality)
+        key = (w.model_key, req, self.policy.externality)
         cached = self._scores.get(key)
         if cached is None:
             cached = _Scores(version=np.full(len(self.gpus), -1, dtype=np.int64))
@@ -379,14 +414,14 @@ class Placer:
             self._scores[key] = cached
         stale = np.nonzero((cached.version != self.version) & mask)[0]
         if stale.size > SCALAR_UPDATE_LIMIT:
-            self._evaluate(w.model, req, stale, cached)
+            self._evaluate(w.model_key, req, stale, cached)
         elif stale.size:
-            self._evaluate_scalar(w.model, req, stale, cached)
+            self._evaluate_scalar(w.model_key, req, stale, cached)
         cached.version[stale] = self.version[stale]
         return cached
 
     def _table(
-        self, model: str, req: SpecRequest, idx: NDArray[np.int64], cautious: bool = False
+        self, model: ModelKey, req: SpecRequest, idx: NDArray[np.int64], cautious: bool = False
     ) -> tuple[GammaTable, NDArray[np.float64]]:
         """The γ table on GPUs `idx`, judged at the pessimistic load each reading maps to (with
         `cautious`, at the low end of each GPU's calibrated compute efficiency)."""
@@ -398,7 +433,7 @@ class Placer:
         q = self.slo_ratio[idx] if self.policy.externality else np.full(idx.size, np.inf)
         return gamma_table(roof, req, bg, q, allow_spec=~self.stale[idx]), bg
 
-    def _evaluate(self, model: str, req: SpecRequest, idx: NDArray[np.int64], out: _Scores) -> None:
+    def _evaluate(self, model: ModelKey, req: SpecRequest, idx: NDArray[np.int64], out: _Scores) -> None:
         table, bg = self._table(model, req, idx)
         choice = choose(table)
         a = out.arrays
@@ -435,7 +470,9 @@ class Placer:
         a["bg_seqs"][g] = bg2[lower]
         a["cautious"][g] = 1.0
 
-    def _evaluate_scalar(self, model: str, req: SpecRequest, idx: NDArray[np.int64], out: _Scores) -> None:
+    def _evaluate_scalar(
+        self, model: ModelKey, req: SpecRequest, idx: NDArray[np.int64], out: _Scores
+    ) -> None:
         """The same as `_evaluate` for a few GPUs (one changed since the last use): plain floats
         beat a dozen numpy calls on one-element arrays."""
         m = self._model(model)
@@ -483,16 +520,24 @@ class Placer:
             self._pools[w.node_pool] = mask
         return mask
 
+    def _fits(self, w: WorkloadRequest, m: _ModelArrays) -> NDArray[np.bool_]:
+        """Per GPU: the model's weights fit on the GPUs each of `w`'s pods asks for."""
+        if w.gpus is None:
+            return m.fits
+        return np.asarray(m.fits & (m.tp <= max(w.gpus // max(w.pods, 1), 1)), dtype=np.bool_)
+
     def _need(self, w: WorkloadRequest, m: _ModelArrays) -> NDArray[np.int64]:
         return m.tp if w.gpus is None else np.full(len(self.gpus), w.gpus, dtype=np.int64)
 
     def candidates(self, w: WorkloadRequest) -> NDArray[np.bool_]:
         """GPUs `w` may use now: sovereignty first, then its node pool, capacity and fit."""
-        m = self._model(w.model) if w.model in self.profiles.models else None
+        m = self._model(w.model_key) if w.model in self.profiles.models else None
         if m is None:
             return np.zeros(len(self.gpus), dtype=np.bool_)
         allowed = (self.tenancy.mask(w.requirement) & self._pool(w))[self.gpu_node]
-        return np.asarray(allowed & m.fits & (self.free[self.gpu_node] >= self._need(w, m)), dtype=np.bool_)
+        return np.asarray(
+            allowed & self._fits(w, m) & (self.free[self.gpu_node] >= self._need(w, m)), dtype=np.bool_
+        )
 
     def _reserved(self, w: WorkloadRequest, mask: NDArray[np.bool_]) -> NDArray[np.bool_]:
         """GPUs on empty nodes that shared work must leave alone: the pool's last N empty nodes."""
@@ -517,10 +562,16 @@ class Placer:
                 return f"no node of its flavor in jurisdiction {w.jurisdiction}"
             allowed = ", ".join(sorted(w.allowed_jurisdictions or ()))
             return f"no node of its flavor in the jurisdictions its namespace allows ({allowed})"
-        m = self._model(w.model)
-        fits = sovereign[self.gpu_node] & m.fits
+        m = self._model(w.model_key)
+        fits = sovereign[self.gpu_node] & self._fits(w, m)
         if not fits.any():
-            return f"{w.model} fits no GPU of the nodes it may use"
+            whole = sovereign[self.gpu_node] & m.fits
+            if w.gpus is not None and whole.any():
+                return (
+                    f"{w.model_shown} fits no GPU of the nodes it may use on the {w.gpus // max(w.pods, 1)} "
+                    f"GPUs each of its pods asks for (it needs {int(m.tp[whole].min())})"
+                )
+            return f"{w.model_shown} fits no GPU of the nodes it may use"
         need = int(w.gpus) if w.gpus is not None else int(m.tp[fits].min())
         largest = int(self.capacity[self.gpu_node[fits]].max())
         return f"it needs {need} GPUs on one node; the largest node it may use has {largest}"
@@ -532,7 +583,7 @@ class Placer:
             return self._unplaced(w, "rejected", f"unknown model {w.model!r}", explain)
         if w.assigned is not None:
             return self._on_assignment(w, explain)
-        key = (w.model, w.requirement, w.node_pool, w.gpus, w.pods)
+        key = (w.model_key, w.requirement, w.node_pool, w.gpus, w.pods)
         if key in self._exhausted:  # capacity only shrinks and tenancy only tightens as a view fills
             return self._unplaced(w, *self._exhausted[key], explain)
         mask = self.candidates(w)
@@ -549,14 +600,15 @@ class Placer:
                 return spread
             spread_why = spread
         if not mask.any():
-            m = self._model(w.model)
+            m = self._model(w.model_key)
             permanent = (self.tenancy.permanent_mask(w.requirement) & self._pool(w))[self.gpu_node]
-            whole = permanent & m.fits & (self.capacity[self.gpu_node] >= self._need(w, m))
-            if spread_why is not None and w.gpus is not None:
+            whole = permanent & self._fits(w, m) & (self.capacity[self.gpu_node] >= self._need(w, m))
+            fit = permanent & self._fits(w, m)
+            if spread_why is not None and w.gpus is not None and fit.any():
                 # Spread, the pods need room for one each: the nodes it may ever use, by capacity.
                 per_pod = w.gpus // w.pods
                 nodes = np.zeros(len(self.node_names), dtype=np.bool_)
-                nodes[self.gpu_node[permanent & m.fits]] = True
+                nodes[self.gpu_node[fit]] = True
                 most = int((self.capacity[nodes] // per_pod).sum())
                 if most < w.pods:
                     why = f"its {w.pods} pods of {per_pod} GPUs never fit: the nodes it may use hold {most}"
@@ -592,7 +644,7 @@ class Placer:
         if w.latency_class == "latency":
             chosen = cand[_first_min(tpot_q, away, -head_q)]
         else:
-            fits_own = tpot <= w.tpot_slo_s if w.tpot_slo_s is not None else np.ones(cand.size, np.bool_)
+            fits_own = tpot <= w.stage_slo_s if w.stage_slo_s is not None else np.ones(cand.size, np.bool_)
             keeps_neighbours = s["step_plain"][cand] <= self.slo_ratio[cand] * s["before"][cand]
             pool = np.ones(cand.size, np.bool_)
             for subset in (fits_own & keeps_neighbours, fits_own):
@@ -610,6 +662,8 @@ class Placer:
             chosen = int(idx[_first_min(-gain_q, away[local], tpot_q[local])])
 
         record = self._record(w, req, off, int(chosen), s, int(cand.size), mask, explain)
+        if w.stages > 1 and w.pods > 1:  # a whole group on this node: a token passes every stage
+            record = replace(record, tpot_ms=w.stages * float(record.tpot_ms or 0.0))
         if commit:
             g = int(chosen)
             self._commit(
@@ -657,7 +711,7 @@ class Placer:
         labels with room now: why, per label."""
         assert w.gpus is not None
         per_pod = w.gpus // w.pods
-        m = self._model(w.model)
+        m = self._model(w.model_key)
         now = self.tenancy.mask(w.requirement)
         why = []
         for selector, nodes in self._selectors(w, self._pool(w)):
@@ -666,8 +720,8 @@ class Placer:
             if barred:
                 why.append(f"{name} selects {barred[0]}, which it may not use ({len(barred)} such)")
                 continue
-            if not m.fits[nodes[self.gpu_node]].all():
-                why.append(f"{name} selects GPUs {w.model} does not fit")
+            if not self._fits(w, m)[nodes[self.gpu_node]].all():
+                why.append(f"{name} selects GPUs {w.model_shown} does not fit")
                 continue
             room = int((self.free[nodes] // max(per_pod, 1)).sum())
             if room < w.pods:
@@ -694,19 +748,8 @@ class Placer:
             # sake (no other tenant's exclusive claim may land beside it), GPUs counted as planned.
             for i in np.nonzero(nodes)[0].tolist():
                 self._hold(i, w)
-            worst = min(placed, key=lambda p: p.gamma)  # the first of the lowest γ
-            pods = tuple((p.node or "", int(p.gpu_index or 0), p.gamma) for p in placed)
-            shown = ", ".join(f"{n}/gpu{g}" for n, g, _ in pods)
             pinned = ", ".join(f"{k}={v}" for k, v in selector.items()) or "its flavor's nodes"
-            reason = (
-                f"{w.pods} pods of {per_pod} GPUs over {shown}, pinned by {pinned}; {worst.record.reason}"
-            )
-            record = replace(
-                worst.record, workload=w.name, reason=reason, pods=pods, node_selector=dict(selector)
-            )
-            if explain:
-                record = replace(record, excluded=self._excluded(w, None))
-            return Placement(w.name, worst.node, worst.gpu_index, worst.gamma, record)
+            return self._joint(w, placed, per_pod, f"over @, pinned by {pinned}", selector, explain)
         head = (
             f"no node has room for its {w.pods} pods of {per_pod} GPUs together, and no node label pins them"
         )
@@ -764,12 +807,37 @@ class Placer:
                     )
                     return self._unplaced(w, "retry", why, explain)
                 placed.append(p)
-        worst = min(placed, key=lambda p: p.gamma)
+        return self._joint(w, placed, per_pod, "on Kueue's topology assignment, over @", {}, explain)
+
+    def _joint(
+        self,
+        w: WorkloadRequest,
+        placed: list[Placement],
+        per_pod: int | None,
+        how: str,
+        selector: Mapping[str, str],
+        explain: bool,
+    ) -> Placement:
+        """One decision for pods placed one by one: one mode and γ, the lowest any got (the load
+        committed is each pod's own choice, never less). `how` says where, @ standing for the GPUs."""
+        worst = min(placed, key=lambda p: p.gamma)  # the first of the lowest γ
         pods = tuple((p.node or "", int(p.gpu_index or 0), p.gamma) for p in placed)
         shown = ", ".join(f"{n}/gpu{g}" for n, g, _ in pods)
         size = f" of {per_pod} GPUs" if per_pod is not None else ""
-        reason = f"{total} pods{size} on Kueue's topology assignment, over {shown}; {worst.record.reason}"
-        record = replace(worst.record, workload=w.name, reason=reason, pods=pods, node_selector={})
+        what = f"{len(placed)} pods{size}"
+        tpot = worst.record.tpot_ms
+        if w.stages > 1:
+            # One engine: a token passes every stage in turn, so its TPOT is their sum.
+            what = f"one engine in {w.stages} pipeline stages{size}"
+            tpot = sum(float(p.record.tpot_ms or 0.0) for p in placed)
+        record = replace(
+            worst.record,
+            workload=w.name,
+            reason=f"{what} {how.replace('@', shown)}; {worst.record.reason}",
+            pods=pods,
+            node_selector=dict(selector),
+            tpot_ms=tpot,
+        )
         if explain:
             record = replace(record, excluded=self._excluded(w, None))
         return Placement(w.name, worst.node, worst.gpu_index, worst.gamma, record)
@@ -816,7 +884,7 @@ class Placer:
             return False
         req, _ = self.spec_request(w)
         req = replace(req, gamma_max=max(req.gamma_max, gamma))
-        table, _ = self._table(w.model, req, np.array([g]))
+        table, _ = self._table(w.model_key, req, np.array([g]))
         step = float(table.step[gamma, 0])
         self._commit(w, req, g, gamma, step, float(table.step_before[0]), step / float(table.taus[gamma]))
         return True
@@ -837,7 +905,7 @@ class Placer:
         before: float,
         tpot: float,
     ) -> None:
-        m = self._model(w.model)
+        m = self._model(w.model_key)
         # The reading (or, without telemetry, the estimate) moves by what the workload adds to the
         # load it reports (not the pessimistic one).
         c = m.coeffs[self._type_of[g]]
@@ -845,8 +913,8 @@ class Placer:
         self.headroom[g] = c.headroom(n + req.seqs * (gamma + 1.0), n + req.seqs, req.context)
         # Every neighbour's TPOT grows with the step; the newcomer joins them with its own SLO.
         self.slo_ratio[g] /= step / before
-        if w.tpot_slo_s is not None:
-            own = w.tpot_slo_s / tpot / (1.0 + self.policy.slo_margin)
+        if w.stage_slo_s is not None:
+            own = w.stage_slo_s / tpot / (1.0 + self.policy.slo_margin)
             if own < self.slo_ratio[g]:
                 self.slo_ratio[g] = own
                 self.binding[g] = w.name
@@ -861,7 +929,7 @@ class Placer:
         if req.gamma_max == 0:
             return out
         idx = np.nonzero(mask)[0]
-        table, _ = self._table(w.model, req, idx)
+        table, _ = self._table(w.model_key, req, idx)
         # Per GPU, the objective's own favourite γ (as `optimiser.blocker`, all columns at once).
         free = np.argmax(quantize(table.aggregate), axis=0)
         refused = (free > 0) & ~table.externality_ok[free, np.arange(idx.size)]
@@ -876,7 +944,7 @@ class Placer:
         out: dict[str, str] = {}
         skipped = 0
         usable_nodes = set(self.gpu_node[mask].tolist()) if mask is not None else set()
-        m = self._models.get(w.model)
+        m = self._models.get(w.model_key)
         for i, tenancy in enumerate(self._node_tenancy):
             if i in usable_nodes:
                 continue
@@ -885,8 +953,8 @@ class Placer:
                 text = "node-pool: not selected by the workload's flavor or nodeSelector"
             elif why is not None:
                 text = f"{why.constraint}: {why.detail}"
-            elif m is not None and not m.fits[self.gpu_node == i].any():
-                text = f"capacity: {w.model} does not fit this node's GPUs"
+            elif m is not None and not self._fits(w, m)[self.gpu_node == i].any():
+                text = f"capacity: {w.model_shown} does not fit this node's GPUs"
             elif i in self._unavailable:
                 text = f"unavailable: {self._unavailable[i]}"
             else:
@@ -948,7 +1016,7 @@ class Placer:
         if not explain:  # a tick's bulk decisions: where and how, without the breakdown
             return DecisionRecord(reason="speculative" if gamma > 0 else "plain", **where)  # type: ignore[arg-type]
         cautious = bool(s["cautious"][g])
-        table, _ = self._table(w.model, req, np.array([g]), cautious=cautious)
+        table, _ = self._table(w.model_key, req, np.array([g]), cautious=cautious)
         why_not = blocker(table)
         stale = bool(self.stale[g])
         binding = self.binding[g] if math.isfinite(self.slo_ratio[g]) else None
@@ -973,9 +1041,9 @@ class Placer:
                 "(the drafts cost more than they save at this load): plain decode"
             )
         gpu = self.profiles.gpus[where["gpu_type"]]  # type: ignore[index]
-        tp = int(self._model(w.model).tp[g])
+        tp = int(self._model(w.model_key).tp[g])
         low, high = gpu.compute_range
-        model = self.profiles.models[w.model]
+        model = w.stage_of(self.profiles.models[w.model])
         r_low, r_point, r_high = (
             float(roofline_for(replace(gpu, compute_efficiency=ce), model, tp).ridge_seqs(req.context))
             for ce in (low, gpu.compute_efficiency, high)

@@ -31,8 +31,9 @@ both C and M grow with the batch, long contexts can keep a GPU memory-bound at a
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -50,13 +51,36 @@ USABLE_MEMORY_FRACTION = 0.92
 TP_DEGREES = (1, 2, 4, 8, 16)
 
 
+def fits_at(gpu: GpuSpec, model: ModelSpec, tp: int) -> bool:
+    """Whether `model`'s weights, split over `tp` GPUs, leave room for its KV cache."""
+    return model.params * model.bytes_per_param / tp <= WEIGHT_MEMORY_FRACTION * gpu.mem_bytes
+
+
 def tensor_parallel_for(gpu: GpuSpec, model: ModelSpec) -> int:
     """The model's usual TP degree, raised to the next power of two if its weights don't fit."""
-    weight_bytes = model.params * model.bytes_per_param
     for tp in TP_DEGREES:
-        if tp >= model.tensor_parallel and weight_bytes / tp <= WEIGHT_MEMORY_FRACTION * gpu.mem_bytes:
+        if tp >= model.tensor_parallel and fits_at(gpu, model, tp):
             return tp
     raise ValueError(f"model {model.name} does not fit on {gpu.name} at any TP degree in {TP_DEGREES}")
+
+
+def pipeline_stage(model: ModelSpec, stages: int, tp: int | None = None) -> ModelSpec:
+    """The largest of `stages` pipeline stages of `model`, each on `tp` GPUs (tensor parallel).
+
+    A step passes every stage in turn (vLLM gives a stage ⌈layers/stages⌉ layers or one fewer),
+    so the group's step is the sum of its stages' and the largest one bounds it: a stage holds its
+    layers' share of the parameters and of the KV cache (embeddings counted as layers: an estimate),
+    and hands its activations on once per step (`GpuSpec.pipeline_hop_s`, in `roofline_for`)."""
+    if stages <= 1:
+        return model
+    layers = math.ceil(model.layers / stages)
+    return replace(
+        model,
+        params=model.params * layers / model.layers,
+        layers=layers,
+        tensor_parallel=tp or model.tensor_parallel,
+        pipeline_stages=stages,
+    )
 
 
 @dataclass(frozen=True)
@@ -289,6 +313,8 @@ def roofline_for(gpu: GpuSpec, model: ModelSpec, tp: int | None = None) -> Roofl
     """Coefficients for `model` on `gpu` at its tensor-parallel degree (chosen to fit if not given)."""
     tp = tp or tensor_parallel_for(gpu, model)
     allreduces = 2.0 * model.layers if tp > 1 else 0.0  # one after attention, one after the MLP
+    # A stage of several receives its input from the one before (the first, the sampled tokens).
+    hop = gpu.pipeline_hop_s if model.pipeline_stages > 1 else 0.0
     return Roofline(
         weight_bytes=_f(model.params * model.bytes_per_param / tp),
         kv_bytes_per_token=_f(model.kv_bytes_per_token / tp),
@@ -296,7 +322,7 @@ def roofline_for(gpu: GpuSpec, model: ModelSpec, tp: int | None = None) -> Roofl
         attention_flops_per_token_per_ctx=_f(4.0 * model.layers * model.hidden / tp),
         flops=_f(gpu.effective_flops),
         bandwidth=_f(gpu.effective_bandwidth),
-        fixed_s=_f(gpu.step_overhead_s + allreduces * gpu.allreduce_s),
+        fixed_s=_f(gpu.step_overhead_s + allreduces * gpu.allreduce_s + hop),
         capacity_bytes=_f(USABLE_MEMORY_FRACTION * gpu.mem_bytes),
         serial_fraction=_f(gpu.serial_fraction),
         overlap=_f(gpu.overlap),

@@ -25,6 +25,9 @@ class GpuSpec:
     bandwidth_efficiency: float  # fraction of datasheet bandwidth that weight/KV streaming reaches
     step_overhead_s: float  # fixed cost of one engine step (launches, sampling, scheduling)
     allreduce_s: float  # latency of one small all-reduce between tensor-parallel ranks
+    # One pipeline stage handing a step's activations to the next across nodes (an estimate, not
+    # in the calibration data: a network hop plus a batch's hidden states at 400 Gb/s).
+    pipeline_hop_s: float = 30e-6
     serial_fraction: float = 0.0  # κ: share of per-token compute that does not overlap weight streaming
     overlap: float = float("inf")  # p of the smooth maximum between streaming and compute
     # The calibration's 95 % interval of compute_efficiency (None: the point, nothing measured
@@ -61,6 +64,8 @@ class ModelSpec:
     bytes_per_param: float
     kv_bytes_per_elem: float
     tensor_parallel: int
+    # Split over this many pipeline stages, this spec being the largest (`roofline.pipeline_stage`).
+    pipeline_stages: int = 1
 
     @property
     def kv_bytes_per_token(self) -> float:

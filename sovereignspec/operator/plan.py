@@ -182,7 +182,7 @@ def decision_notes(
         # may speculate at light batches even where γ* at the declared batch is 0.
         table = handoff(
             profiles.gpus[record.gpu_type],
-            profiles.models[req.model],
+            req.stage_of(profiles.models[req.model]),
             drafter,
             req.alpha,
             float(req.context),
@@ -204,7 +204,7 @@ def decision_notes(
         # machinery; what it is handed says so.
         speedup, step = armed_at_declared(
             profiles.gpus[record.gpu_type],
-            profiles.models[req.model],
+            req.stage_of(profiles.models[req.model]),
             drafter,
             float(req.seqs),
             float(req.context),

@@ -230,6 +230,7 @@ def declared_request(
         alpha = learned
         source = f"{source} {prior:.2f} blended with {observed[0]:.2f} observed"
     problems = declared.performance_problems
+    pods = requested_pods(wl)
     request = WorkloadRequest(
         name=key_of(wl),
         tenant=declared.tenant,
@@ -246,8 +247,11 @@ def declared_request(
         force_plain="; ".join(str(p) for p in problems) or None,
         node_pool=node_pool,
         gpus=requested_gpus(wl) or None,
-        pods=requested_pods(wl),
+        pods=pods,
         allowed_jurisdictions=declared.allowed_jurisdictions,
+        # A LeaderWorkerSet group is one engine over its pods: vLLM's multi-node layout, tensor
+        # parallel inside each pod and a pipeline stage per pod (docs/serving-shapes.md).
+        stages=pods if kind == "LeaderWorkerSet" else 1,
     )
     return declared, request, source
 

@@ -260,7 +260,7 @@ def test_the_float_path_and_the_vectorised_path_keep_the_same_terms_where_the_ri
     for path in ("_evaluate", "_evaluate_scalar"):
         scores = _Scores(version=np.full(len(headrooms), -1))
         scores.arrays = {f: np.zeros(len(headrooms)) for f in _SCORE_FIELDS}
-        getattr(placer, path)(w.model, req, idx, scores)
+        getattr(placer, path)(w.model_key, req, idx, scores)
         out[path] = scores.arrays
     careful = out["_evaluate"]["cautious"]
     assert (careful.any() and not careful.all()) if careful_somewhere else not careful.any()
