@@ -80,7 +80,12 @@ def down() -> None:
 
 
 # Which pin of hack/versions.env names each binary's version (`make binaries` caches NAME-VERSION).
-_PINNED_BY = {"kubectl": "KUBERNETES_VERSION", "kube-apiserver": "KUBERNETES_VERSION", "helm": "HELM_VERSION"}
+_PINNED_BY = {
+    "kubectl": "KUBERNETES_VERSION",
+    "kube-apiserver": "KUBERNETES_VERSION",
+    "kube-scheduler": "KUBERNETES_VERSION",
+    "helm": "HELM_VERSION",
+}
 
 
 def pinned_binary(name: str) -> Path | None:

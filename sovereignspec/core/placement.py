@@ -297,7 +297,7 @@ def reevaluate(
         return None
     model = w.stage_of(model)
     try:
-        c = Coeffs.of(gpu, model, w.model_key[2] or tensor_parallel_for(gpu, model))
+        c = Coeffs.of(gpu, model, tensor_parallel_for(gpu, model))  # a stage's: its pod's GPUs
     except ValueError:
         return None
     req, _ = spec_request(profiles, policy, w)

@@ -12,11 +12,17 @@ then see."""
 
 from __future__ import annotations
 
+import subprocess
+import tempfile
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import pytest
 from kubernetes import client
 
+from localdev import controlplane
 from localdev import kueue as k
 from localdev.gpunodes import server_side_apply
 from tests.cluster.conftest import wait_until
@@ -620,3 +626,145 @@ def test_a_jurisdiction_on_a_deployment_itself_is_refused_naming_where_it_belong
         lambda: any_rejected(env, namespace), timeout=90, what="the replica's Workload Rejected"
     )
     told_rejected(env, namespace, entry, "found on the Deployment's own annotations")
+
+
+# -- bound by a real scheduler -----------------------------------------------------------------------
+
+BINDER = "sovereignspec-binder"
+
+
+@pytest.fixture(scope="module")
+def binder(control_plane: None) -> Iterator[str]:
+    """The pinned kube-scheduler, binding only Pods that name it (`schedulerName`), so that the
+    other tests' Pods stay unbound as they expect: no kubelet runs their simulated nodes, and a
+    bound Pod there could never finish being deleted."""
+    work = Path(tempfile.mkdtemp(prefix="sovereignspec-binder-"))
+    config = work / "config.yaml"
+    config.write_text(
+        "apiVersion: kubescheduler.config.k8s.io/v1\n"
+        "kind: KubeSchedulerConfiguration\n"
+        f"clientConnection: {{kubeconfig: {controlplane.kubeconfig('admin')}}}\n"
+        "leaderElection: {leaderElect: false}\n"
+        f"profiles: [{{schedulerName: {BINDER}}}]\n"
+    )
+    log = (work / "kube-scheduler.log").open("w")
+    proc = subprocess.Popen(
+        [str(controlplane.require_binary("kube-scheduler")), "--config", str(config), "--secure-port", "0"],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        yield BINDER
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        log.close()
+
+
+def container_gpus(pod_set: dict[str, Any]) -> int:
+    containers = pod_set["template"]["spec"]["containers"]
+    return sum(
+        int((c.get("resources") or {}).get("requests", {}).get("nvidia.com/gpu", 0)) for c in containers
+    )
+
+
+def bound(pool: Pool, selector: str, count: int, timeout: float = 120.0) -> list[client.V1Pod]:
+    """The `count` Pods of `selector`, once the scheduler has bound every one."""
+    core = client.CoreV1Api(pool.env.api)
+
+    def on_nodes() -> list[client.V1Pod] | None:
+        pods = core.list_namespaced_pod(pool.namespace, label_selector=selector).items
+        return pods if len(pods) == count and all(p.spec.node_name for p in pods) else None
+
+    return wait_until(on_nodes, timeout=timeout, what=f"{count} pods of {selector} bound")
+
+
+def test_the_real_scheduler_binds_every_replica_and_group_pod_inside_the_decisions_without_over_committing(
+    env, namespace, binder
+):
+    # Four 8-GPU eu nodes, three 4-GPU eu nodes, an 8-GPU kr node. A LeaderWorkerSet of two groups
+    # of two 8-GPU pods, a StatefulSet of two 4-GPU replicas, a Deployment of three 1-GPU replicas:
+    # 43 of eu's 44 GPUs. The pods name a real kube-scheduler, which binds them where our
+    # podSetUpdates and the nodes' own GPUs allow.
+    pool = make_pool(
+        env,
+        namespace,
+        [("H100-SXM", "eu", 8, [1.0] * 8)] * 4
+        + [("H100-SXM", "eu", 4, [1.0] * 4)] * 3
+        + [("H100-SXM", "kr", 8, [1.0] * 8)],
+    )
+
+    def template(gpus: int, app: str) -> dict[str, Any]:
+        t = server_template(gpus, annotations(jurisdiction="eu", **CHAT), app)
+        t["spec"]["schedulerName"] = binder
+        return t
+
+    group = lws_body(pool, "big", size=2, gpus=8)
+    group["spec"]["replicas"] = 2
+    group["spec"]["leaderWorkerTemplate"]["workerTemplate"] = template(8, "big")
+    server_side_apply(env.api, group, "sovereignspec-e2e")
+    groups = bound(pool, "app=big", 4)
+    replicas = {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": queued(pool, "store"),
+        "spec": {
+            "replicas": 2,
+            "serviceName": "store",
+            "podManagementPolicy": "Parallel",
+            "selector": {"matchLabels": {"app": "store"}},
+            "template": template(4, "store"),
+        },
+    }
+    server_side_apply(env.api, replicas, "sovereignspec-e2e")
+    stateful = bound(pool, "app=store", 2)
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": queued(pool, "chat"),
+        "spec": {
+            "replicas": 3,
+            "selector": {"matchLabels": {"app": "chat"}},
+            "template": template(1, "chat"),
+        },
+    }
+    server_side_apply(env.api, deployment, "sovereignspec-e2e")
+    chats = bound(pool, "app=chat", 3)
+
+    # Every pod on an eu node of the pool, with the decision in its annotations.
+    core = client.CoreV1Api(env.api)
+    eu = {n for n, (_, j, _) in pool.nodes.items() if j == "eu"}
+    used: dict[str, int] = {}
+    for pod in groups + stateful + chats:
+        assert pod.spec.node_name in eu, (pod.metadata.name, pod.spec.node_name)
+        notes = pod.metadata.annotations or {}
+        assert notes["sovereignspec.io/mode"] in ("speculative", "plain"), notes
+        assert int(notes["sovereignspec.io/draft-budget"]) >= 0
+        (container,) = pod.spec.containers
+        used[pod.spec.node_name] = used.get(pod.spec.node_name, 0) + int(
+            container.resources.requests["nvidia.com/gpu"]
+        )
+    # No node's GPUs over-committed, by the Pods' own requests against the Nodes' own allocatable,
+    # and by the Workloads' decisions (each planned pod's GPUs where it was planned).
+    for name, gpus in used.items():
+        allocatable = int(core.read_node(name).status.allocatable["nvidia.com/gpu"])
+        assert gpus <= allocatable, (name, gpus, allocatable)
+    planned: dict[str, int] = {}
+    host_of = {pool.hosts[n]: n for n in pool.nodes}
+    for wl in k.workloads(env.api, namespace):
+        entry = k.check_state(wl, env.check) or {}
+        assert entry.get("state") == "Ready", entry
+        (update, *_) = entry["podSetUpdates"]  # one decision for every pod set of the Workload
+        spread = (update.get("annotations") or {}).get("sovereignspec.io/nodes")
+        hosts = [x.split("/")[0] for x in spread.split(",")] if spread else [update["nodeSelector"][HOST]]
+        sizes = {container_gpus(ps) for ps in wl["spec"]["podSets"]}
+        assert len(sizes) == 1 and len(hosts) == sum(ps.get("count", 1) for ps in wl["spec"]["podSets"])
+        (per_pod,) = sizes
+        for h in hosts:
+            planned[host_of[h]] = planned.get(host_of[h], 0) + per_pod
+    assert sum(planned.values()) == 43 and all(planned[n] <= pool.nodes[n][2] for n in planned), planned
+    # Each group is one engine in two pipeline stages, its two pods on two nodes.
+    for wl in k.workloads(env.api, namespace):
+        refs = wl["metadata"].get("ownerReferences") or []
+        if any(r.get("kind") == "LeaderWorkerSet" for r in refs):
+            assert "one engine in 2 pipeline stages of 8 GPUs" in k.check_state(wl, env.check)["message"]

@@ -6,7 +6,7 @@ from dataclasses import replace
 import pytest
 
 from sovereignspec.core.placement import Placer, WorkloadRequest
-from sovereignspec.core.roofline import fits_at, pipeline_stage, roofline_for
+from sovereignspec.core.roofline import fits_at, pipeline_stage, roofline_for, tensor_parallel_for
 from sovereignspec.core.sovereignty import DEFAULT_JURISDICTION_LABEL as JUR
 from sovereignspec.operator import annotations as ann
 from tests.unit.builders import chat, node, snapshot
@@ -41,6 +41,11 @@ def test_uneven_stages_are_priced_as_the_largest_one(profiles):
     assert stage.layers == 27  # vLLM gives the stages 27, 27 and 26 of 80 layers
     assert stage.params == pytest.approx(model.params * 27 / 80)
     assert stage.pipeline_stages == 3 and pipeline_stage(model, 1) == model
+    # A stage runs on its pod's GPUs, whatever the model's own degree (4): the engine's per-batch
+    # table and a running group's re-evaluation take the degree from the stage.
+    on_eight = pipeline_stage(model, 2, 8)
+    assert on_eight.tensor_parallel == 8
+    assert tensor_parallel_for(profiles.gpus["H100-SXM"], on_eight) == 8
 
 
 def test_a_stage_fits_where_the_whole_model_does_not(profiles):
@@ -137,3 +142,15 @@ def test_a_leaderworkerset_groups_workload_is_decided_as_one_engine_of_stages() 
     assert "num_speculative_tokens" in notes[ann.OUT_VLLM], notes
     job = _decide([seventy("Job")], nodes, idle)
     assert job.state == "Rejected" and "fits no GPU" in job.message, job.message
+
+
+def test_pods_of_a_model_no_gpu_holds_at_any_degree_are_rejected_saying_so(profiles):
+    tiny = replace(
+        profiles,
+        gpus={**profiles.gpus, "tiny": replace(profiles.gpus["H100-SXM"], name="tiny", mem_bytes=1e9)},
+    )
+    view = cluster(("a", "tiny", [1.0] * 4, "eu"), ("b", "tiny", [1.0] * 4, "eu"))
+    for w in (group(), replace(group(), stages=1), replace(group(), gpus=None, pods=1, stages=1)):
+        p = Placer(tiny, view).place(w)
+        assert p.outcome == "rejected" and "fits no GPU of the nodes it may use" in p.record.reason, w
+        assert "each of its pods asks for" not in p.record.reason
