@@ -143,12 +143,12 @@ class WorkloadRequest:
         on the GPUs each pod asks for."""
         if self.stages <= 1 or self.gpus is None:
             return (self.model, 1, None)
-        return (self.model, self.stages, max(self.gpus // max(self.pods, 1), 1))
+        return (self.model, self.stages, self.gpus // self.pods)
 
     @property
     def stage_slo_s(self) -> float | None:
         """Its TPOT SLO as one stage's share: a token passes every stage in turn."""
-        return None if self.tpot_slo_s is None else self.tpot_slo_s / max(self.stages, 1)
+        return None if self.tpot_slo_s is None else self.tpot_slo_s / self.stages
 
     @property
     def model_shown(self) -> str:
@@ -524,7 +524,7 @@ class Placer:
         """Per GPU: the model's weights fit on the GPUs each of `w`'s pods asks for."""
         if w.gpus is None:
             return m.fits
-        return np.asarray(m.fits & (m.tp <= max(w.gpus // max(w.pods, 1), 1)), dtype=np.bool_)
+        return np.asarray(m.fits & (m.tp * w.pods <= w.gpus), dtype=np.bool_)
 
     def _need(self, w: WorkloadRequest, m: _ModelArrays) -> NDArray[np.int64]:
         return m.tp if w.gpus is None else np.full(len(self.gpus), w.gpus, dtype=np.int64)
@@ -568,7 +568,7 @@ class Placer:
             whole = sovereign[self.gpu_node] & m.fits
             if w.gpus is not None and whole.any():
                 return (
-                    f"{w.model_shown} fits no GPU of the nodes it may use on the {w.gpus // max(w.pods, 1)} "
+                    f"{w.model_shown} fits no GPU of the nodes it may use on the {w.gpus // w.pods} "
                     f"GPUs each of its pods asks for (it needs {int(m.tp[whole].min())})"
                 )
             return f"{w.model_shown} fits no GPU of the nodes it may use"
@@ -663,7 +663,8 @@ class Placer:
 
         record = self._record(w, req, off, int(chosen), s, int(cand.size), mask, explain)
         if w.stages > 1 and w.pods > 1:  # a whole group on this node: a token passes every stage
-            record = replace(record, tpot_ms=w.stages * float(record.tpot_ms or 0.0))
+            assert record.tpot_ms is not None  # every placed record has one
+            record = replace(record, tpot_ms=w.stages * record.tpot_ms)
         if commit:
             g = int(chosen)
             self._commit(
@@ -829,7 +830,7 @@ class Placer:
         if w.stages > 1:
             # One engine: a token passes every stage in turn, so its TPOT is their sum.
             what = f"one engine in {w.stages} pipeline stages{size}"
-            tpot = sum(float(p.record.tpot_ms or 0.0) for p in placed)
+            tpot = sum(p.record.tpot_ms for p in placed if p.record.tpot_ms is not None)
         record = replace(
             worst.record,
             workload=w.name,

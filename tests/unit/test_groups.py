@@ -141,7 +141,11 @@ def test_a_leaderworkerset_groups_workload_is_decided_as_one_engine_of_stages() 
     assert notes[ann.OUT_MODE] == "speculative" and int(notes[ann.OUT_BUDGET]) > 0
     assert "num_speculative_tokens" in notes[ann.OUT_VLLM], notes
     job = _decide([seventy("Job")], nodes, idle)
-    assert job.state == "Rejected" and "fits no GPU" in job.message, job.message
+    assert job.state == "Rejected", job.message
+    assert (
+        "fits no GPU of the nodes it may use on the 4 GPUs each of its pods asks for (it needs 8)"
+        in job.message
+    )
 
 
 def test_pods_of_a_model_no_gpu_holds_at_any_degree_are_rejected_saying_so(profiles):
@@ -154,3 +158,26 @@ def test_pods_of_a_model_no_gpu_holds_at_any_degree_are_rejected_saying_so(profi
         p = Placer(tiny, view).place(w)
         assert p.outcome == "rejected" and "fits no GPU of the nodes it may use" in p.record.reason, w
         assert "each of its pods asks for" not in p.record.reason
+
+
+def test_a_pod_asking_fewer_gpus_than_its_models_weights_need_is_rejected_naming_both(profiles):
+    # 70B runs at 4 H100s or more (8 RTX-4090s): one pod of 4 H100s is placed; one of 2 is told
+    # the smallest degree any GPU it may use needs.
+    view = cluster(("h", "H100-SXM", [1.0] * 8, "eu"), ("r", "RTX-4090", [1.0] * 8, "eu"))
+    four = WorkloadRequest("four", "t", SEVENTY, "eagle3", 0.8, gpus=4, jurisdiction="eu")
+    assert Placer(profiles, view).place(four).node == "h"
+    p = Placer(profiles, view).place(replace(four, gpus=2))
+    assert p.outcome == "rejected"
+    assert p.record.reason.endswith(
+        f"{SEVENTY} fits no GPU of the nodes it may use on the 2 GPUs each of its pods asks for (it needs 4)"
+    ), p.record.reason
+
+
+def test_a_group_of_one_gpu_pods_runs_its_stages_on_one_gpu_each_and_says_which_stage_fits_nowhere(
+    profiles,
+):
+    assert group(per_pod=1).model_key == (SEVENTY, 2, 1)
+    view = cluster(("a", "RTX-4090", [1.0] * 4, "eu"), ("b", "RTX-4090", [1.0] * 4, "eu"))
+    p = Placer(profiles, view).place(group(per_pod=1))
+    assert p.outcome == "rejected"
+    assert p.record.reason.startswith(f"a stage of {SEVENTY} in 2 on 1 GPUs fits no GPU"), p.record.reason
