@@ -397,7 +397,14 @@ def build(
                 if entry.get("state") == "Pending" and condition(wl, "QuotaReserved"):
                     pending.append(_unreadable(wl, entry, f"{type(exc).__name__}: {exc}"))
     misbound: list[tuple[str, str, str]] = []
-    pods_by_node = _foreign_pods(world, committed, tenancy, policy, errors, misbound)
+    moved: dict[int, str] = {}
+    pods_by_node = _foreign_pods(world, committed, tenancy, policy, errors, misbound, moved)
+    planned: dict[str, set[str]] = defaultdict(set)
+    for c in committed:
+        planned[c.key].add(c.node)
+    for i, node in moved.items():  # counted where bound, on a GPU no other entry there names
+        taken = {c.gpu_index for c in committed if c.node == node}
+        committed[i] = replace(committed[i], node=node, gpu_index=min(set(range(len(taken) + 1)) - taken))
     cluster, headroom, stale_reason = _cluster(
         world.nodes, committed, pods_by_node, policy, profiles, snapshot, now, errors
     )
@@ -408,7 +415,7 @@ def build(
         ledger_memo,
     )
     drift = _drift(committed, cluster, policy, missing_nodes)
-    elsewhere = _bound_elsewhere(committed, cluster, policy, misbound, drift)
+    elsewhere = _bound_elsewhere(committed, cluster, policy, misbound, drift, planned)
     drift += [d for d in elsewhere if d.event == "SovereigntyDrift"]
     bound = [d for d in elsewhere if d.event != "SovereigntyDrift"]
     aging = _aging(committed, cluster, headroom, world, policy, profiles)
@@ -590,11 +597,15 @@ def _foreign_pods(
     policy: PolicySpec,
     errors: list[str],
     misbound: list[tuple[str, str, str]] | None = None,
+    moved: dict[int, str] | None = None,
 ) -> dict[str, list[tuple[str, int]]]:
     """Per node: (tenant, GPUs) of bound GPU pods that no ledger entry on that node accounts for.
     An entry accounts for its own pods on its node up to the GPUs it counted there (all of a
-    workload's on one node; one pod's share for each pod of a spread one); beyond that, a pod is
-    counted as its tenant's (a spread pod the scheduler bound beside another: never under-counted)."""
+    workload's on one node; one pod's share for each pod of a spread one). A spread pod the
+    scheduler bound off its plan on a node its labels select takes one of its workload's planned
+    spots that no pod holds: `moved` (entry index -> the node it is bound on) says where that entry
+    now counts, so the ledger learns the real binding instead of counting the pod twice. Beyond
+    that, a pod is counted as its tenant's (never under-counted)."""
     # Room per (namespace, Workload, node); a Pod finds its Workload by Kueue's prebuilt label
     # (a StatefulSet's, a LeaderWorkerSet group's), by its Job or StatefulSet, or as itself.
     room: dict[tuple[str, str], float] = defaultdict(float)  # (Workload key, node)
@@ -607,6 +618,7 @@ def _foreign_pods(
             if c.key not in by_owner[ref]:
                 by_owner[ref].append(c.key)
     out: dict[str, list[tuple[str, int]]] = defaultdict(list)
+    off_plan: list[tuple[str, str, int, list[str], str]] = []  # (node, Pod, GPUs, Workloads, namespace)
     for pod in world.pods:
         try:
             meta, spec = pod["metadata"], pod.get("spec") or {}
@@ -631,12 +643,35 @@ def _foreign_pods(
             if key is not None:
                 room[key] -= gpus
                 continue
-            ours = next((wl for wl in keys if wl in placed), None)
-            if ours is not None and misbound is not None:  # (Workload, Pod, node)
-                misbound.append((ours, str(meta.get("name", "")), str(node)))
-            out[str(node)].append((tenancy(namespace, policy).tenant, gpus))
+            off_plan.append((str(node), str(meta.get("name", "")), gpus, keys, namespace))
         except Exception as exc:
             errors.append(f"Pod {_safe_key(pod)}: {type(exc).__name__}: {exc}")
+    # Once every pod bound where planned has taken its spot: the others, each into a free spot of
+    # its workload (of its size) if one is left, else counted as its tenant's.
+    for node, name, gpus, keys, namespace in off_plan:
+        try:
+            ours = next((wl for wl in keys if wl in placed), None)
+            if ours is not None and misbound is not None:  # (Workload, Pod, node)
+                misbound.append((ours, name, node))
+            spot = next(
+                (
+                    i
+                    for i, c in enumerate(committed)
+                    if c.key in keys
+                    and c.gpus == gpus
+                    and node in c.reach  # where its labels let the scheduler put it, no further
+                    and room[(c.key, c.node)] >= gpus
+                    and i not in moved
+                ),
+                None,
+            ) if moved is not None else None  # fmt: skip
+            if spot is not None and moved is not None:
+                room[(committed[spot].key, committed[spot].node)] -= gpus
+                moved[spot] = node
+                continue
+            out[node].append((tenancy(namespace, policy).tenant, gpus))
+        except Exception as exc:
+            errors.append(f"Pod {namespace}/{name}: {type(exc).__name__}: {exc}")
     return out
 
 
@@ -725,10 +760,11 @@ def _bound_elsewhere(
     policy: PolicySpec,
     misbound: list[tuple[str, str, str]],
     drift: list[Drift],
+    planned: Mapping[str, set[str]],
 ) -> list[Drift]:
     """A pod of ours bound on a node its decision did not plan it on: sovereignty drift if that
-    node breaks the workload's requirement, else a BoundElsewhere warning (its GPUs are counted on
-    both nodes until it ends, its γ was judged on the planned one). One per workload."""
+    node breaks the workload's requirement, else a BoundElsewhere warning (its GPUs are counted
+    where it is bound, its γ was judged on the planned node). One per workload."""
     nodes = {n.name: n for n in cluster.nodes}
     first: dict[str, Committed] = {}
     for entry in committed:
@@ -741,7 +777,7 @@ def _bound_elsewhere(
         if c is None or key in seen or key in drifted:
             continue
         seen.add(key)
-        planned = ", ".join(sorted({x.node for x in committed if x.key == key}))
+        plan = ", ".join(sorted(planned.get(key, ())))
         n = nodes.get(node)
         why = _breaks(c, n, policy) if n is not None else None
         if why is not None:
@@ -751,8 +787,8 @@ def _bound_elsewhere(
             out.append(Drift(c, text))
         else:
             text = (
-                f"its pod {pod} is bound on {node}, not on a node it was planned on ({planned}): its GPUs "
-                f"are counted on both until it ends, and its γ was judged on the planned node"
+                f"its pod {pod} is bound on {node}, not on a node it was planned on ({plan}): its GPUs "
+                f"are counted there, and its γ was judged on the planned node"
             )
             out.append(Drift(c, text, event="BoundElsewhere"))
     return out

@@ -676,7 +676,21 @@ def bound(pool: Pool, selector: str, count: int, timeout: float = 120.0) -> list
         pods = core.list_namespaced_pod(pool.namespace, label_selector=selector).items
         return pods if len(pods) == count and all(p.spec.node_name for p in pods) else None
 
-    return wait_until(on_nodes, timeout=timeout, what=f"{count} pods of {selector} bound")
+    try:
+        return wait_until(on_nodes, timeout=timeout, what=f"{count} pods of {selector} bound")
+    except AssertionError as exc:  # say where each pod and each decision stands
+        pods = core.list_namespaced_pod(pool.namespace, label_selector=selector).items
+        seen = [
+            (p.metadata.name, p.spec.node_name, [g.name for g in p.spec.scheduling_gates or []],
+             (p.metadata.annotations or {}).get("sovereignspec.io/gpu-index"),
+             [(c.reason, c.message) for c in (p.status.conditions or []) if c.status != "True"])
+            for p in pods
+        ]  # fmt: skip
+        checks = [
+            (wl["metadata"]["name"], (k.check_state(wl, pool.env.check) or {}).get("message"))
+            for wl in k.workloads(pool.env.api, pool.namespace)
+        ]
+        raise AssertionError(f"{exc}; pods {seen}; checks {checks}") from exc
 
 
 def test_the_real_scheduler_binds_every_replica_and_group_pod_inside_the_decisions_without_over_committing(

@@ -570,7 +570,7 @@ def test_engine_metrics_are_joined_on_what_every_engine_pod_of_the_workload_carr
 
 def _wide_on(node_name: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """A Job of two 8-GPU pods planned on h1 and h2 (pinned by eu), one pod bound on `node_name`."""
-    wide = chat("wide").annotate(jurisdiction="eu").owned_by("Job", "wide").gpus("16").pods(2).obj()
+    wide = chat("wide").annotate(jurisdiction="eu").owned_by("Job", "wide").gpus("8").pods(2).obj()
     wide["status"]["admissionChecks"][0].update(
         state="Ready",
         message="plain γ=0 on 2 pods over h1/gpu0, h2/gpu0",
@@ -605,7 +605,11 @@ def test_a_pod_bound_where_it_was_not_planned_raises_one_warning_and_leaves_the_
     assert write.state == "Ready" and write.pod_set_updates
     assert [(e.reason, e.warning) for e in write.events] == [("BoundElsewhere", True)]
     assert drift_writes(view, policy(), {"team-a/wide": warned.why}) == []  # told once
-    assert next(n for n in view.cluster.nodes if n.name == "h3").free_gpus == 0
+    # The ledger learns the binding: the pod takes the planned spot no pod holds (h1's, the
+    # first), so it counts on h3 alone; h1 is free again, h2 still holds the other pod's plan.
+    free = {n.name: n.free_gpus for n in view.cluster.nodes}
+    assert free == {"h1": 8, "h2": 0, "h3": 0}, free
+    assert "its GPUs are counted there" in warned.why
     # Bound where planned: nothing to say.
     wide, pods = _wide_on("h1")
     assert _view([wide], nodes, snapshot({}), pods=pods).bound_elsewhere == []
