@@ -206,3 +206,88 @@ def test_the_dispatcher_role_ships_a_policy_that_lets_only_it_and_kueue_nominate
         capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
     assert "ValidatingAdmissionPolicy" not in old
+
+
+def notes(helm: Path, tmp_path: Path, *sets: str) -> str:
+    """NOTES.txt as `helm install` prints it (`helm template` leaves it out, and a dry-run install
+    needs a cluster): rendered from a copy of the chart where it is a named template."""
+    import shutil
+
+    chart = tmp_path / "chart"
+    shutil.copytree(CHART, chart)
+    text = (chart / "templates" / "NOTES.txt").read_text()
+    (chart / "templates" / "NOTES.txt").unlink()
+    (chart / "templates" / "_notes.tpl").write_text(
+        '{{- define "test.notes" -}}\n' + text + "\n{{- end -}}\n"
+    )
+    (chart / "templates" / "notes.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: notes}\n"
+        'data:\n  notes: |\n{{ include "test.notes" . | indent 4 }}\n'
+    )
+    args = [str(helm), "template", "t", str(chart), "-n", "ns", "--kube-version", "1.36.3"]
+    for s in sets:
+        args += ["--set", s]
+    out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
+    (doc,) = [
+        d
+        for d in yaml.safe_load_all(out)
+        if d and d["kind"] == "ConfigMap" and d["metadata"]["name"] == "notes"
+    ]
+    return str(doc["data"]["notes"])
+
+
+def test_the_notes_tell_each_role_what_it_serves_and_how_to_wire_it(helm, tmp_path):
+    worker = notes(helm, tmp_path / "w")
+    assert "places serving workloads on this cluster's nodes" in worker
+    assert "controllerName sovereignspec.io/speculation" in worker and "dispatcherName" not in worker
+    dispatcher = notes(helm, tmp_path / "d", "role=dispatcher")
+    assert "controllerName sovereignspec.io/dispatcher" in dispatcher
+    assert "dispatcherName: sovereignspec.io/dispatcher" in dispatcher
+    assert "sovereignspec.io/speculation" not in dispatcher and "nominatedClusterNames" in dispatcher
+
+
+def test_name_and_fullname_overrides_name_everything_it_makes(helm):
+    default = {
+        (d["kind"], d["metadata"]["name"]) for d in render(helm) if d["kind"] != "CustomResourceDefinition"
+    }
+    assert ("Deployment", "t-sovereignspec") in default
+    full = render(helm, "fullnameOverride=spec-ctl")
+    named = {
+        (d["kind"], d["metadata"]["name"]) for d in full if d["kind"] in ("Deployment", "ServiceAccount")
+    }
+    assert named == {("Deployment", "spec-ctl"), ("ServiceAccount", "spec-ctl")}
+    short = render(helm, "nameOverride=ss")
+    (deployment,) = [d for d in short if d["kind"] == "Deployment"]
+    assert deployment["metadata"]["name"] == "t-ss"
+    assert deployment["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"] == "ss"
+
+
+def test_a_parent_chart_turns_it_on_and_off_with_its_enabled_condition(helm, tmp_path):
+    parent = tmp_path / "platform"
+    parent.mkdir()
+    dependency = {"name": "sovereignspec", "version": "*", "repository": f"file://{CHART}",
+                  "condition": "sovereignspec.enabled"}  # fmt: skip
+    (parent / "Chart.yaml").write_text(
+        yaml.safe_dump(
+            {"apiVersion": "v2", "name": "platform", "version": "0.1.0", "dependencies": [dependency]}
+        )
+    )
+    env = {
+        **os.environ,
+        "HELM_CACHE_HOME": str(tmp_path / "cache"),
+        "HELM_CONFIG_HOME": str(tmp_path / "cfg"),
+    }
+    dep = subprocess.run(
+        [str(helm), "dependency", "update", str(parent)], capture_output=True, text=True, check=False, env=env
+    )
+    assert dep.returncode == 0, dep.stderr
+    kinds = {}
+    for enabled in ("true", "false"):
+        out = subprocess.run(
+            [str(helm), "template", "p", str(parent), "--set", f"sovereignspec.enabled={enabled}"],
+            capture_output=True, text=True, check=False, env=env,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        kinds[enabled] = {d["kind"] for d in yaml.safe_load_all(out.stdout) if d}
+    assert {"Deployment", "ClusterRole", "AdmissionCheck"} <= kinds["true"]
+    assert kinds["false"] == set()
