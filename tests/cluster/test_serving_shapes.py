@@ -211,6 +211,38 @@ def gated_pods(pool: Pool, selector: str, count: int, timeout: float = 90.0) -> 
     return wait_until(made, timeout=timeout, what=f"{count} pods of {selector}")
 
 
+def statefulset_body(metadata: dict[str, Any], replicas: int, template: dict[str, Any]) -> dict[str, Any]:
+    """A StatefulSet whose replicas start together (Kueue admits them as one group)."""
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": metadata,
+        "spec": {
+            "replicas": replicas,
+            "serviceName": metadata["name"],
+            "podManagementPolicy": "Parallel",
+            "selector": {"matchLabels": template["metadata"]["labels"]},
+            "template": template,
+        },
+    }
+
+
+def deployment_body(
+    metadata: dict[str, Any], replicas: int, template: dict[str, Any], **spec: Any
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": metadata,
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": template["metadata"]["labels"]},
+            "template": template,
+            **spec,
+        },
+    }
+
+
 def server_template(gpus: int, notes: dict[str, str], app: str) -> dict[str, Any]:
     return {
         "metadata": {"labels": {"app": app}, "annotations": notes},
@@ -258,18 +290,9 @@ def test_a_statefulsets_replicas_are_decided_as_one_workload_from_its_pod_templa
         namespace,
         [("H100-SXM", "eu", 4, [1.0] * 4)] * 2 + [("H100-SXM", "kr", 8, [1.0] * 8)],
     )
-    body = {
-        "apiVersion": "apps/v1",
-        "kind": "StatefulSet",
-        "metadata": queued(pool, "chat"),
-        "spec": {
-            "replicas": 2,
-            "serviceName": "chat",
-            "podManagementPolicy": "Parallel",
-            "selector": {"matchLabels": {"app": "chat"}},
-            "template": server_template(4, annotations(jurisdiction="eu", **CHAT), "chat"),
-        },
-    }
+    body = statefulset_body(
+        queued(pool, "chat"), 2, server_template(4, annotations(jurisdiction="eu", **CHAT), "chat")
+    )
     server_side_apply(env.api, body, "sovereignspec-e2e")
 
     def workload() -> dict[str, Any] | None:
@@ -361,17 +384,11 @@ def test_a_jurisdiction_on_a_statefulset_itself_is_refused_naming_where_it_belon
     # Kueue lists the Pods as the Workload's owners too; the StatefulSet is read, and a sovereignty
     # key on its own annotations (never copied into its Pods) fails closed.
     pool = make_pool(env, namespace, [("H100-SXM", "eu", 4, [1.0] * 4)])
-    body = {
-        "apiVersion": "apps/v1",
-        "kind": "StatefulSet",
-        "metadata": queued(pool, "misplaced", annotations=annotations(jurisdiction="eu")),
-        "spec": {
-            "replicas": 1,
-            "serviceName": "misplaced",
-            "selector": {"matchLabels": {"app": "misplaced"}},
-            "template": server_template(1, annotations(**CHAT), "misplaced"),
-        },
-    }
+    body = statefulset_body(
+        queued(pool, "misplaced", annotations=annotations(jurisdiction="eu")),
+        1,
+        server_template(1, annotations(**CHAT), "misplaced"),
+    )
     server_side_apply(env.api, body, "sovereignspec-e2e")
 
     entry = wait_until(lambda: any_rejected(env, namespace), timeout=90, what="the Workload Rejected")
@@ -385,16 +402,9 @@ def test_scaling_a_deployment_decides_new_replicas_and_frees_removed_ones_for_th
     # the Pods, Kueue admits each alone): 3 → 6 takes every GPU, each new replica decided on a GPU
     # of its own; 6 → 1 frees five, and a 5-GPU Job is then placed on that node.
     pool = make_pool(env, namespace, [("H100-SXM", "eu", 6, [1.0] * 6)])
-    body = {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": queued(pool, "chat"),
-        "spec": {
-            "replicas": 3,
-            "selector": {"matchLabels": {"app": "chat"}},
-            "template": server_template(1, annotations(jurisdiction="eu", **CHAT), "chat"),
-        },
-    }
+    body = deployment_body(
+        queued(pool, "chat"), 3, server_template(1, annotations(jurisdiction="eu", **CHAT), "chat")
+    )
     server_side_apply(env.api, body, "sovereignspec-e2e")
 
     def decided_gpus(count: int) -> set[str] | None:
@@ -574,17 +584,12 @@ def test_a_rolling_updates_surge_replica_is_decided_like_any_other_and_nothing_i
     # rollout waits) is decided on a GPU of its own. Three GPUs are held, once each: a one-GPU
     # Job takes the fourth, and the next waits.
     pool = make_pool(env, namespace, [("H100-SXM", "eu", 4, [1.0] * 4)])
-    body = {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": queued(pool, "chat"),
-        "spec": {
-            "replicas": 2,
-            "strategy": {"rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
-            "selector": {"matchLabels": {"app": "chat"}},
-            "template": server_template(1, annotations(jurisdiction="eu", **CHAT), "chat"),
-        },
-    }
+    body = deployment_body(
+        queued(pool, "chat"),
+        2,
+        server_template(1, annotations(jurisdiction="eu", **CHAT), "chat"),
+        strategy={"rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+    )
     server_side_apply(env.api, body, "sovereignspec-e2e")
     core = client.CoreV1Api(env.api)
 
@@ -610,16 +615,11 @@ def test_a_jurisdiction_on_a_deployment_itself_is_refused_naming_where_it_belong
     # The Deployment's own annotations reach none of its Pods: a sovereignty key there fails closed
     # for each replica, naming the Deployment (found from the Pod's ReplicaSet).
     pool = make_pool(env, namespace, [("H100-SXM", "eu", 4, [1.0] * 4)])
-    body = {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": queued(pool, "misplaced", annotations=annotations(jurisdiction="eu")),
-        "spec": {
-            "replicas": 1,
-            "selector": {"matchLabels": {"app": "misplaced"}},
-            "template": server_template(1, annotations(**CHAT), "misplaced"),
-        },
-    }
+    body = deployment_body(
+        queued(pool, "misplaced", annotations=annotations(jurisdiction="eu")),
+        1,
+        server_template(1, annotations(**CHAT), "misplaced"),
+    )
     server_side_apply(env.api, body, "sovereignspec-e2e")
 
     entry = wait_until(
@@ -718,31 +718,13 @@ def test_the_real_scheduler_binds_every_replica_and_group_pod_inside_the_decisio
     group["spec"]["leaderWorkerTemplate"]["workerTemplate"] = template(8, "big")
     server_side_apply(env.api, group, "sovereignspec-e2e")
     groups = bound(pool, "app=big", 4)
-    replicas = {
-        "apiVersion": "apps/v1",
-        "kind": "StatefulSet",
-        "metadata": queued(pool, "store"),
-        "spec": {
-            "replicas": 2,
-            "serviceName": "store",
-            "podManagementPolicy": "Parallel",
-            "selector": {"matchLabels": {"app": "store"}},
-            "template": template(4, "store"),
-        },
-    }
-    server_side_apply(env.api, replicas, "sovereignspec-e2e")
+    server_side_apply(
+        env.api, statefulset_body(queued(pool, "store"), 2, template(4, "store")), "sovereignspec-e2e"
+    )
     stateful = bound(pool, "app=store", 2)
-    deployment = {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": queued(pool, "chat"),
-        "spec": {
-            "replicas": 3,
-            "selector": {"matchLabels": {"app": "chat"}},
-            "template": template(1, "chat"),
-        },
-    }
-    server_side_apply(env.api, deployment, "sovereignspec-e2e")
+    server_side_apply(
+        env.api, deployment_body(queued(pool, "chat"), 3, template(1, "chat")), "sovereignspec-e2e"
+    )
     chats = bound(pool, "app=chat", 3)
 
     # Every pod on an eu node of the pool, with the decision in its annotations.
@@ -758,25 +740,40 @@ def test_the_real_scheduler_binds_every_replica_and_group_pod_inside_the_decisio
         used[pod.spec.node_name] = used.get(pod.spec.node_name, 0) + int(
             container.resources.requests["nvidia.com/gpu"]
         )
-    # No node's GPUs over-committed, by the Pods' own requests against the Nodes' own allocatable,
-    # and by the Workloads' decisions (each planned pod's GPUs where it was planned).
+    # No node's GPUs over-committed, by the Pods' own requests against the Nodes' own allocatable.
     for name, gpus in used.items():
         allocatable = int(core.read_node(name).status.allocatable["nvidia.com/gpu"])
         assert gpus <= allocatable, (name, gpus, allocatable)
-    planned: dict[str, int] = {}
+    # The decisions as the Workloads hold them: 43 GPUs planned, each replica pinned by hostname on
+    # the node its pod is on, each spread pod set pinned by the jurisdiction only. (The scheduler
+    # may bind a spread pod off its plan, anywhere its label selects; the ledger then counts it
+    # where it is, which is why the replicas decided after it still found room.)
+    pods = {p.metadata.name: p for p in groups + stateful + chats}
+    spots = 0
     host_of = {pool.hosts[n]: n for n in pool.nodes}
+    spread_spots: dict[str, int] = {}  # the groups' and the StatefulSet's planned GPUs per node
     for wl in k.workloads(env.api, namespace):
         entry = k.check_state(wl, env.check) or {}
         assert entry.get("state") == "Ready", entry
         (update, *_) = entry["podSetUpdates"]  # one decision for every pod set of the Workload
         spread = (update.get("annotations") or {}).get("sovereignspec.io/nodes")
-        hosts = [x.split("/")[0] for x in spread.split(",")] if spread else [update["nodeSelector"][HOST]]
         sizes = {container_gpus(ps) for ps in wl["spec"]["podSets"]}
-        assert len(sizes) == 1 and len(hosts) == sum(ps.get("count", 1) for ps in wl["spec"]["podSets"])
+        count = sum(ps.get("count", 1) for ps in wl["spec"]["podSets"])
+        assert len(sizes) == 1, sizes
         (per_pod,) = sizes
-        for h in hosts:
-            planned[host_of[h]] = planned.get(host_of[h], 0) + per_pod
-    assert sum(planned.values()) == 43 and all(planned[n] <= pool.nodes[n][2] for n in planned), planned
+        spots += count * per_pod
+        if spread:
+            assert len(spread.split(",")) == count and update["nodeSelector"] == {JURISDICTION: "eu"}
+            for host in (x.split("/")[0] for x in spread.split(",")):
+                spread_spots[host_of[host]] = spread_spots.get(host_of[host], 0) + per_pod
+        else:
+            (owner,) = [r["name"] for r in wl["metadata"]["ownerReferences"] if r["kind"] == "Pod"]
+            assert pool.hosts[pods[owner].spec.node_name] == update["nodeSelector"][HOST]
+    assert spots == 43
+    # The groups fill the 8-GPU nodes and the StatefulSet can only go on 4-GPU ones, so their plans
+    # never legitimately share a node's GPUs (the replicas' may: they come after the bindings):
+    # two groups decided in one tick on the same GPUs would show here, whatever the scheduler did.
+    assert all(gpus <= pool.nodes[n][2] for n, gpus in spread_spots.items()), spread_spots
     # Each group is one engine in two pipeline stages, its two pods on two nodes.
     for wl in k.workloads(env.api, namespace):
         refs = wl["metadata"].get("ownerReferences") or []
