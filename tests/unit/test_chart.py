@@ -7,7 +7,9 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -124,36 +126,40 @@ def test_the_values_schema_refuses_bad_values(helm, bad):
     assert result.returncode != 0 and "schema" in (result.stderr + result.stdout).lower()
 
 
-def test_the_chart_renders_as_a_dependency_of_a_parent_chart_with_global_values(helm, tmp_path):
+def parent_chart(
+    helm: Path, tmp_path: Path, values: dict[str, Any] | None = None, **dependency: str
+) -> Callable[..., set[str]]:
+    """A platform chart that depends on this one (with `dependency`'s extra fields, a condition
+    say) and `values`; returns what renders it with `--set` arguments, as the kinds it makes."""
     parent = tmp_path / "platform"
     parent.mkdir()
+    dep = {"name": "sovereignspec", "version": "*", "repository": f"file://{CHART}", **dependency}
     (parent / "Chart.yaml").write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v2",
-                "name": "platform",
-                "version": "0.1.0",
-                "dependencies": [{"name": "sovereignspec", "version": "*", "repository": f"file://{CHART}"}],
-            }
-        )
+        yaml.safe_dump({"apiVersion": "v2", "name": "platform", "version": "0.1.0", "dependencies": [dep]})
     )
-    (parent / "values.yaml").write_text(yaml.safe_dump({"global": {"imageRegistry": "registry.example"}}))
+    (parent / "values.yaml").write_text(yaml.safe_dump(values or {}))
     env = {
         **os.environ,
         "HELM_CACHE_HOME": str(tmp_path / "cache"),
         "HELM_CONFIG_HOME": str(tmp_path / "cfg"),
     }
-    dep = subprocess.run(
+    update = subprocess.run(
         [str(helm), "dependency", "update", str(parent)], capture_output=True, text=True, check=False, env=env
     )
-    assert dep.returncode == 0, dep.stderr
-    out = subprocess.run(
-        [str(helm), "template", "p", str(parent), "--set", "global.team=serving"],
-        capture_output=True, text=True, check=False, env=env,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr
-    kinds = {d["kind"] for d in yaml.safe_load_all(out.stdout) if d}
-    assert {"Deployment", "ClusterRole", "AdmissionCheck"} <= kinds
+    assert update.returncode == 0, update.stderr
+
+    def kinds(*sets: str) -> set[str]:
+        args = [str(helm), "template", "p", str(parent)] + [a for s in sets for a in ("--set", s)]
+        out = subprocess.run(args, capture_output=True, text=True, check=False, env=env)
+        assert out.returncode == 0, out.stderr
+        return {d["kind"] for d in yaml.safe_load_all(out.stdout) if d}
+
+    return kinds
+
+
+def test_the_chart_renders_as_a_dependency_of_a_parent_chart_with_global_values(helm, tmp_path):
+    render_parent = parent_chart(helm, tmp_path, {"global": {"imageRegistry": "registry.example"}})
+    assert {"Deployment", "ClusterRole", "AdmissionCheck"} <= render_parent("global.team=serving")
 
 
 def test_the_dispatcher_role_renders_its_flag_controller_name_and_read_rights(helm):
@@ -263,31 +269,6 @@ def test_name_and_fullname_overrides_name_everything_it_makes(helm):
 
 
 def test_a_parent_chart_turns_it_on_and_off_with_its_enabled_condition(helm, tmp_path):
-    parent = tmp_path / "platform"
-    parent.mkdir()
-    dependency = {"name": "sovereignspec", "version": "*", "repository": f"file://{CHART}",
-                  "condition": "sovereignspec.enabled"}  # fmt: skip
-    (parent / "Chart.yaml").write_text(
-        yaml.safe_dump(
-            {"apiVersion": "v2", "name": "platform", "version": "0.1.0", "dependencies": [dependency]}
-        )
-    )
-    env = {
-        **os.environ,
-        "HELM_CACHE_HOME": str(tmp_path / "cache"),
-        "HELM_CONFIG_HOME": str(tmp_path / "cfg"),
-    }
-    dep = subprocess.run(
-        [str(helm), "dependency", "update", str(parent)], capture_output=True, text=True, check=False, env=env
-    )
-    assert dep.returncode == 0, dep.stderr
-    kinds = {}
-    for enabled in ("true", "false"):
-        out = subprocess.run(
-            [str(helm), "template", "p", str(parent), "--set", f"sovereignspec.enabled={enabled}"],
-            capture_output=True, text=True, check=False, env=env,
-        )  # fmt: skip
-        assert out.returncode == 0, out.stderr
-        kinds[enabled] = {d["kind"] for d in yaml.safe_load_all(out.stdout) if d}
-    assert {"Deployment", "ClusterRole", "AdmissionCheck"} <= kinds["true"]
-    assert kinds["false"] == set()
+    render_parent = parent_chart(helm, tmp_path, condition="sovereignspec.enabled")
+    assert {"Deployment", "ClusterRole", "AdmissionCheck"} <= render_parent("sovereignspec.enabled=true")
+    assert render_parent("sovereignspec.enabled=false") == set()
