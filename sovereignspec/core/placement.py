@@ -602,8 +602,8 @@ class Placer:
         if not mask.any():
             m = self._model(w.model_key)
             permanent = (self.tenancy.permanent_mask(w.requirement) & self._pool(w))[self.gpu_node]
-            whole = permanent & self._fits(w, m) & (self.capacity[self.gpu_node] >= self._need(w, m))
             fit = permanent & self._fits(w, m)
+            whole = fit & (self.capacity[self.gpu_node] >= self._need(w, m))
             if spread_why is not None and w.gpus is not None and fit.any():
                 # Spread, the pods need room for one each: the nodes it may ever use, by capacity.
                 per_pod = w.gpus // w.pods
@@ -712,7 +712,7 @@ class Placer:
         labels with room now: why, per label."""
         assert w.gpus is not None
         per_pod = w.gpus // w.pods
-        m = self._model(w.model_key)
+        fits = self._fits(w, self._model(w.model_key))
         now = self.tenancy.mask(w.requirement)
         why = []
         for selector, nodes in self._selectors(w, self._pool(w)):
@@ -721,7 +721,7 @@ class Placer:
             if barred:
                 why.append(f"{name} selects {barred[0]}, which it may not use ({len(barred)} such)")
                 continue
-            if not self._fits(w, m)[nodes[self.gpu_node]].all():
+            if not fits[nodes[self.gpu_node]].all():
                 why.append(f"{name} selects GPUs {w.model_shown} does not fit")
                 continue
             room = int((self.free[nodes] // max(per_pod, 1)).sum())

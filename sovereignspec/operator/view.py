@@ -21,7 +21,7 @@ This module does no I/O: it takes plain dicts (as the API returns them) and retu
 from __future__ import annotations
 
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -402,9 +402,17 @@ def build(
     planned: dict[str, set[str]] = defaultdict(set)
     for c in committed:
         planned[c.key].add(c.node)
-    for i, node in moved.items():  # counted where bound, on a GPU no other entry there names
-        taken = {c.gpu_index for c in committed if c.node == node}
-        committed[i] = replace(committed[i], node=node, gpu_index=min(set(range(len(taken) + 1)) - taken))
+    if moved:  # counted where bound, on a GPU no other entry there names
+        taken: dict[str, Counter[int]] = defaultdict(Counter)
+        for c in committed:
+            taken[c.node][c.gpu_index] += 1
+        for i, node in moved.items():
+            old = committed[i]
+            taken[old.node][old.gpu_index] -= 1
+            names = {g for g, n in taken[node].items() if n > 0}
+            index = min(set(range(len(names) + 1)) - names)
+            taken[node][index] += 1
+            committed[i] = replace(old, node=node, gpu_index=index)
     cluster, headroom, stale_reason = _cluster(
         world.nodes, committed, pods_by_node, policy, profiles, snapshot, now, errors
     )
@@ -596,8 +604,8 @@ def _foreign_pods(
     tenancy: TenancyOf,
     policy: PolicySpec,
     errors: list[str],
-    misbound: list[tuple[str, str, str]] | None = None,
-    moved: dict[int, str] | None = None,
+    misbound: list[tuple[str, str, str]],
+    moved: dict[int, str],
 ) -> dict[str, list[tuple[str, int]]]:
     """Per node: (tenant, GPUs) of bound GPU pods that no ledger entry on that node accounts for.
     An entry accounts for its own pods on its node up to the GPUs it counted there (all of a
@@ -610,8 +618,9 @@ def _foreign_pods(
     # (a StatefulSet's, a LeaderWorkerSet group's), by its Job or StatefulSet, or as itself.
     room: dict[tuple[str, str], float] = defaultdict(float)  # (Workload key, node)
     by_owner: dict[tuple[str, str, str], list[str]] = defaultdict(list)  # -> Workload keys
-    placed = {c.key for c in committed}
-    for c in committed:
+    entries: dict[str, list[int]] = defaultdict(list)  # Workload key -> its entries' indices
+    for i, c in enumerate(committed):
+        entries[c.key].append(i)
         room[(c.key, c.node)] += c.gpus if c.gpus >= 0 else math.inf
         for r in c.workload.get("metadata", {}).get("ownerReferences") or []:
             ref = (c.namespace, str(r.get("kind")), str(r.get("name")))
@@ -650,22 +659,22 @@ def _foreign_pods(
     # its workload (of its size) if one is left, else counted as its tenant's.
     for node, name, gpus, keys, namespace in off_plan:
         try:
-            ours = next((wl for wl in keys if wl in placed), None)
-            if ours is not None and misbound is not None:  # (Workload, Pod, node)
+            ours = next((wl for wl in keys if wl in entries), None)
+            if ours is not None:  # (Workload, Pod, node)
                 misbound.append((ours, name, node))
             spot = next(
                 (
                     i
-                    for i, c in enumerate(committed)
-                    if c.key in keys
-                    and c.gpus == gpus
-                    and node in c.reach  # where its labels let the scheduler put it, no further
-                    and room[(c.key, c.node)] >= gpus
+                    for wl in keys
+                    for i in entries.get(wl, ())
+                    if committed[i].gpus == gpus
+                    and node in committed[i].reach  # where its labels let the scheduler put it
+                    and room[(wl, committed[i].node)] >= gpus
                     and i not in moved
                 ),
                 None,
-            ) if moved is not None else None  # fmt: skip
-            if spot is not None and moved is not None:
+            )
+            if spot is not None:
                 room[(committed[spot].key, committed[spot].node)] -= gpus
                 moved[spot] = node
                 continue
