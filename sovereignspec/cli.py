@@ -264,6 +264,23 @@ def build_parser() -> argparse.ArgumentParser:
     op.add_argument("--liveness-port", type=_bounded_int("--liveness-port", 0, 65535), default=8081)
     op.add_argument("--write-workers", type=_bounded_int("--write-workers", 1, 64), default=8)
     op.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
+    elect = op.add_argument_group("leader election (several replicas: only the Lease's holder decides)")
+    elect.add_argument("--leader-elect", action="store_true", help="compete for a coordination.k8s.io Lease")
+    elect.add_argument(
+        "--leader-election-namespace", help="the Lease's namespace (default: $POD_NAMESPACE, then the Pod's)"
+    )
+    elect.add_argument("--leader-election-id", help="the Lease's name (default: the field manager)")
+    for flag, low, default, what in (
+        ("--lease-duration", 1.0, 15.0, "a standby waits on an unrenewed Lease before taking it"),
+        ("--renew-deadline", 0.5, 10.0, "the leader keeps deciding without a renewal"),
+        ("--retry-period", 0.1, 2.0, "between tries to take or renew the Lease"),
+    ):
+        elect.add_argument(
+            flag,
+            type=_bounded_float(flag, low, 3600),
+            default=default,
+            help=f"seconds {what} (default {default:g})",
+        )
     return parser
 
 

@@ -11,7 +11,7 @@ from kubernetes.client.exceptions import ApiException
 from sovereignspec.core.specs import ProfileSet
 from sovereignspec.operator.informer import Informer
 from sovereignspec.operator.policy import GROUP, KIND, PolicySpec, parse_policy
-from sovereignspec.operator.writer import Writer
+from sovereignspec.operator.writer import API_ERRORS, Writer
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +68,9 @@ class CheckReconciler:
             ):
                 try:
                     self.checks.put(self.writer.admission_check_active(name, ok, reason, message, generation))
-                except ApiException as exc:
-                    log.warning("could not set Active on AdmissionCheck %s: %s", name, exc.reason)
+                except API_ERRORS as exc:
+                    why = exc.reason if isinstance(exc, ApiException) else f"{type(exc).__name__}: {exc}"
+                    log.warning("could not set Active on AdmissionCheck %s: %s", name, why)
                     continue
                 if not ok:
                     self.writer.event(ac, "AdmissionCheck", reason, message, warning=True)

@@ -20,6 +20,7 @@ import logging
 import random
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -293,6 +294,7 @@ class Informer:
         self.denied = False  # the last try was refused (401/403): no wait will mend that
         self.absent = False  # an optional resource whose API the server does not serve
         self._rv: str | None = None
+        self._resync = threading.Event()  # list again now (catch_up), whatever the watch says
         self._thread: threading.Thread | None = None
         self._open: Any = None  # the watch response being read, to unblock it on stop
 
@@ -336,10 +338,47 @@ class Informer:
             self._thread.join(wait)
         return self._thread is None or not self._thread.is_alive()
 
+    def catch_up(self, wait: float = 1.0, timeout: float = 60.0) -> bool:
+        """Hold at least what the API server holds now (a new leader, before its first decision:
+        the last writes of the one before may still be on their way down the watch). A LIST of one
+        item is a consistent read of the collection's resourceVersion now; the watch has `wait`
+        seconds to pass it, else the cache is listed again (an idle watch never passes it).
+        True if it listed again."""
+        raw = self._request([*self.query, ("limit", "1")], self.accept, (10, 30))
+        try:
+            data = raw.read()
+            if raw.status >= 400:
+                raise ApiException(status=raw.status, reason=data.decode(errors="replace")[:300])
+        finally:
+            raw.release_conn()
+        target = str((json.loads(data).get("metadata") or {}).get("resourceVersion", ""))
+        if not target.isdigit():
+            return False  # not etcd's integers (or an absent API): nothing to compare against
+        relisted = False
+        deadline = time.monotonic() + timeout
+        give_up_waiting = time.monotonic() + wait
+        while True:
+            seen = self._rv or ""
+            if seen.isdigit() and int(seen) >= int(target):
+                return relisted
+            now = time.monotonic()
+            if now >= deadline:
+                raise TimeoutError(f"cache of {self.name} did not reach resourceVersion {target}")
+            if not relisted and now >= give_up_waiting:
+                relisted = True
+                self._resync.set()
+                open_watch = self._open
+                if open_watch is not None:
+                    open_watch.shutdown()
+            self._stop.wait(0.05)
+
     def _run(self) -> None:
         backoff = 0.2
         while not self._stop.is_set():
             try:
+                if self._resync.is_set():
+                    self._resync.clear()
+                    self._rv = None
                 if self._rv is None:
                     self._rv = self._relist()
                 if self.absent:  # nothing to watch: look again later (the CRD may come)
@@ -358,6 +397,8 @@ class Informer:
                 # until a retry succeeds.
                 if self._stop.is_set():
                     break  # stopped on purpose: the read was cut short
+                if self._resync.is_set():
+                    continue  # cut short on purpose, to list again
                 self.synced.clear()  # until the watch (or a LIST) is open again
                 self.denied = isinstance(exc, ApiException) and exc.status in (401, 403)
                 self.last_error = f"{type(exc).__name__}: {exc}"[:300]

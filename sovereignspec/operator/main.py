@@ -12,11 +12,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 from typing import Any
 
 import kopf
 
 from sovereignspec.operator import metrics
+from sovereignspec.operator.leader import LeaderElector
 from sovereignspec.operator.role import Role
 
 log = logging.getLogger("sovereignspec.operator")
@@ -26,6 +28,9 @@ class _Runtime:
     """What the handlers share: the controller, the wake-up event, what the probe reports."""
 
     controller: Role | None = None
+    elector: LeaderElector | None = None  # None: no leader election, this process always decides
+    caught_up = False  # since it last became leader, its caches have caught up with the API server
+    stop = threading.Event()  # set: kopf stops (leadership lost), the process exits non-zero
     wake: asyncio.Event | None = None
     state: dict[str, Any] = {"ticks": 0, "last_error": "", "failing_ticks": 0}  # noqa: RUF012 - one per process
 
@@ -35,8 +40,19 @@ class _Runtime:
 UNHEALTHY_AFTER = 5
 
 
-def configure(controller: Role) -> None:
+def configure(controller: Role, elector: LeaderElector | None = None) -> None:
     _Runtime.controller = controller
+    _Runtime.elector = elector
+    if elector is not None:
+        controller.writer.fence = elector.fence  # every write refused unless this replica leads
+
+
+def stopped() -> threading.Event:
+    return _Runtime.stop
+
+
+def lost_leadership() -> bool:
+    return _Runtime.stop.is_set()
 
 
 def _poke(**_: Any) -> None:
@@ -77,6 +93,8 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
 @kopf.on.probe(id="decisions")
 def probe(**_: Any) -> dict[str, Any]:
     state = dict(_Runtime.state)
+    if _Runtime.elector is not None:
+        state["leader"] = _Runtime.elector.leading()
     if _Runtime.controller is not None:
         cache = _Runtime.controller.cache
         state["cache"] = {
@@ -101,14 +119,40 @@ async def start_loop(memo: kopf.Memo, **_: Any) -> None:
         loop.call_soon_threadsafe(_poke)
 
     _Runtime.controller.cache.on_wake = wake_from_a_watch
+    # A standby keeps its caches warm too: it takes over without a LIST of every resource.
     _Runtime.controller.cache.start()
+    elector = _Runtime.elector
+    if elector is not None:
+
+        def leading_now() -> None:
+            _Runtime.caught_up = False
+            wake_from_a_watch()
+
+        def lost() -> None:  # stop the process: a fresh one rejoins as a standby
+            _Runtime.stop.set()
+
+        elector.on_started_leading = leading_now
+        elector.on_stopped_leading = lost
+        elector.start()
     memo.loop_task = asyncio.create_task(decision_loop())
 
 
 @kopf.on.cleanup()
 async def stop_caches(**_: Any) -> None:
+    if _Runtime.elector is not None:
+        # Hand the Lease over once the writes in flight have ended: the standby need not wait out
+        # the lease duration (a Pod deleted, a rolling update).
+        await asyncio.to_thread(_Runtime.elector.release)
     if _Runtime.controller is not None:
         _Runtime.controller.cache.stop()
+
+
+def _catch_up() -> None:
+    assert _Runtime.controller is not None
+    listed = _Runtime.controller.cache.workloads.catch_up()
+    log.info(
+        "leading: the Workloads' cache caught up with the API server%s", " (listed again)" if listed else ""
+    )
 
 
 async def decision_loop() -> None:
@@ -121,7 +165,13 @@ async def decision_loop() -> None:
             await asyncio.wait_for(wake.wait(), timeout=period)
         await asyncio.sleep(0.05)  # gather a burst into one tick
         wake.clear()
+        elector = _Runtime.elector
+        if elector is not None and not elector.leading():
+            continue  # a standby: woken again when it leads
         try:
+            if elector is not None and not _Runtime.caught_up:
+                await asyncio.to_thread(_catch_up)
+                _Runtime.caught_up = True
             report = await asyncio.to_thread(_run_tick)
             state["ticks"] += 1
             if report.failures:

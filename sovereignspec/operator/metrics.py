@@ -83,3 +83,7 @@ DISPATCHES = Counter(
     "Dispatcher role: decisions written, by outcome (nominate, wait, hold, reject, kept) and worker",
     ["outcome", "worker"],
 )
+LEADER = Gauge("sovereignspec_leader", "1 while this replica holds the leader Lease and decides")
+LEADER_TRANSITIONS = Counter(
+    "sovereignspec_leader_transitions_total", "Times this replica became the leader (0 or 1 per process)"
+)

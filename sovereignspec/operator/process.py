@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import uuid
+from pathlib import Path
 from typing import Any, cast
 
 import kopf
@@ -15,10 +17,12 @@ from sovereignspec.operator import main as handlers
 from sovereignspec.operator.controller import Controller
 from sovereignspec.operator.dispatcher import DISPATCHER_NAME, DispatchController
 from sovereignspec.operator.identity import operator_identity
+from sovereignspec.operator.leader import LeaderElector
 from sovereignspec.operator.role import Settings
 from sovereignspec.profiles import load_profiles
 
 WORKER_NAME = "sovereignspec.io/speculation"
+IN_CLUSTER_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
 def api_client(kubeconfig: str | None) -> client.ApiClient:
@@ -30,6 +34,34 @@ def api_client(kubeconfig: str | None) -> client.ApiClient:
     except config.ConfigException:
         config.load_kube_config()
     return client.ApiClient()
+
+
+def elector(api: client.ApiClient, args: argparse.Namespace, field_manager: str) -> LeaderElector | None:
+    if not getattr(args, "leader_elect", False):
+        return None
+    namespace = args.leader_election_namespace or os.environ.get("POD_NAMESPACE")
+    if not namespace and IN_CLUSTER_NAMESPACE.exists():
+        namespace = IN_CLUSTER_NAMESPACE.read_text().strip()
+    if not namespace:
+        raise SystemExit(
+            "sovereignspec operator: --leader-elect needs --leader-election-namespace (or POD_NAMESPACE, "
+            "or to run in a Pod)"
+        )
+    # One identity per process, as client-go's hostname_uuid: a container restarted in the same
+    # Pod is a new candidate, never mistaken for the holder it replaces.
+    identity = f"{os.environ.get('POD_NAME') or operator_identity()}_{uuid.uuid4().hex[:12]}"
+    try:
+        return LeaderElector(
+            api,
+            namespace,
+            args.leader_election_id or field_manager,
+            identity,
+            lease_duration=args.lease_duration,
+            renew_deadline=args.renew_deadline,
+            retry_period=args.retry_period,
+        )
+    except ValueError as exc:
+        raise SystemExit(f"sovereignspec operator: {exc}") from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -49,7 +81,8 @@ def run(args: argparse.Namespace) -> int:
         nominate=getattr(args, "nominate", 1),
     )
     kind = DispatchController if dispatcher else Controller
-    handlers.configure(kind(api_client(args.kubeconfig), profiles, settings))
+    api = api_client(args.kubeconfig)
+    handlers.configure(kind(api, profiles, settings), elector(api, args, settings.field_manager))
     logging.getLogger("sovereignspec").info("role %s, controllerName %s", role, settings.controller_name)
     if args.metrics_port:
         start_http_server(args.metrics_port, addr=args.bind)
@@ -59,5 +92,9 @@ def run(args: argparse.Namespace) -> int:
         standalone=True,
         liveness_endpoint=liveness,
         identity=cast(Any, operator_identity()),  # kopf's Identity is a NewType of str
+        stop_flag=handlers.stopped(),
     )
+    if handlers.lost_leadership():
+        logging.getLogger("sovereignspec").error("exiting: leadership lost (a restart rejoins as a standby)")
+        return 1
     return 0

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -66,11 +68,16 @@ def check_entry_apply(
     return f"/apis/{KUEUE}/namespaces/{meta['namespace']}/workloads/{meta['name']}/status", body
 
 
+class NotLeaderError(Exception):
+    """A write refused before it was sent: this replica does not (surely) hold the leader Lease."""
+
+
 # What a request can fail with below the API's answer: a connection refused or reset, a server
-# that went away mid-response (urllib3's ProtocolError during an API server shutdown). Each is one
-# request's failure, never the pass's.
-TRANSPORT_ERRORS: tuple[type[Exception], ...] = (urllib3.exceptions.HTTPError, OSError)
-_EVENT_ERRORS: tuple[type[Exception], ...] = (ApiException, *TRANSPORT_ERRORS)
+# that went away mid-response (urllib3's ProtocolError during an API server shutdown), or a write
+# this replica may no longer send (leadership ending). Each is one request's failure, never the
+# pass's: the workload is decided again next tick (by whoever leads then).
+TRANSPORT_ERRORS: tuple[type[Exception], ...] = (urllib3.exceptions.HTTPError, OSError, NotLeaderError)
+API_ERRORS: tuple[type[Exception], ...] = (ApiException, *TRANSPORT_ERRORS)
 
 
 class ConflictError(Exception):
@@ -82,8 +89,15 @@ class Writer:
         self.api = api
         self.field_manager = field_manager
         self.component = component
+        # Around every request that writes: with leader election, `LeaderElector.fence` (refuses
+        # the write, NotLeaderError, unless this replica surely leads); without, nothing.
+        self.fence: Callable[[], AbstractContextManager[None]] = nullcontext
 
     def _apply(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        with self.fence():
+            return self._send_apply(path, body)
+
+    def _send_apply(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         try:
             resp = self.api.call_api(
                 *self.api.param_serialize(
@@ -184,8 +198,11 @@ class Writer:
             "count": 1,
         }
         try:
-            client.CoreV1Api(self.api).create_namespaced_event(body["metadata"]["namespace"], cast(Any, body))
-        except _EVENT_ERRORS as exc:
+            with self.fence():
+                client.CoreV1Api(self.api).create_namespaced_event(
+                    body["metadata"]["namespace"], cast(Any, body)
+                )
+        except API_ERRORS as exc:
             metrics.TICK_FAILURES.labels(part="event").inc()
             log.warning(
                 "could not post Event %s on %s/%s: %s",

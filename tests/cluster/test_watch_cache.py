@@ -182,3 +182,26 @@ def _retrying(call: Any, timeout: float = 120.0) -> Any:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.5)
+
+
+def test_a_new_leaders_cache_catches_up_with_what_was_written_before_it_led(api, namespace):
+    """The Informer's `catch_up` (a new leader, before its first decision): its watch of one
+    namespace's ConfigMaps is idle, and it still ends holding at least the API server's state when
+    it was called, including a ConfigMap written a moment before."""
+    from sovereignspec.operator.informer import Informer
+
+    cms = Informer(api, f"/api/v1/namespaces/{namespace}/configmaps", "configmaps")
+    core = client.CoreV1Api(api)
+    try:
+        cms.start()
+        wait_until(cms.synced.is_set, timeout=30, what="the ConfigMaps' cache to be listed")
+        mine = core.create_namespaced_config_map(namespace, {"metadata": {"name": "last-of-the-old-leader"}})
+        # Written elsewhere then: etcd's revision moves on, and our watch has nothing to say.
+        elsewhere = core.create_namespaced_config_map("default", {"metadata": {"generateName": "cu-"}})
+        cms.catch_up(wait=0.2)
+        assert cms.get(f"{namespace}/last-of-the-old-leader") is not None
+        held = int(cms._rv or 0)
+        assert held >= int(elsewhere.metadata.resource_version) > int(mine.metadata.resource_version)
+    finally:
+        cms.stop()
+        core.delete_namespaced_config_map(elsewhere.metadata.name, "default")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -52,7 +53,7 @@ def test_the_default_render_has_crd_rbac_controller_policy_and_check(helm):
     kinds = sorted(d["kind"] for d in render(helm))
     assert kinds == sorted([
         "CustomResourceDefinition", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Deployment",
-        "Service", "SpeculationPolicy", "AdmissionCheck",
+        "Service", "SpeculationPolicy", "AdmissionCheck", "Role", "RoleBinding", "PodDisruptionBudget",
     ])  # fmt: skip
 
 
@@ -69,6 +70,57 @@ def test_rbac_is_least_privilege_and_the_same_as_the_harness_uses(helm):
     assert not any("secrets" in r["resources"] for r in role["rules"])
 
 
+def lease_rules(lease: str) -> list[dict[str, Any]]:
+    """The chart's leader-election rules, its Lease's name put where the template puts it."""
+    text = (CHART / "files/role-rules-leader-election.yaml").read_text()
+    return list(yaml.safe_load(re.sub(r"\{\{[^}]*\}\}", lease, text)))
+
+
+def test_two_replicas_elect_a_leader_on_a_lease_only_they_may_touch(helm):
+    docs = render(helm)
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"]["type"] == "RollingUpdate"
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--leader-elect" in args and "--leader-election-id=t-sovereignspec" in args
+    assert {"--lease-duration=15", "--renew-deadline=10", "--retry-period=2"} <= set(args)
+    role = next(d for d in docs if d["kind"] == "Role")
+    assert role["metadata"]["namespace"] == "sovereignspec-system"
+    # create cannot name its object; get and update touch only this release's Lease.
+    assert role["rules"] == lease_rules("t-sovereignspec") == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": ["t-sovereignspec"],
+         "verbs": ["get", "update"]},
+    ]  # fmt: skip
+    binding = next(d for d in docs if d["kind"] == "RoleBinding")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "t-sovereignspec",
+                                    "namespace": "sovereignspec-system"}]  # fmt: skip
+    assert next(d for d in docs if d["kind"] == "PodDisruptionBudget")["spec"]["maxUnavailable"] == 1
+
+
+def test_one_replica_without_election_is_recreated_never_two_at_once(helm):
+    docs = render(helm, "replicaCount=1", "leaderElection.enabled=false")
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    assert deployment["spec"]["strategy"]["type"] == "Recreate"
+    assert not [a for a in deployment["spec"]["template"]["spec"]["containers"][0]["args"] if "lea" in a]
+    assert not [d for d in docs if d["kind"] in ("Role", "RoleBinding")]
+
+
+@pytest.mark.parametrize(
+    "timing",
+    [
+        "leaderElection.renewDeadlineSeconds=15",  # the leader would still write when a standby takes over
+        "leaderElection.retryPeriodSeconds=9",  # no second try to renew before the deadline
+    ],
+)
+def test_lease_timings_a_standby_could_take_over_under_a_writing_leader_are_refused(helm, timing):
+    args = [str(helm), "template", "t", str(CHART), "--kube-version", "1.36.3", "--set", timing]
+    result = subprocess.run(args, capture_output=True, text=True, check=False)
+    assert result.returncode != 0
+    assert "need leaseDurationSeconds > renewDeadlineSeconds > 1.2 x retryPeriodSeconds" in result.stderr
+
+
 def test_the_controller_runs_restricted(helm):
     deploy = next(d for d in render(helm) if d["kind"] == "Deployment")
     pod = deploy["spec"]["template"]["spec"]
@@ -78,7 +130,6 @@ def test_the_controller_runs_restricted(helm):
     sc = container["securityContext"]
     assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
     assert sc["capabilities"]["drop"] == ["ALL"]
-    assert deploy["spec"]["replicas"] == 1 and deploy["spec"]["strategy"]["type"] == "Recreate"
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert "--controller-name=sovereignspec.io/speculation" in container["args"]
 
@@ -118,7 +169,15 @@ def test_the_node_agent_and_the_engine_podmonitor_render_when_enabled_and_stay_a
 
 
 @pytest.mark.parametrize(
-    "bad", ["replicaCount=2", "logLevel=verbose", "controllerName=no-slash", "unknownKey=1"]
+    "bad",
+    [
+        "replicaCount=11",
+        "leaderElection.enabled=false",  # two replicas (the default) without an election
+        "leaderElection.retryPeriodSeconds=0",
+        "logLevel=verbose",
+        "controllerName=no-slash",
+        "unknownKey=1",
+    ],
 )
 def test_the_values_schema_refuses_bad_values(helm, bad):
     args = [str(helm), "template", "t", str(CHART), "--kube-version", "1.36.3", "--set", bad]

@@ -52,3 +52,8 @@ sovereignspec-dispatcher
 {{- .Values.fieldManager -}}
 {{- end -}}
 {{- end -}}
+
+{{/* The leader-election Lease: one per release (the release's name, so two releases never share one). */}}
+{{- define "sovereignspec.leaseName" -}}
+{{- include "sovereignspec.fullname" . -}}
+{{- end -}}

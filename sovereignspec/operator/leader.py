@@ -1,0 +1,297 @@
+"""Leader election on a coordination.k8s.io Lease: of the operator's replicas only the holder decides.
+
+The protocol is client-go's (`tools/leaderelection`), so that `kubectl get lease` reads as it does
+for Kueue or kube-scheduler: the holder renews every `retry_period`; a candidate takes the Lease only
+when it has seen the same record unchanged for the record's `leaseDurationSeconds` on its own clock
+(never the holder's clock: the two may disagree); the holder stops writing once it has failed to
+renew for `renew_deadline` (< lease duration), so its last write lands before anyone may take over.
+Every write of the operator goes through `fence()`, which refuses it (NotLeaderError) once this
+process can no longer be sure it holds the Lease, and counts those in flight so that a graceful
+hand-over (`release`) waits for them before giving the Lease up. Each write is also guarded by the
+resourceVersion it was decided on: a deposed leader's late decision about a Workload the new leader
+has written cannot land.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from sovereignspec.operator import metrics
+from sovereignspec.operator.writer import API_ERRORS, NotLeaderError
+
+log = logging.getLogger(__name__)
+
+LEASES = "coordination.k8s.io/v1"
+
+
+@dataclass(frozen=True)
+class LeaseRecord:
+    """The Lease's spec as client-go writes it."""
+
+    holder: str
+    duration_s: int
+    acquire_time: str
+    renew_time: str
+    transitions: int = 0
+
+    @classmethod
+    def of(cls, lease: dict[str, Any] | None) -> LeaseRecord | None:
+        if lease is None:
+            return None
+        spec = lease.get("spec") or {}
+        duration, transitions = spec.get("leaseDurationSeconds"), spec.get("leaseTransitions")
+        return cls(
+            holder=str(spec.get("holderIdentity") or ""),
+            duration_s=duration if isinstance(duration, int) else 0,
+            acquire_time=str(spec.get("acquireTime") or ""),
+            renew_time=str(spec.get("renewTime") or ""),
+            transitions=transitions if isinstance(transitions, int) else 0,
+        )
+
+    def spec(self) -> dict[str, Any]:
+        return {
+            "holderIdentity": self.holder,
+            "leaseDurationSeconds": self.duration_s,
+            "acquireTime": self.acquire_time,
+            "renewTime": self.renew_time,
+            "leaseTransitions": self.transitions,
+        }
+
+
+def claim(
+    current: LeaseRecord | None, unchanged_for: float, me: str, now: str, duration_s: int
+) -> LeaseRecord | None:
+    """The record that holds the Lease for `me`, or None while another holder's lease still runs.
+
+    `unchanged_for`: seconds, on this process's clock, since it first saw `current` as it is. A
+    holder's lease runs for its own `leaseDurationSeconds` from then; an empty holder (a lease
+    handed over) or our own record can be taken at once.
+    """
+    if current is None:
+        return LeaseRecord(me, duration_s, now, now, 0)
+    if current.holder == me:
+        return replace(current, duration_s=duration_s, renew_time=now)
+    if current.holder and unchanged_for < max(current.duration_s, 1):
+        return None
+    return LeaseRecord(me, duration_s, now, now, current.transitions + 1)
+
+
+def micro_time(wall: float) -> str:
+    """A MicroTime as the API server stores it."""
+    return datetime.fromtimestamp(wall, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class LeaderElector:
+    def __init__(
+        self,
+        api: client.ApiClient,
+        namespace: str,
+        name: str,
+        identity: str,
+        lease_duration: float = 15.0,
+        renew_deadline: float = 10.0,
+        retry_period: float = 2.0,
+        monotonic: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        # client-go's own rule: a holder must give up before a candidate may take over, and get
+        # more than one try (with jitter) to renew before it gives up.
+        if not lease_duration > renew_deadline > retry_period * 1.2 > 0:
+            raise ValueError(
+                f"leader election: need lease duration > renew deadline > 1.2 x retry period > 0; got "
+                f"{lease_duration:g} s, {renew_deadline:g} s, {retry_period:g} s"
+            )
+        self.api = api
+        self.namespace, self.name, self.identity = namespace, name, identity
+        self.lease_duration, self.renew_deadline, self.retry_period = (
+            lease_duration,
+            renew_deadline,
+            retry_period,
+        )
+        self._monotonic, self._wall = monotonic, wall
+        self.on_started_leading: Callable[[], None] = lambda: None
+        self.on_stopped_leading: Callable[[], None] = lambda: None
+        self._cond = threading.Condition()
+        self._leader = False
+        self._closed = False  # released or lost: this process never leads again
+        self._renewed = float("-inf")  # monotonic time our last successful claim was sent
+        self._inflight = 0
+        self._observed: LeaseRecord | None = None
+        self._observed_at = 0.0
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    @property
+    def path(self) -> str:
+        return f"/apis/{LEASES}/namespaces/{self.namespace}/leases"
+
+    # -- who leads ---------------------------------------------------------------------------------
+
+    def _leading_locked(self) -> bool:
+        return self._leader and not self._closed and self._monotonic() < self._renewed + self.renew_deadline
+
+    def leading(self) -> bool:
+        with self._cond:
+            return self._leading_locked()
+
+    @contextmanager
+    def fence(self) -> Iterator[None]:
+        """Around every write: refused unless this process surely holds the Lease now."""
+        with self._cond:
+            if not self._leading_locked():
+                raise NotLeaderError(f"{self.identity} does not hold Lease {self.namespace}/{self.name}")
+            self._inflight += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._inflight -= 1
+                self._cond.notify_all()
+
+    # -- one round -----------------------------------------------------------------------------------
+
+    def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, dict[str, Any]]:
+        resp = self.api.call_api(
+            *self.api.param_serialize(
+                method=method,
+                resource_path=path,
+                header_params={"Accept": "application/json", "Content-Type": "application/json"},
+                body=body,
+                auth_settings=["BearerToken"],  # a ServiceAccount token is sent only so
+            ),
+            # Shorter than the renew deadline: a hung request must not outlive our claim.
+            _request_timeout=(2.0, max(self.renew_deadline / 2, 1.0)),
+        )
+        data = resp.read()
+        try:
+            doc = json.loads(data) if data else {}
+        except ValueError:
+            doc = {}
+        return resp.status, doc if isinstance(doc, dict) else {}
+
+    def try_acquire_or_renew(self) -> bool:
+        """One round: read the Lease, and take or renew it if it is ours to take."""
+        sent = self._monotonic()
+        status, lease = self._call("GET", f"{self.path}/{self.name}")
+        if status == 404:
+            found = None
+        elif status >= 400:
+            raise ApiException(status=status, reason=str(lease.get("message", ""))[:300])
+        else:
+            found = lease
+        current = LeaseRecord.of(found)
+        if current != self._observed:
+            self._observed, self._observed_at = current, sent
+        want = claim(current, sent - self._observed_at, self.identity, micro_time(self._wall()),
+                     round(self.lease_duration))  # fmt: skip
+        if want is None:
+            return False
+        meta: dict[str, Any] = {"name": self.name, "namespace": self.namespace}
+        body = {"apiVersion": LEASES, "kind": "Lease", "metadata": meta, "spec": want.spec()}
+        if found is None:
+            status, written = self._call("POST", self.path, body)
+        else:
+            # Guarded by the version read: of two candidates that saw the same expired record, one wins.
+            meta["resourceVersion"] = found["metadata"]["resourceVersion"]
+            status, written = self._call("PUT", f"{self.path}/{self.name}", body)
+        if status == 409:
+            return False
+        if status >= 400:
+            raise ApiException(status=status, reason=str(written.get("message", ""))[:300])
+        with self._cond:
+            self._observed, self._observed_at = want, sent
+            self._renewed = sent
+        return True
+
+    # -- running -----------------------------------------------------------------------------------
+
+    def start(self) -> LeaderElector:
+        self._thread = threading.Thread(target=self.run, name="leader-election", daemon=True)
+        self._thread.start()
+        return self
+
+    def run(self) -> None:
+        """Try every retry period (jittered); lead from the first success; stop for good on a loss."""
+        log.info("leader election: %s competes for Lease %s/%s", self.identity, self.namespace, self.name)
+        while not self._stop.is_set():
+            try:
+                ok = self.try_acquire_or_renew()
+            except API_ERRORS as exc:
+                ok = False
+                log.warning("leader election: Lease %s/%s: %s", self.namespace, self.name, exc)
+            with self._cond:
+                if self._closed:
+                    return
+                started = ok and not self._leader
+                taken = self._observed is not None and self._observed.holder not in ("", self.identity)
+                lost = (
+                    self._leader
+                    and not ok
+                    and (taken or self._monotonic() >= self._renewed + self.renew_deadline)
+                )
+                if started:
+                    self._leader = True
+                if lost:
+                    self._leader, self._closed = False, True
+            if started:
+                log.info("leader election: %s leads now", self.identity)
+                metrics.LEADER.set(1)
+                metrics.LEADER_TRANSITIONS.inc()
+                self.on_started_leading()
+            if lost:
+                metrics.LEADER.set(0)
+                holder = self._observed.holder if self._observed else ""
+                log.error(
+                    "leader election: %s lost Lease %s/%s (%s); stopping",
+                    self.identity,
+                    self.namespace,
+                    self.name,
+                    f"now held by {holder}" if taken else f"not renewed for {self.renew_deadline:g} s",
+                )
+                self.on_stopped_leading()
+                return
+            self._stop.wait(self.retry_period * random.uniform(1.0, 1.2))
+
+    def release(self, wait: float = 10.0) -> bool:
+        """Stop leading for good: refuse new writes, let those in flight end (up to `wait` s), then
+        hand the Lease over at once (an empty holder) rather than make the next leader wait out its
+        duration. True if it was handed over."""
+        self._stop.set()
+        with self._cond:
+            self._closed = True
+            self._cond.wait_for(lambda: self._inflight == 0, timeout=wait)
+            held, self._leader = self._leader, False
+        metrics.LEADER.set(0)
+        if not held:
+            return False
+        try:
+            status, lease = self._call("GET", f"{self.path}/{self.name}")
+            current = LeaseRecord.of(lease if status < 400 else None)
+            if current is None or current.holder != self.identity:
+                return False
+            now = micro_time(self._wall())
+            handed = LeaseRecord("", 1, now, now, current.transitions)
+            body = {"apiVersion": LEASES, "kind": "Lease", "spec": handed.spec(), "metadata": {
+                "name": self.name, "namespace": self.namespace,
+                "resourceVersion": lease["metadata"]["resourceVersion"]}}  # fmt: skip
+            status, _ = self._call("PUT", f"{self.path}/{self.name}", body)
+        except API_ERRORS as exc:
+            log.warning(
+                "leader election: could not hand Lease %s/%s over: %s", self.namespace, self.name, exc
+            )
+            return False
+        if status < 400:
+            log.info("leader election: %s handed Lease %s/%s over", self.identity, self.namespace, self.name)
+        return status < 400

@@ -1,0 +1,205 @@
+"""Leader election against the real API server, each candidate authenticated only by a
+ServiceAccount token with the chart's own Lease rules (files/role-rules-leader-election.yaml).
+
+A silent leader (its API server unreachable) stops writing before a standby may take over, and the
+standby takes over once the lease has run out on its own clock; a leader that hands the Lease over is
+replaced within a retry period; two operator processes on one check, the leader SIGKILLed in the
+middle of a burst, decide every workload exactly once.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client, config
+
+from localdev import controlplane
+from localdev import kueue as k
+from localdev.cutting_proxy import CuttingProxy
+from localdev.gpunodes import server_side_apply
+from localdev.operator import OperatorProcess, policy, service_account_kubeconfig
+from sovereignspec.operator.leader import LeaderElector, LeaseRecord
+from sovereignspec.operator.writer import NotLeaderError
+from tests.cluster.conftest import wait_until
+from tests.cluster.operator_env import decided, events, make_pool, our_entry, submit
+
+RULES = "charts/sovereignspec/files/role-rules-leader-election.yaml"
+LEASE = "sovereignspec-test"
+CHAT = {"model": "llama-3.1-8b", "drafter": "eagle3", "acceptance_rate": 0.8, "latency_class": "latency"}
+
+
+def allow_leases(api: client.ApiClient, namespace: str, account: str, lease: str = LEASE) -> None:
+    """The chart's Role for its Lease (its one source, the lease's name put in), bound to `account`."""
+    text = re.sub(r"\{\{[^}]*\}\}", lease, (controlplane.REPO / RULES).read_text())
+    group = "rbac.authorization.k8s.io"
+    role = {
+        "apiVersion": f"{group}/v1",
+        "kind": "Role",
+        "metadata": {"name": "leader-election", "namespace": namespace},
+        "rules": yaml.safe_load(text),
+    }
+    binding = {"apiVersion": f"{group}/v1", "kind": "RoleBinding",
+               "metadata": {"name": "leader-election", "namespace": namespace},
+               "roleRef": {"apiGroup": group, "kind": "Role", "name": "leader-election"},
+               "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}]}  # fmt: skip
+    server_side_apply(api, role, "sovereignspec-e2e")
+    server_side_apply(api, binding, "sovereignspec-e2e")
+
+
+@pytest.fixture
+def link() -> Iterator[CuttingProxy]:
+    """Candidate a's way to the API server: a relay that a test can cut (every request reset)."""
+    proxy = CuttingProxy(controlplane.ports()["APISERVER_PORT"], controlplane.state_dir() / "pki").start()
+    yield proxy
+    proxy.close()
+
+
+def candidates(
+    api: client.ApiClient, namespace: str, link: CuttingProxy, *timings: float
+) -> tuple[LeaderElector, LeaderElector]:
+    """Two candidates on one ServiceAccount's token: a through `link`, b straight."""
+    kubeconfig = service_account_kubeconfig(api, namespace, "elector", cluster_role=None)
+    allow_leases(api, namespace, "elector")
+    doc = yaml.safe_load(kubeconfig.read_text())
+    doc["clusters"][0]["cluster"]["server"] = link.url
+    linked = kubeconfig.with_name("linked.kubeconfig")
+    linked.write_text(yaml.safe_dump(doc))
+    a = LeaderElector(config.new_client_from_config(str(linked)), namespace, LEASE, "a", *timings)
+    b = LeaderElector(config.new_client_from_config(str(kubeconfig)), namespace, LEASE, "b", *timings)
+    return a, b
+
+
+def holder(api: client.ApiClient, namespace: str) -> LeaseRecord | None:
+    lease = client.CoordinationV1Api(api).read_namespaced_lease(LEASE, namespace)
+    return LeaseRecord.of(client.ApiClient().sanitize_for_serialization(lease))
+
+
+def test_a_silent_leader_stops_writing_before_a_standby_takes_over_after_the_lease_runs_out(
+    api, namespace, link
+):
+    duration, deadline, retry = 3.0, 2.0, 0.4
+    a, b = candidates(api, namespace, link, duration, deadline, retry)
+    lost_at: list[float] = []
+    a.on_stopped_leading = lambda: lost_at.append(time.monotonic())
+    a.start()
+    wait_until(a.leading, timeout=10, what="a to lead")
+    b.start()
+    time.sleep(1.0)
+    assert a.leading() and not b.leading()  # a renews: b waits
+    # a can no longer reach the API server (a partition): its renewals fail from now on.
+    link.cut = lambda _method, _path: True
+    cut = time.monotonic()
+    both = 0
+    while not b.leading() and time.monotonic() < cut + 30:
+        both += a.leading() and b.leading()
+        time.sleep(0.01)
+    took_over = time.monotonic() - cut
+    assert b.leading(), "b never took over"
+    assert both == 0 and lost_at and lost_at[0] < cut + took_over  # never two leaders at once
+    with pytest.raises(NotLeaderError), a.fence():
+        pass  # the deposed leader's writes are refused before they are sent
+    # b waited out the lease from when it last saw a renew (within a retry period of the cut).
+    assert duration - retry * 1.2 <= took_over <= duration + 3 * retry + 2.0, took_over
+    record = holder(api, namespace)
+    assert record is not None and record.holder == "b" and record.transitions == 1
+    b.release()
+
+
+def test_a_leader_that_hands_over_is_replaced_within_a_retry_period_after_its_writes_end(
+    api, namespace, link
+):
+    a, b = candidates(api, namespace, link, 20.0, 15.0, 0.4)
+    a.start()
+    wait_until(a.leading, timeout=10, what="a to lead")
+    b.start()
+    in_flight = threading.Event()
+    write_ended: list[float] = []
+
+    def a_write() -> None:
+        with a.fence():
+            in_flight.set()
+            time.sleep(0.5)
+            write_ended.append(time.monotonic())
+
+    writer = threading.Thread(target=a_write)
+    writer.start()
+    in_flight.wait(5)
+    assert a.release() is True
+    released = time.monotonic()
+    writer.join()
+    assert write_ended and write_ended[0] <= released  # the hand-over waited for the write in flight
+    wait_until(b.leading, timeout=5, what="b to lead after the hand-over")
+    assert time.monotonic() - released < 20.0 / 4  # a retry period or so, not the lease duration
+    with pytest.raises(NotLeaderError), a.fence():
+        pass
+    record = holder(api, namespace)
+    assert record is not None and record.holder == "b"
+    b.release()
+
+
+def test_two_operators_decide_each_workload_of_a_burst_exactly_once_when_the_leader_is_killed(
+    env: Any, namespace: str, unique: Any
+) -> None:
+    name = unique("elect-policy")
+    server_side_apply(env.api, policy(name, env.prometheus.url), "sovereignspec-e2e")
+    check, controller = unique("elect-check"), "sovereignspec.io/elect"
+    params = {"apiGroup": "sovereignspec.io", "kind": "SpeculationPolicy", "name": name}
+    k.apply(env.api, k.admission_check(check, controller, params))
+    own = replace(env, check=check, controller=controller)
+    kubeconfig = service_account_kubeconfig(env.api, namespace, "sovereignspec")
+    allow_leases(env.api, namespace, "sovereignspec")
+    flags = ["--leader-elect", "--leader-election-namespace", namespace, "--leader-election-id", LEASE,
+             "--lease-duration", "4", "--renew-deadline", "3", "--retry-period", "0.5"]  # fmt: skip
+    operators = [OperatorProcess(controller, extra=flags, kubeconfig=kubeconfig).start() for _ in range(2)]
+    try:
+        pool = make_pool(
+            own, namespace, [("H100-SXM", "eu", 8, [0.95] * 8), ("H100-SXM", "eu", 8, [0.95] * 8)]
+        )
+
+        def leader() -> OperatorProcess | None:
+            record = holder(env.api, namespace)
+            who = record.holder if record else ""
+            return next((o for o in operators if o.proc and f"/{o.proc.pid}_" in who), None)
+
+        first = wait_until(leader, timeout=30, what="one operator to lead")
+        jobs = [f"burst-{i:02d}" for i in range(14)]
+        for job in jobs[:4]:
+            submit(pool, job, **CHAT)
+        wait_until(lambda: decided(pool, jobs[0]), timeout=60, what="the first decision")
+        first.kill()  # SIGKILL: no hand-over, the standby waits out the lease
+        killed = time.monotonic()
+        for job in jobs[4:]:
+            submit(pool, job, **CHAT)
+        finals = {j: decided(pool, j, timeout=90) for j in jobs}
+        resumed = time.monotonic() - killed
+        second = wait_until(leader, timeout=5, what="the standby to hold the Lease")
+        assert second is not first
+        # Every workload decided once, by one or the other: one decision Event each.
+        names = {j: wl["metadata"]["name"] for j, wl in finals.items()}
+        per_workload = Counter(
+            e.involved_object.name for e in events(pool) if e.reason in ("SpeculativeDecode", "PlainDecode")
+            for _ in range(e.count or 1)
+        )  # fmt: skip
+        assert {n: per_workload[n] for n in names.values()} == dict.fromkeys(names.values(), 1)
+        # No GPU given twice: 14 one-GPU workloads on 16 GPUs, each (node, index) once.
+        spots = Counter()
+        for wl in finals.values():
+            entry = our_entry(pool, wl)
+            assert entry["state"] == "Ready", entry
+            for update in entry["podSetUpdates"]:
+                node = update["nodeSelector"]["kubernetes.io/hostname"]
+                spots[(node, update["annotations"]["sovereignspec.io/gpu-index"])] += 1
+        assert set(spots.values()) == {1}, spots
+        assert resumed < 4 + 3 * 0.5 + 30, resumed  # the lease, a retry or so, the rest of the burst
+        assert "leads now" in second.logs()
+    finally:
+        for o in operators:
+            o.stop()
