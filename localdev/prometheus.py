@@ -11,11 +11,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import ssl
 import subprocess
 import tempfile
 import time
 import urllib.parse
 import urllib.request
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,9 +41,22 @@ def binary(kubernetes_sd: bool = False) -> Path:
     return found[-1]
 
 
+@dataclass(frozen=True)
+class WebSecurity:
+    """Prometheus's own web configuration (`--web.config.file`: TLS, client certificates, basic
+    auth) and how the harness itself gets through it (its TLS context, its headers)."""
+
+    config: dict[str, Any]
+    context: ssl.SSLContext | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+
 class LocalPrometheus:
-    def __init__(self, scrape_interval: str = "1s", kubernetes_sd: bool = False) -> None:
+    def __init__(
+        self, scrape_interval: str = "1s", kubernetes_sd: bool = False, web: WebSecurity | None = None
+    ) -> None:
         self.binary = binary(kubernetes_sd)
+        self.web = web
         self.port = free_port()
         self.scrape_interval = scrape_interval
         self.dir = Path(tempfile.mkdtemp(prefix="sovereignspec-prometheus-"))
@@ -51,7 +66,14 @@ class LocalPrometheus:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        scheme = "https" if self.web and "tls_server_config" in self.web.config else "http"
+        return f"{scheme}://127.0.0.1:{self.port}"
+
+    def _open(self, url: str, method: str = "GET", timeout: float = 5) -> Any:
+        headers = self.web.headers if self.web else {}
+        context = self.web.context if self.web else None
+        request = urllib.request.Request(url, method=method, headers=headers)
+        return urllib.request.urlopen(request, timeout=timeout, context=context)
 
     def _write_config(self) -> None:
         config = {
@@ -67,6 +89,10 @@ class LocalPrometheus:
     def start(self, timeout: float = 30.0) -> LocalPrometheus:
         self._write_config()
         log = (self.dir / "prometheus.log").open("ab")
+        web = []
+        if self.web is not None:
+            (self.dir / "web.yml").write_text(yaml.safe_dump(self.web.config))
+            web = [f"--web.config.file={self.dir / 'web.yml'}"]
         self.proc = subprocess.Popen(
             [
                 str(self.binary),
@@ -75,6 +101,7 @@ class LocalPrometheus:
                 f"--web.listen-address=127.0.0.1:{self.port}",
                 "--web.enable-lifecycle",
                 "--storage.tsdb.retention.time=1h",
+                *web,
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -85,7 +112,7 @@ class LocalPrometheus:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"prometheus exited: {(self.dir / 'prometheus.log').read_text()[-3000:]}")
             try:
-                with urllib.request.urlopen(self.url + "/-/ready", timeout=1) as resp:
+                with self._open(self.url + "/-/ready", timeout=1) as resp:
                     if resp.status == 200:
                         return self
             except OSError:
@@ -110,12 +137,11 @@ class LocalPrometheus:
 
     def _reload(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
-            req = urllib.request.Request(self.url + "/-/reload", method="POST")
-            urllib.request.urlopen(req, timeout=5).close()
+            self._open(self.url + "/-/reload", method="POST").close()
 
     def query(self, promql: str) -> list[dict[str, Any]]:
         url = self.url + "/api/v1/query?" + urllib.parse.urlencode({"query": promql})
-        with urllib.request.urlopen(url, timeout=5) as resp:
+        with self._open(url) as resp:
             doc = json.load(resp)
         return list(doc["data"]["result"])
 

@@ -52,6 +52,7 @@ from sovereignspec.operator import metrics
 from sovereignspec.operator.informer import DispatchCache, rv_int
 from sovereignspec.operator.policy import GROUP, PLURAL, VERSION, PolicySpec
 from sovereignspec.operator.role import Role, Settings, TickReport
+from sovereignspec.operator.telemetry_source import client_config
 from sovereignspec.operator.view import (
     declared_request,
     learned_alpha,
@@ -67,7 +68,7 @@ from sovereignspec.operator.workloads import (
     requested_gpus,
 )
 from sovereignspec.operator.writer import TRANSPORT_ERRORS, ConflictError
-from sovereignspec.telemetry.prometheus import PrometheusReader
+from sovereignspec.telemetry.prometheus import ClientConfig, PrometheusReader
 from sovereignspec.telemetry.snapshot import Snapshot
 
 log = logging.getLogger(__name__)
@@ -124,17 +125,18 @@ class WorkerTelemetry:
     def __init__(self, max_age: float, clock: Callable[[], float] = time.time) -> None:
         self.max_age = max_age
         self.clock = clock
-        self._cache: dict[tuple[str, str], Snapshot] = {}
+        self._cache: dict[tuple[str, str, ClientConfig | None], Snapshot] = {}
 
-    def get(self, url: str, window: str) -> Snapshot:
-        cached = self._cache.get((url, window))
+    def get(self, url: str, window: str, client: ClientConfig | None = None) -> Snapshot:
+        key = (url, window, client)
+        cached = self._cache.get(key)
         if cached is not None and not cached.error and self.clock() - cached.fetched_at < self.max_age:
             return cached
         try:
-            snap = PrometheusReader(url, window=window).snapshot()
+            snap = PrometheusReader(url, window=window, client=client).snapshot()
         except Exception as exc:  # a worker's Prometheus answering nonsense is one that is down
             snap = Snapshot(fetched_at=self.clock(), error=f"{type(exc).__name__}: {exc}"[:200])
-        self._cache[(url, window)] = snap
+        self._cache[key] = snap
         metrics.TELEMETRY_UP.labels(source=url).set(0 if snap.error and not snap.gpus else 1)
         return snap
 
@@ -232,7 +234,9 @@ class DispatchController(Role):
             if problem is None and desc.prometheus_url is None:
                 error = f"no {WORKER_PROMETHEUS} annotation"
             elif problem is None and desc.prometheus_url is not None:
-                snap = self.worker_telemetry.get(desc.prometheus_url, window)
+                # The policy's client settings (CA, credentials) for every worker's Prometheus.
+                client = client_config(spec.telemetry.prometheus_client)
+                snap = self.worker_telemetry.get(desc.prometheus_url, window, client)
                 error = snap.error if not snap.gpus else None
                 gpus = self._gpus(snap, gpu_type, spec)
                 self._acceptance[name] = snap

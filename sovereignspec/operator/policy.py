@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
 
 from sovereignspec.core.defaults import (
     GAMMA_LIMIT,
@@ -53,11 +53,52 @@ class Acceptance(_Model):
     )
 
 
+_PATH = r"^/"
+_PATH_TEXT = "an absolute path in the operator's Pod (a mounted Secret)"
+
+
+class Authorization(_Model):
+    type: Literal["Bearer"] = Field("Bearer", description="Bearer")
+    credentials_file: str = Field(alias="credentialsFile", pattern=_PATH, description=_PATH_TEXT)
+
+
+class BasicAuth(_Model):
+    username: str = Field(min_length=1, description="a user name")
+    password_file: str = Field(alias="passwordFile", pattern=_PATH, description=_PATH_TEXT)
+
+
+class Tls(_Model):
+    ca_file: str | None = Field(None, alias="caFile", pattern=_PATH, description=_PATH_TEXT)
+    cert_file: str | None = Field(None, alias="certFile", pattern=_PATH, description=_PATH_TEXT)
+    key_file: str | None = Field(None, alias="keyFile", pattern=_PATH, description=_PATH_TEXT)
+
+    @model_validator(mode="after")
+    def _pair(self) -> Tls:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("certFile and keyFile: give both (a client certificate and its key) or neither")
+        return self
+
+
+class PrometheusClient(_Model):
+    timeout_seconds: float = Field(3.0, alias="timeoutSeconds", gt=0, le=60, description="in (0, 60]")
+    retries: int = Field(2, ge=0, le=5, description="an integer in 0..5")
+    authorization: Authorization | None = None
+    basic_auth: BasicAuth | None = Field(None, alias="basicAuth")
+    tls: Tls = Field(default_factory=Tls)
+
+    @model_validator(mode="after")
+    def _one_credential(self) -> PrometheusClient:
+        if self.authorization is not None and self.basic_auth is not None:
+            raise ValueError("authorization and basicAuth: give one of them, not both")
+        return self
+
+
 class Telemetry(_Model):
     source: Literal["prometheus", "dcgm-exporter", "none"] = Field(
         "prometheus", description="prometheus, dcgm-exporter or none"
     )
     prometheus_url: str | None = Field(None, alias="prometheusURL", description="an http(s) URL")
+    prometheus_client: PrometheusClient = Field(default_factory=PrometheusClient, alias="prometheusClient")
     dcgm_endpoints: list[str] = Field(default_factory=list, alias="dcgmEndpoints", description="http(s) URLs")
     staleness_seconds: float = Field(
         60.0, alias="stalenessSeconds", gt=0, le=3600, description="in (0, 3600]"

@@ -8,12 +8,26 @@ import time
 from collections.abc import Callable
 
 from sovereignspec.operator import metrics
-from sovereignspec.operator.policy import PolicySpec
+from sovereignspec.operator.policy import PolicySpec, PrometheusClient
 from sovereignspec.telemetry.dcgm import DcgmScraper
-from sovereignspec.telemetry.prometheus import PrometheusReader
+from sovereignspec.telemetry.prometheus import ClientConfig, PrometheusReader
 from sovereignspec.telemetry.snapshot import Snapshot
 
 log = logging.getLogger(__name__)
+
+
+def client_config(c: PrometheusClient) -> ClientConfig:
+    """The policy's `telemetry.prometheusClient` as the reader takes it."""
+    return ClientConfig(
+        timeout=c.timeout_seconds,
+        retries=c.retries,
+        bearer_token_file=c.authorization.credentials_file if c.authorization else None,
+        basic_auth_username=c.basic_auth.username if c.basic_auth else None,
+        basic_auth_password_file=c.basic_auth.password_file if c.basic_auth else None,
+        ca_file=c.tls.ca_file,
+        cert_file=c.tls.cert_file,
+        key_file=c.tls.key_file,
+    )
 
 
 class TelemetryCache:
@@ -27,14 +41,17 @@ class TelemetryCache:
 
     def get(self, spec: PolicySpec) -> Snapshot:
         t = spec.telemetry
-        key = (t.source, t.prometheus_url, tuple(t.dcgm_endpoints), t.acceptance.window)
+        key = (t.source, t.prometheus_url, t.prometheus_client, tuple(t.dcgm_endpoints), t.acceptance.window)
         cached = self._cache.get(key)
         if cached is not None and not cached.error and self.clock() - cached.fetched_at < self.max_age:
             return cached  # failures are not cached: the next tick tries again
         try:
             if t.source == "prometheus" and t.prometheus_url:
                 snap = PrometheusReader(
-                    t.prometheus_url, window=t.acceptance.window, sglang_rate=t.acceptance.sglang_accept_rate
+                    t.prometheus_url,
+                    window=t.acceptance.window,
+                    sglang_rate=t.acceptance.sglang_accept_rate,
+                    client=client_config(t.prometheus_client),
                 ).snapshot()
             elif t.source == "dcgm-exporter" and t.dcgm_endpoints:
                 snap = DcgmScraper(t.dcgm_endpoints).snapshot()

@@ -1,13 +1,24 @@
-"""Read GPU activity, acceptance and TPOT through the Prometheus HTTP API (urllib, no client lib)."""
+"""Read GPU activity, acceptance and TPOT through the Prometheus HTTP API (urllib, no client lib).
+
+A Prometheus as it is deployed: behind TLS with the cluster's or a private CA, a client
+certificate, a bearer token (a ServiceAccount's, rotated on disk: read again for every request) or
+basic auth, each from a file mounted into the operator's Pod, never inline. Transport failures and
+5xx/429 answers are retried a bounded number of times with backoff; a refusal (401/403) or a
+certificate that does not verify is not retried and says which setting to look at.
+"""
 
 from __future__ import annotations
 
+import base64
 import json
 import math
+import ssl
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from dataclasses import dataclass
+from typing import Any
 
 from sovereignspec.core.speedup import alpha_from_draft_acceptance
 from sovereignspec.telemetry.snapshot import (
@@ -34,24 +45,147 @@ class PrometheusError(RuntimeError):
     pass
 
 
+# Where each setting is, for messages: the SpeculationPolicy's field names.
+SETTING = "telemetry.prometheusClient"
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    """How to reach a Prometheus: files are paths in the operator's Pod (Secrets mounted there)."""
+
+    timeout: float = 3.0
+    retries: int = 2  # more tries after the first, on transport errors and 5xx/429 only
+    backoff: float = 0.25  # seconds before the first retry, doubled after each
+    bearer_token_file: str | None = None
+    basic_auth_username: str | None = None
+    basic_auth_password_file: str | None = None
+    ca_file: str | None = None  # else the system's trust store
+    cert_file: str | None = None  # a client certificate (with key_file)
+    key_file: str | None = None
+
+
+def _read_secret(path: str, field: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read().strip()
+    except OSError as exc:
+        raise PrometheusError(f"{SETTING}.{field} {path}: cannot read it ({exc.strerror or exc})") from exc
+    if not text:
+        raise PrometheusError(f"{SETTING}.{field} {path}: the file is empty")
+    return text
+
+
 class PrometheusReader:
     def __init__(
-        self, url: str, timeout: float = 3.0, window: str = "5m", sglang_rate: str = "drafts"
+        self,
+        url: str,
+        timeout: float | None = None,
+        window: str = "5m",
+        sglang_rate: str = "drafts",
+        client: ClientConfig | None = None,
+        sleep: Any = time.sleep,
     ) -> None:
         self.url = url.rstrip("/")
-        self.timeout = timeout
+        self.client = client or ClientConfig()
+        self.timeout = self.client.timeout if timeout is None else timeout
         self.window = window
         self.sglang_rate = sglang_rate  # what sglang:spec_accept_rate means (_sglang_alpha)
         self.rejected: dict[str, int] = {}  # reason -> rows treated as missing, for the metric
+        self._sleep = sleep
+        self._tls: ssl.SSLContext | None = None
+
+    def _context(self) -> ssl.SSLContext | None:
+        c = self.client
+        if not self.url.startswith("https:"):
+            return None
+        if self._tls is None:
+            try:
+                ctx = ssl.create_default_context(cafile=c.ca_file)
+            except (OSError, ssl.SSLError) as exc:
+                raise PrometheusError(
+                    f"{SETTING}.tls.caFile {c.ca_file}: not a CA bundle it can read ({exc})"
+                ) from exc
+            if c.cert_file or c.key_file:
+                try:
+                    ctx.load_cert_chain(str(c.cert_file), c.key_file)
+                except (OSError, ssl.SSLError) as exc:
+                    raise PrometheusError(
+                        f"{SETTING}.tls.certFile/keyFile {c.cert_file}, {c.key_file}: not a certificate and "
+                        f"key it can read ({exc})"
+                    ) from exc
+            self._tls = ctx
+        return self._tls
+
+    def _headers(self) -> dict[str, str]:
+        c = self.client
+        headers = {"Accept": "application/json"}
+        if c.bearer_token_file:
+            token = _read_secret(c.bearer_token_file, "authorization.credentialsFile")
+            headers["Authorization"] = f"Bearer {token}"
+        elif c.basic_auth_username is not None and c.basic_auth_password_file:
+            password = _read_secret(c.basic_auth_password_file, "basicAuth.passwordFile")
+            pair = f"{c.basic_auth_username}:{password}".encode()
+            headers["Authorization"] = "Basic " + base64.b64encode(pair).decode()
+        return headers
+
+    def _get(self, target: str) -> Any:
+        """The JSON answer to one GET: retried on what may pass (a dropped connection, a timeout, an
+        overloaded or restarting server), never on what will not (refused credentials, a
+        certificate that does not verify)."""
+        context = self._context()
+        last = ""
+        tries = self.client.retries + 1
+        for attempt in range(tries):
+            if attempt:
+                self._sleep(self.client.backoff * 2 ** (attempt - 1))
+            request = urllib.request.Request(target, headers=self._headers())
+            try:
+                with urllib.request.urlopen(request, timeout=self.timeout, context=context) as resp:
+                    return json.load(resp)
+            except urllib.error.HTTPError as exc:
+                if exc.code in (401, 403):
+                    c = self.client
+                    if c.bearer_token_file:
+                        how, where = "the token", f"{SETTING}.authorization"
+                    elif c.basic_auth_username is not None:
+                        how, where = "the basic-auth credentials", f"{SETTING}.basicAuth"
+                    else:
+                        how, where = "a request without credentials", f"{SETTING}.authorization or .basicAuth"
+                    raise PrometheusError(
+                        f"Prometheus at {self.url} refused {how} ({exc.code} {exc.reason}); check {where}"
+                    ) from exc
+                if exc.code >= 500 or exc.code == 429:
+                    last = f"HTTP {exc.code} {exc.reason}"
+                    continue
+                try:  # the API's own error (400 bad_data, 422): its JSON says what
+                    return json.load(exc)
+                except ValueError:
+                    raise PrometheusError(f"Prometheus at {self.url} answered HTTP {exc.code}") from exc
+            except urllib.error.URLError as exc:
+                reason = exc.reason
+                if isinstance(reason, ssl.SSLCertVerificationError):
+                    raise PrometheusError(
+                        f"Prometheus at {self.url}: its certificate does not verify "
+                        f"({reason.verify_message}); check {SETTING}.tls.caFile"
+                    ) from exc
+                if isinstance(reason, ssl.SSLError):
+                    why = reason.reason or reason
+                    raise PrometheusError(
+                        f"Prometheus at {self.url}: TLS failed ({why}); check {SETTING}.tls"
+                    ) from exc
+                last = str(reason)
+            except ssl.SSLError as exc:  # TLS 1.3: a refused client certificate shows at the first read
+                why = exc.reason or exc
+                raise PrometheusError(
+                    f"Prometheus at {self.url}: TLS failed ({why}); check {SETTING}.tls"
+                ) from exc
+            except (OSError, ValueError) as exc:  # a timeout mid-answer; a body that is not JSON
+                last = f"{type(exc).__name__}: {exc}"
+        raise PrometheusError(f"Prometheus at {self.url} unreachable ({tries} tries): {last}")
 
     def query(self, promql: str, at: float | None = None) -> list[tuple[dict[str, str], float, float]]:
         params = {"query": promql} if at is None else {"query": promql, "time": f"{at:.3f}"}
-        target = f"{self.url}/api/v1/query?" + urllib.parse.urlencode(params)
-        try:
-            with urllib.request.urlopen(target, timeout=self.timeout) as resp:
-                doc = json.load(resp)
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            raise PrometheusError(f"Prometheus at {self.url} unreachable: {exc}") from exc
+        doc = self._get(f"{self.url}/api/v1/query?" + urllib.parse.urlencode(params))
         if not isinstance(doc, dict) or doc.get("status") != "success":
             got = doc if not isinstance(doc, dict) else f"{doc.get('errorType')}: {doc.get('error')}"
             raise PrometheusError(f"Prometheus at {self.url} answered {str(got)[:200]}")

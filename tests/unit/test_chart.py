@@ -331,3 +331,27 @@ def test_a_parent_chart_turns_it_on_and_off_with_its_enabled_condition(helm, tmp
     render_parent = parent_chart(helm, tmp_path, condition="sovereignspec.enabled")
     assert {"Deployment", "ClusterRole", "AdmissionCheck"} <= render_parent("sovereignspec.enabled=true")
     assert render_parent("sovereignspec.enabled=false") == set()
+
+
+def test_prometheus_credentials_are_mounted_from_secrets_and_named_by_path_in_the_policy(helm):
+    docs = render(helm, "extraVolumes[0].name=prometheus-client",
+                  "extraVolumes[0].secret.secretName=prometheus-client",
+                  "extraVolumeMounts[0].name=prometheus-client",
+                  "extraVolumeMounts[0].mountPath=/etc/sovereignspec/prometheus",
+                  "extraVolumeMounts[0].readOnly=true",
+                  "policy.spec.telemetry.prometheusClient.authorization.credentialsFile="
+                  "/etc/sovereignspec/prometheus/token")  # fmt: skip
+    pod = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]
+    assert {"name": "prometheus-client", "secret": {"secretName": "prometheus-client"}} in pod["volumes"]
+    mounts = pod["containers"][0]["volumeMounts"]
+    assert {
+        "name": "prometheus-client",
+        "mountPath": "/etc/sovereignspec/prometheus",
+        "readOnly": True,
+    } in mounts
+    policy = next(d for d in docs if d["kind"] == "SpeculationPolicy")
+    client = policy["spec"]["telemetry"]["prometheusClient"]
+    assert client == {"authorization": {"credentialsFile": "/etc/sovereignspec/prometheus/token"}}
+    from sovereignspec.operator.policy import parse_policy
+
+    assert parse_policy("default", policy["spec"]).telemetry.prometheus_client.authorization is not None

@@ -59,3 +59,37 @@ def test_the_operators_policy_and_the_placer_default_alike() -> None:
         policy.slo_margin,
     )
     assert spec.telemetry.headroom_uncertainty == policy.headroom_uncertainty
+
+
+@pytest.mark.parametrize(
+    ("client", "said"),
+    [
+        ({"tls": {"certFile": "/etc/p/tls.crt"}}, "certFile and keyFile: give both"),
+        ({"authorization": {"credentialsFile": "/t"}, "basicAuth": {"username": "u", "passwordFile": "/p"}},
+         "authorization and basicAuth: give one of them, not both"),
+        ({"authorization": {"credentialsFile": "token"}}, "credentialsFile"),
+        ({"retries": 9}, "retries"),
+    ],
+)  # fmt: skip
+def test_a_prometheus_client_setting_that_cannot_work_names_its_field(client, said) -> None:
+    from sovereignspec.operator.policy import parse_policy
+
+    spec = {"telemetry": {"prometheusURL": "https://p:9090", "prometheusClient": client}}
+    with pytest.raises(ValueError, match=said):
+        parse_policy("p", spec)
+
+
+def test_the_crd_keeps_every_prometheus_client_field_the_policy_reads() -> None:
+    """A structural CRD prunes what its schema does not name: each field of the model must be there."""
+    from sovereignspec.operator import policy
+
+    crd = yaml.safe_load((ROOT / "crds" / "sovereignspec.io_speculationpolicies.yaml").read_text())
+    spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    schema = spec["properties"]["telemetry"]["properties"]["prometheusClient"]
+
+    def names(model: type) -> set[str]:
+        return {f.alias or n for n, f in model.model_fields.items()}
+
+    assert set(schema["properties"]) == names(policy.PrometheusClient)
+    for key, sub in (("authorization", "Authorization"), ("basicAuth", "BasicAuth"), ("tls", "Tls")):
+        assert set(schema["properties"][key]["properties"]) == names(getattr(policy, sub)), key
