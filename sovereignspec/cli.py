@@ -261,6 +261,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     op.add_argument("--bind", default="0.0.0.0", help="address for the metrics and liveness endpoints")
     op.add_argument("--metrics-port", type=_bounded_int("--metrics-port", 0, 65535), default=8080)
+    op.add_argument(
+        "--metrics-secure",
+        action="store_true",
+        help="serve metrics over HTTPS to bearer tokens RBAC allows `get /metrics` (TokenReview, "
+        "SubjectAccessReview), as controller-runtime's secure metrics",
+    )
+    op.add_argument(
+        "--metrics-cert-dir", help="tls.crt and tls.key for --metrics-secure (default: self-signed)"
+    )
     op.add_argument("--liveness-port", type=_bounded_int("--liveness-port", 0, 65535), default=8081)
     op.add_argument("--write-workers", type=_bounded_int("--write-workers", 1, 64), default=8)
     op.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")

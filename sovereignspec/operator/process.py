@@ -14,6 +14,7 @@ from kubernetes import client, config
 from prometheus_client import start_http_server
 
 from sovereignspec.operator import main as handlers
+from sovereignspec.operator import secure_metrics
 from sovereignspec.operator.controller import Controller
 from sovereignspec.operator.dispatcher import DISPATCHER_NAME, DispatchController
 from sovereignspec.operator.identity import operator_identity
@@ -84,7 +85,9 @@ def run(args: argparse.Namespace) -> int:
     api = api_client(args.kubeconfig)
     handlers.configure(kind(api, profiles, settings), elector(api, args, settings.field_manager))
     logging.getLogger("sovereignspec").info("role %s, controllerName %s", role, settings.controller_name)
-    if args.metrics_port:
+    if args.metrics_port and getattr(args, "metrics_secure", False):
+        secure_metrics.serve(api, args.metrics_port, args.bind, args.metrics_cert_dir)
+    elif args.metrics_port:
         start_http_server(args.metrics_port, addr=args.bind)
     liveness = f"http://{args.bind}:{args.liveness_port}/healthz" if args.liveness_port else None
     kopf.run(

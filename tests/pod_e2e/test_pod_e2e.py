@@ -13,6 +13,7 @@ import copy
 import json
 import os
 import re
+import subprocess
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -548,7 +549,7 @@ def test_a_real_vllm_pod_runs_the_decision_and_its_measured_alpha_reaches_the_ne
     profiles = local_profiles(tmp_path / "profiles", (DRAFT,))
     files = [f"--from-file={f.name}={f}" for f in sorted(profiles.glob("*/*.yaml"))]
     kubectl("-n", NAMESPACE, "create", "configmap", PROFILES, *files)
-    old = operator_pods(cluster)[0].metadata.name
+    old = {p.metadata.name for p in operator_pods(cluster)}
     drafts = {"checkpoints": {DRAFT: {SERVED: "/models/perturbed"}}}
     chart, renderer = str(REPO / "charts" / "sovereignspec"), str(REPO / "tests/pod_e2e/post-render.sh")
     helm("upgrade", RELEASE, chart, "-n", NAMESPACE, "--reuse-values",
@@ -556,11 +557,11 @@ def test_a_real_vllm_pod_runs_the_decision_and_its_measured_alpha_reaches_the_ne
          "--set-json", f"policy.spec.drafts={json.dumps(drafts)}",
          "--post-renderer", renderer)  # fmt: skip
 
-    def replaced() -> bool:
+    def replaced() -> bool:  # a rolling update: both replicas replaced, one of them leading
         pods = operator_pods(cluster)
-        return len(pods) == 1 and pods[0].metadata.name != old and ready(pods[0])
+        return len(pods) == 2 and not old & {p.metadata.name for p in pods} and all(map(ready, pods))
 
-    wait_until(replaced, 180, "the operator Pod with the profiles ConfigMap to be the only one, Ready")
+    wait_until(replaced, 180, "both operator Pods replaced by ones with the profiles ConfigMap, Ready")
     telemetry.add_scrape_config(service_discovery_job(tmp_path))
 
     port = free_port()
@@ -635,3 +636,71 @@ def test_a_real_vllm_pod_runs_the_decision_and_its_measured_alpha_reaches_the_ne
         f"α measured {measured:.3f}, read {alpha:.3f}; next decision: {message}"
     )
     kubectl("-n", SERVING_NS, "delete", "job", "vllm-real", "--wait=true", "--cascade=foreground")
+
+
+# The chart users have installed: the tip of the repository before its CRD became a template, leader
+# election came and the version went to 0.2.0 (its image tag, appVersion 0.1.0, is unchanged: the
+# node has this tree's image under it).
+PREVIOUS_CHART = "a633c6e0447c6964a5d073ec3f6e64b97e718bea"
+CRD = "speculationpolicies.sovereignspec.io"
+
+
+def previous_chart(tmp: Path) -> Path:
+    """The chart as of PREVIOUS_CHART, from this repository's history (its crds/ link with it)."""
+    what = [PREVIOUS_CHART, "charts/sovereignspec", "crds"]
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", *what], capture_output=True, check=False)
+    assert archive.returncode == 0, f"this test needs the repository's history: {archive.stderr.decode()}"
+    subprocess.run(["tar", "-x", "-C", str(tmp)], input=archive.stdout, check=True)
+    return tmp / "charts" / "sovereignspec"
+
+
+def decided_ready(cluster: client.ApiClient, job: str) -> None:
+    kubectl("apply", "-f", "-", stdin=yaml.safe_dump(serving_job(job)))
+    wait_until(lambda: our_state(workload_of(cluster, job)) == "Ready", 180, f"{job} to be decided")
+
+
+def test_uninstall_keeps_the_policies_and_the_previous_chart_upgrades_to_this_one_and_rolls_back(
+    cluster: client.ApiClient, telemetry: LocalPrometheus, tmp_path: Path
+) -> None:
+    """`helm uninstall` leaves the CRD and the users' SpeculationPolicies (the keep policy); the
+    previous chart version installs over them; `helm upgrade` to this chart (after the README's two
+    commands that let the release adopt the CRD it used to install from crds/) keeps every policy and
+    decision and goes on deciding; `helm rollback` to the previous revision does too."""
+    renderer = str(REPO / "tests/pod_e2e/post-render.sh")
+    url = f"policy.spec.telemetry.prometheusURL={telemetry.url}"
+    team = {"apiVersion": "sovereignspec.io/v1alpha1", "kind": "SpeculationPolicy",
+            "metadata": {"name": "team-policy"}, "spec": {"gammaMax": 4}}  # fmt: skip
+    kubectl("apply", "-f", "-", stdin=yaml.safe_dump(team))
+    helm("uninstall", RELEASE, "-n", NAMESPACE, "--wait")
+    kubectl("get", "crd", CRD)  # kept
+    kubectl("get", "speculationpolicy", "team-policy")  # and what users made with it
+
+    old = previous_chart(tmp_path)
+    helm("install", RELEASE, str(old), "-n", NAMESPACE, "--set", url, "--post-renderer", renderer)
+    wait_until(lambda: [p for p in operator_pods(cluster) if ready(p)], 150, "the previous chart's Pod")
+    decided_ready(cluster, "before-upgrade")
+
+    # What the README's upgrade note says: the release adopts the CRD it used to install from crds/.
+    kubectl("label", "crd", CRD, "app.kubernetes.io/managed-by=Helm", "--overwrite")
+    kubectl("annotate", "crd", CRD, f"meta.helm.sh/release-name={RELEASE}",
+            f"meta.helm.sh/release-namespace={NAMESPACE}", "--overwrite")  # fmt: skip
+    helm("upgrade", RELEASE, str(REPO / "charts" / "sovereignspec"), "-n", NAMESPACE, "--set", url,
+         "--post-renderer", renderer)  # fmt: skip
+    wait_until(lambda: len([p for p in operator_pods(cluster) if ready(p)]) == 2, 180,
+               "the upgraded chart's two Pods")  # fmt: skip
+    kubectl("get", "speculationpolicy", "team-policy")
+    assert our_state(workload_of(cluster, "before-upgrade")) == "Ready"  # nothing lost
+    decided_ready(cluster, "after-chart-upgrade")
+    crd = client.ApiextensionsV1Api(cluster).read_custom_resource_definition(CRD)
+    assert crd.metadata.annotations.get("helm.sh/resource-policy") == "keep"
+
+    helm("rollback", RELEASE, "1", "-n", NAMESPACE, "--wait")
+    kubectl("get", "crd", CRD)  # a revision without it as a template does not delete it
+    kubectl("get", "speculationpolicy", "team-policy")
+    wait_until(lambda: len([p for p in operator_pods(cluster) if ready(p)]) == 1, 180,
+               "the previous chart's one Pod again")  # fmt: skip
+    decided_ready(cluster, "after-rollback")
+    for job in ("before-upgrade", "after-chart-upgrade"):
+        assert our_state(workload_of(cluster, job)) == "Ready"
+    kubectl("-n", SERVING_NS, "delete", "job", "before-upgrade", "after-chart-upgrade", "after-rollback",
+            "--wait=true")  # fmt: skip

@@ -54,17 +54,24 @@ def test_the_default_render_has_crd_rbac_controller_policy_and_check(helm):
     assert kinds == sorted([
         "CustomResourceDefinition", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Deployment",
         "Service", "SpeculationPolicy", "AdmissionCheck", "Role", "RoleBinding", "PodDisruptionBudget",
+        "ClusterRole",  # RELEASE-metrics-reader, for Prometheus
     ])  # fmt: skip
+
+
+def rules(name: str) -> list[dict[str, Any]]:
+    return list(yaml.safe_load((CHART / "files" / f"clusterrole-rules{name}.yaml").read_text()))
 
 
 def test_rbac_is_least_privilege_and_the_same_as_the_harness_uses(helm):
     role = next(d for d in render(helm) if d["kind"] == "ClusterRole")
-    assert role["rules"] == yaml.safe_load((CHART / "files/clusterrole-rules.yaml").read_text())
+    # The harness binds the first file; the secure metrics test adds the second.
+    assert role["rules"] == rules("") + rules("-metrics-auth")
     for rule in role["rules"]:
         assert "*" not in rule["verbs"] and "*" not in rule["resources"]
+        # Nothing is created but Events and reviews (answers, not objects).
         assert not {"delete", "deletecollection", "update", "create"} & set(rule["verbs"]) or rule[
             "resources"
-        ] == ["events"]
+        ] in (["events"], ["tokenreviews"], ["subjectaccessreviews"])
         if any(r.endswith("/status") for r in rule["resources"]):
             assert set(rule["verbs"]) <= {"get", "patch"}
     assert not any("secrets" in r["resources"] for r in role["rules"])
@@ -231,16 +238,15 @@ def test_the_dispatcher_role_renders_its_flag_controller_name_and_read_rights(he
     check = next(d for d in docs if d["kind"] == "AdmissionCheck")
     assert check["spec"]["controllerName"] == "sovereignspec.io/dispatcher"
     role = next(d for d in docs if d["kind"] == "ClusterRole")
-    extra = yaml.safe_load((CHART / "files/clusterrole-rules-dispatcher.yaml").read_text())
-    assert role["rules"] == yaml.safe_load((CHART / "files/clusterrole-rules.yaml").read_text()) + extra
+    assert role["rules"] == rules("") + rules("-dispatcher") + rules("-metrics-auth")
     # The worker role (the default) keeps its name and reads no MultiKueue objects.
     worker = render(helm)
     args = next(d for d in worker if d["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][0][
         "args"
     ]
     assert "--role=worker" in args and "--controller-name=sovereignspec.io/speculation" in args
-    rules = next(d for d in worker if d["kind"] == "ClusterRole")["rules"]
-    assert not any("multikueueclusters" in r["resources"] for r in rules)
+    granted = next(d for d in worker if d["kind"] == "ClusterRole")["rules"]
+    assert not any("multikueueclusters" in r["resources"] for r in granted)
 
 
 def test_the_values_schema_refuses_an_unknown_role(helm):
@@ -355,3 +361,44 @@ def test_prometheus_credentials_are_mounted_from_secrets_and_named_by_path_in_th
     from sovereignspec.operator.policy import parse_policy
 
     assert parse_policy("default", policy["spec"]).telemetry.prometheus_client.authorization is not None
+
+
+def test_the_crd_is_a_template_that_upgrades_and_is_kept_on_uninstall_unless_told(helm):
+    crd = next(d for d in render(helm) if d["kind"] == "CustomResourceDefinition")
+    source = yaml.safe_load((REPO / "crds" / "sovereignspec.io_speculationpolicies.yaml").read_text())
+    assert crd["spec"] == source["spec"] and crd["metadata"]["name"] == source["metadata"]["name"]
+    assert crd["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+    assert crd["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm"
+    unkept = next(d for d in render(helm, "crds.keep=false") if d["kind"] == "CustomResourceDefinition")
+    assert "annotations" not in unkept["metadata"]
+    assert not [d for d in render(helm, "crds.enabled=false") if d["kind"] == "CustomResourceDefinition"]
+    assert not (CHART / "crds").exists()  # Helm would install it once from there and never upgrade it
+
+
+def test_metrics_are_served_over_https_to_whom_rbac_allows_and_the_servicemonitor_comes_with_a_token(helm):
+    docs = render(helm, "metrics.serviceMonitor.enabled=true")
+    args = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][0][
+        "args"
+    ]
+    assert "--metrics-secure" in args and "--metrics-port=8443" in args
+    reader = next(d for d in docs if d["metadata"]["name"] == "t-sovereignspec-metrics-reader")
+    assert reader["kind"] == "ClusterRole" and reader["rules"] == [
+        {"nonResourceURLs": ["/metrics"], "verbs": ["get"]}
+    ]
+    endpoint = next(d for d in docs if d["kind"] == "ServiceMonitor")["spec"]["endpoints"][0]
+    assert endpoint["scheme"] == "https"
+    assert endpoint["bearerTokenFile"] == "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    assert endpoint["tlsConfig"] == {"insecureSkipVerify": True}
+    # With a certificate of cert-manager's: verified against its CA, under the Service's name.
+    docs = render(helm, "metrics.serviceMonitor.enabled=true", "metrics.certSecret=metrics-tls")
+    endpoint = next(d for d in docs if d["kind"] == "ServiceMonitor")["spec"]["endpoints"][0]
+    assert endpoint["tlsConfig"] == {"serverName": "t-sovereignspec-metrics.sovereignspec-system.svc",
+                                     "ca": {"secret": {"name": "metrics-tls", "key": "ca.crt"}}}  # fmt: skip
+    pod = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]
+    assert "--metrics-cert-dir=/etc/sovereignspec/metrics-certs" in pod["containers"][0]["args"]
+    assert {"name": "metrics-certs", "secret": {"secretName": "metrics-tls"}} in pod["volumes"]
+    # Plain: no reviews, no reader role, a plain ServiceMonitor.
+    docs = render(helm, "metrics.secure=false", "metrics.serviceMonitor.enabled=true")
+    role = next(d for d in docs if d["kind"] == "ClusterRole")
+    assert role["rules"] == rules("") and not [d for d in docs if d["metadata"]["name"].endswith("-reader")]
+    assert "scheme" not in next(d for d in docs if d["kind"] == "ServiceMonitor")["spec"]["endpoints"][0]
