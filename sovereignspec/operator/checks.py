@@ -4,6 +4,8 @@ resolved (both roles; the one place a check's parameters are read)."""
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
@@ -16,21 +18,50 @@ from sovereignspec.operator.writer import API_ERRORS, Writer
 log = logging.getLogger(__name__)
 
 
+# A policy that vanishes is used as last seen for this long before its checks go inactive: Helm
+# re-creates a hook object (the chart's policy) by deleting it first, and `kubectl replace --force`
+# does the same; neither should flap the AdmissionCheck (and Kueue's ClusterQueue) inactive.
+POLICY_GRACE_SECONDS = 10.0
+
+
 class CheckReconciler:
     def __init__(
-        self, checks: Informer, policies: Informer, writer: Writer, controller_name: str, profiles: ProfileSet
+        self,
+        checks: Informer,
+        policies: Informer,
+        writer: Writer,
+        controller_name: str,
+        profiles: ProfileSet,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.checks = checks  # the AdmissionChecks, watch-fed
         self.policies = policies  # the SpeculationPolicies, watch-fed
         self.writer = writer
         self.controller_name = controller_name
         self.profiles = profiles
+        self.clock = clock
+        self._seen: dict[str, tuple[dict[str, Any], float]] = {}  # policy name -> (object, last seen)
+
+    def _policies(self) -> dict[str, dict[str, Any]]:
+        """The policies now, and those gone for less than POLICY_GRACE_SECONDS as last seen."""
+        now = self.clock()
+        policies = {p["metadata"]["name"]: p for p in self.policies.items()}
+        for name, policy in policies.items():
+            self._seen[name] = (policy, now)
+        for name, (policy, at) in list(self._seen.items()):
+            if name in policies:
+                continue
+            if now - at < POLICY_GRACE_SECONDS:
+                policies[name] = policy
+            else:
+                del self._seen[name]
+        return policies
 
     def reconcile(self) -> tuple[dict[str, tuple[str, PolicySpec]], dict[str, PolicySpec]]:
         """Keep Active right on every AdmissionCheck we own. Returns the active ones with their
         policy, and every one of ours whose policy can be read (for the cluster-wide ledger)."""
         checks = self.checks.items()
-        policies = {p["metadata"]["name"]: p for p in self.policies.items()}
+        policies = self._policies()
         active: dict[str, tuple[str, PolicySpec]] = {}
         known: dict[str, PolicySpec] = {}
         for ac in checks:

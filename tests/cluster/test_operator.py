@@ -355,3 +355,50 @@ def test_a_speculative_workload_whose_gpu_saturates_is_told_it_became_a_net_loss
     time.sleep(3)  # a few more ticks: told once, and still admitted as decided
     assert len([e for e in events(pool, name) if e.reason == "SpeculationNetLoss"]) == 1
     assert our_entry(pool, workload_of(pool, "aging"))["state"] == "Ready"
+
+
+def test_a_policy_deleted_and_made_again_at_once_never_turns_its_check_inactive(env, unique):
+    """What `helm upgrade` does to the chart's policy (a hook object: deleted, then created) must not
+    flap the AdmissionCheck inactive; a policy that stays gone does, after the grace period."""
+    import threading
+
+    from localdev.operator import policy
+    from sovereignspec.operator.checks import POLICY_GRACE_SECONDS
+
+    name, check = unique("grace-policy"), unique("grace-check")
+    custom = client.CustomObjectsApi(env.api)
+    server_side_apply(env.api, policy(name, env.prometheus.url), "sovereignspec-e2e")
+    params = {"apiGroup": "sovereignspec.io", "kind": "SpeculationPolicy", "name": name}
+    k.apply(env.api, k.admission_check(check, env.controller, params))
+
+    def active() -> str | None:
+        ac = custom.get_cluster_custom_object("kueue.x-k8s.io", "v1beta2", "admissionchecks", check)
+        found = k.condition(ac, "Active")
+        return found["status"] if found else None
+
+    wait_until(lambda: active() == "True", timeout=30, what="the check to become Active")
+    seen: list[str | None] = []
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.wait(0.02):
+            seen.append(active())
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        for _ in range(3):
+            custom.delete_cluster_custom_object("sovereignspec.io", "v1alpha1", "speculationpolicies", name)
+            time.sleep(0.3)  # a tick (debounced 50 ms) runs in between
+            server_side_apply(env.api, policy(name, env.prometheus.url), "sovereignspec-e2e")
+            time.sleep(0.5)
+    finally:
+        stop.set()
+        watcher.join()
+    assert seen and set(seen) == {"True"}, seen
+    custom.delete_cluster_custom_object("sovereignspec.io", "v1alpha1", "speculationpolicies", name)
+    gone = time.monotonic()
+    wait_until(
+        lambda: active() == "False", timeout=POLICY_GRACE_SECONDS + 30, what="the check to go inactive"
+    )
+    assert time.monotonic() - gone >= POLICY_GRACE_SECONDS - 1

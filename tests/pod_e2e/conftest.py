@@ -40,6 +40,23 @@ E2E = {
     "E2E_APISERVER_PORT": "26443",
     "E2E_PYTHON": sys.executable,
 }
+# The control plane is also a MultiKueue manager whose dispatcher is SovereignSpec's (the chart
+# installed with role=dispatcher, test_pod_e2e.py's last test); the worker-role tests use no
+# MultiKueue check, so this changes nothing for them.
+MANAGER_KUEUE = "multiKueue:\n  dispatcherName: sovereignspec.io/dispatcher\n  gcInterval: 30s\n"
+# A worker control plane for that test (no node): its own state directory and ports.
+WORKER = {
+    "SOVEREIGNSPEC_CLUSTER_DIR": str(REPO / ".cluster-pod-e2e-worker"),
+    "SOVEREIGNSPEC_ETCD_PORT": "27791",
+    "SOVEREIGNSPEC_ETCD_PEER_PORT": "27801",
+    "SOVEREIGNSPEC_APISERVER_PORT": "26444",
+    "SOVEREIGNSPEC_KUEUE_HEALTH_PORT": "28083",
+    "SOVEREIGNSPEC_KUEUE_METRICS_PORT": "28445",
+    "SOVEREIGNSPEC_KUEUE_WEBHOOK_PORT": "29445",
+    "SOVEREIGNSPEC_LWS_HEALTH_PORT": "28084",
+    "SOVEREIGNSPEC_LWS_METRICS_PORT": "28446",
+    "SOVEREIGNSPEC_LWS_WEBHOOK_PORT": "29446",
+}
 NODE = "127.0.0.1"
 # The operator image is tagged as the chart's default (repository and appVersion), so that the
 # chart installs with its defaults; the node has it already and IfNotPresent never pulls.
@@ -97,13 +114,16 @@ def node_cluster() -> Iterator[client.ApiClient]:
             run(str(HACK / "pod-e2e/images.sh"), "archive", image, archives[-1])
         down = str(HACK / "pod-e2e/node-down.sh")
         subprocess.run([down], capture_output=True, check=False)  # whatever an earlier run left
+        extra = images / "kueue-manager.yaml"
+        extra.write_text(MANAGER_KUEUE)
         try:
-            run(str(HACK / "cluster-up.sh"))
+            run(str(HACK / "cluster-up.sh"), env={"SOVEREIGNSPEC_KUEUE_CONFIG_EXTRA": str(extra)})
             run(str(HACK / "pod-e2e/node-up.sh"), env={"IMAGES": " ".join(archives)})
             yield controlplane.api_client()
         finally:
             for a in archives:
                 Path(a).unlink(missing_ok=True)
+            extra.unlink(missing_ok=True)
             images.rmdir()
             teardown = subprocess.run([down], capture_output=True, text=True, check=False)
             leftovers = _our_processes()

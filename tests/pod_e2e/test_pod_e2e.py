@@ -9,6 +9,7 @@ Pod of our decision, scraped through Kubernetes service discovery, its α learne
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import os
@@ -25,6 +26,7 @@ import yaml
 from kubernetes import client
 
 from localdev import controlplane
+from localdev import kueue as k
 from localdev.operator import SyntheticTelemetry
 from localdev.ports import free_port
 from localdev.prometheus import LocalPrometheus
@@ -704,3 +706,144 @@ def test_uninstall_keeps_the_policies_and_the_previous_chart_upgrades_to_this_on
         assert our_state(workload_of(cluster, job)) == "Ready"
     kubectl("-n", SERVING_NS, "delete", "job", "before-upgrade", "after-chart-upgrade", "after-rollback",
             "--wait=true")  # fmt: skip
+
+
+DISPATCH_RELEASE, DISPATCH_NS, DISPATCH_CHECK = (
+    "sovereignspec-dispatcher",
+    "sovereignspec-dispatch",
+    "dispatch",
+)
+WORKER_NAME, TEAM = "pod-e2e-worker", "team-dispatch"
+
+
+@pytest.fixture(scope="module")
+def worker_cluster() -> Any:
+    """A worker control plane on loopback (etcd, kube-apiserver, Kueue; no node): simulated GPU
+    nodes in the eu jurisdiction, a queue, the ServiceAccount MultiKueue acts as. Yields the
+    kubeconfig MultiKueue is given and the worker's Prometheus (synthetic dcgm-exporter series)."""
+    from localdev.gpunodes import apply_node
+    from localdev.multicluster import _multikueue_account
+    from localdev.operator import install
+    from tests.pod_e2e.conftest import WORKER, run
+
+    env = {**WORKER, "SOVEREIGNSPEC_WITH_NODE": ""}
+    state = Path(WORKER["SOVEREIGNSPEC_CLUSTER_DIR"])
+    down = str(REPO / "hack" / "cluster-down.sh")
+    telemetry = SyntheticTelemetry()
+    prom = LocalPrometheus()
+    try:
+        run(str(REPO / "hack" / "cluster-up.sh"), env=env)
+        from kubernetes import config
+
+        api = config.new_client_from_config(config_file=str(state / "admin.kubeconfig"))
+        install(api)
+        capacity = {"cpu": "64", "memory": "512Gi", "pods": "110", "nvidia.com/gpu": "8"}
+        labels = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+                  "node-restriction.kubernetes.io/jurisdiction": "eu"}  # fmt: skip
+        for i in range(2):
+            host = f"worker-gpu-{i}"
+            apply_node(api, {"apiVersion": "v1", "kind": "Node",
+                             "metadata": {"name": host, "labels": {**labels, "kubernetes.io/hostname": host}},
+                             "status": {"capacity": capacity, "allocatable": capacity}})  # fmt: skip
+            for gpu in range(8):
+                telemetry.set_headroom(host, gpu, 1.0)
+        k.apply(api, k.resource_flavor("gpu", {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}))
+        k.apply(api, k.cluster_queue("serving", {"gpu": 16}, [], cpu="1000"))
+        client.CoreV1Api(api).create_namespace({"metadata": {"name": TEAM}})
+        k.apply(api, k.local_queue("serving", TEAM, "serving"))
+        token = _multikueue_account(api)
+        ca = (state / "pki" / "ca.crt").read_bytes()
+        kubeconfig = yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config",
+            "clusters": [{"name": WORKER_NAME, "cluster": {
+                "server": f"https://127.0.0.1:{WORKER['SOVEREIGNSPEC_APISERVER_PORT']}",
+                "certificate-authority-data": base64.b64encode(ca).decode()}}],
+            "users": [{"name": "multikueue", "user": {"token": token}}],
+            "contexts": [{"name": WORKER_NAME, "context": {"cluster": WORKER_NAME, "user": "multikueue"}}],
+            "current-context": WORKER_NAME,
+        })  # fmt: skip
+        prom.start()
+        prom.set_targets("dcgm", [telemetry.target])
+        wait_until(
+            lambda: len(prom.query("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE")) >= 16, 60, "the worker's telemetry"
+        )
+        yield api, kubeconfig, prom
+    finally:
+        prom.close()
+        telemetry.close()
+        subprocess.run([down], env={**os.environ, **env}, capture_output=True, check=False)
+
+
+def test_the_dispatcher_role_installed_from_the_chart_nominates_a_worker_under_its_own_token(
+    cluster: client.ApiClient, worker_cluster: Any
+) -> None:
+    """The chart with role=dispatcher, beside the worker release, on this control plane as a
+    MultiKueue manager (Kueue's dispatcherName is SovereignSpec's): a serving Job in a namespace of
+    the eu jurisdiction is nominated to the eu worker by the dispatcher's Pod, as its ServiceAccount,
+    and MultiKueue creates its Workload there."""
+    worker_api, kubeconfig, prom = worker_cluster
+    core = client.CoreV1Api(cluster)
+    secret = {"apiVersion": "v1", "kind": "Secret", "stringData": {"kubeconfig": kubeconfig},
+              "metadata": {"name": WORKER_NAME, "namespace": "kueue-system"}}  # fmt: skip
+    mkc = {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "MultiKueueCluster",
+        "metadata": {
+            "name": WORKER_NAME,
+            "labels": {"sovereignspec.io/jurisdiction": "eu"},
+            "annotations": {
+                "sovereignspec.io/prometheus-url": prom.url,
+                "sovereignspec.io/gpu-type": "H100-SXM",
+            },
+        },
+        "spec": {"clusterSource": {"kubeConfig": {"locationType": "Secret", "location": WORKER_NAME}}},
+    }
+    mkconfig = {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "MultiKueueConfig",
+                "metadata": {"name": "pod-e2e"}, "spec": {"clusters": [WORKER_NAME]}}  # fmt: skip
+    kubectl("apply", "--server-side", "-f", "-", stdin=yaml.safe_dump_all([secret, mkc, mkconfig]))
+    mk_params = {"apiGroup": "kueue.x-k8s.io", "kind": "MultiKueueConfig", "name": "pod-e2e"}
+    multikueue = k.admission_check("multikueue", "kueue.x-k8s.io/multikueue", mk_params)
+    kubectl("apply", "-f", "-", stdin=yaml.safe_dump(multikueue))
+    helm("install", DISPATCH_RELEASE, str(REPO / "charts" / "sovereignspec"), "-n", DISPATCH_NS,
+         "--create-namespace", "--set", "role=dispatcher", "--set", "crds.enabled=false",
+         "--set", f"admissionCheck.name={DISPATCH_CHECK}", "--set", "policy.name=dispatch",
+         "--set", "dispatcher.nominationWriters={kueue}",
+         "--post-renderer", str(REPO / "tests/pod_e2e/post-render.sh"))  # fmt: skip
+
+    def pods() -> list[Any]:
+        selector = "app.kubernetes.io/name=sovereignspec"
+        return list(core.list_namespaced_pod(DISPATCH_NS, label_selector=selector).items)
+
+    wait_until(lambda: len([p for p in pods() if ready(p)]) == 2, 180, "the dispatcher's two Pods")
+    kubectl("wait", "--for", "condition=Active", f"admissioncheck/{DISPATCH_CHECK}", "--timeout", "90s")
+    kubectl("wait", "--for", "condition=Active", "multikueuecluster/" + WORKER_NAME, "--timeout", "120s")
+    k.apply(cluster, k.resource_flavor("dispatch-gpu", {}))
+    k.apply(cluster, k.cluster_queue("dispatch", {"dispatch-gpu": 16}, [DISPATCH_CHECK, "multikueue"]))
+    labels = {"sovereignspec.io/tenant": TEAM, "sovereignspec.io/jurisdiction": "eu"}
+    core.create_namespace({"metadata": {"name": TEAM, "labels": labels}})
+    k.apply(cluster, k.local_queue("serving", TEAM, "dispatch"))
+    notes = {"sovereignspec.io/model": "llama-3.1-8b", "sovereignspec.io/drafter": "eagle3",
+             "sovereignspec.io/acceptance-rate": "0.8"}  # fmt: skip
+    kubectl("apply", "-f", "-", stdin=yaml.safe_dump(k.job("dispatched", TEAM, "serving", annotations=notes)))
+
+    def nominated() -> dict[str, Any] | None:
+        wls = k.workloads(cluster, TEAM)
+        wl = wls[0] if wls else None
+        entry = k.check_state(wl, DISPATCH_CHECK) if wl else None
+        return wl if entry and entry["state"] == "Ready" else None
+
+    wl = wait_until(nominated, 120, "the dispatcher's nomination")
+    assert wl["status"].get("nominatedClusterNames") in ([WORKER_NAME], None), wl["status"]
+    # MultiKueue acted on it: the Workload exists on the worker.
+    wait_until(lambda: k.workloads(worker_api, TEAM), 120, "the Workload on the worker")
+    # Written by the dispatcher's Pod, as its ServiceAccount (the audit log).
+    log = Path(os.environ["SOVEREIGNSPEC_CLUSTER_DIR"]) / "logs" / "audit.log"
+    me = f"system:serviceaccount:{DISPATCH_NS}:{DISPATCH_RELEASE}"
+    events = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    target = ("workloads", "status", wl["metadata"]["name"])
+    fields = ("resource", "subresource", "name")
+    writes = [e for e in events if e["user"]["username"] == me and e["verb"] == "patch"
+              and tuple(e["objectRef"].get(f) for f in fields) == target]  # fmt: skip
+    assert writes and all(e["responseStatus"]["code"] < 400 for e in writes), writes
+    lease = client.CoordinationV1Api(cluster).read_namespaced_lease(DISPATCH_RELEASE, DISPATCH_NS)
+    assert lease.spec.holder_identity.rpartition("_")[0] in {p.metadata.name for p in pods()}

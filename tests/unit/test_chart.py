@@ -373,6 +373,12 @@ def test_the_crd_is_a_template_that_upgrades_and_is_kept_on_uninstall_unless_tol
     assert "annotations" not in unkept["metadata"]
     assert not [d for d in render(helm, "crds.enabled=false") if d["kind"] == "CustomResourceDefinition"]
     assert not (CHART / "crds").exists()  # Helm would install it once from there and never upgrade it
+    # Its own policy cannot be mapped before the CRD exists: a hook applies it after the rest.
+    policy = next(d for d in render(helm) if d["kind"] == "SpeculationPolicy")
+    assert policy["metadata"]["annotations"] == {
+        "helm.sh/hook": "post-install,post-upgrade,post-rollback",
+        "meta.helm.sh/release-name": "t", "meta.helm.sh/release-namespace": "sovereignspec-system",
+    }  # fmt: skip
 
 
 def test_metrics_are_served_over_https_to_whom_rbac_allows_and_the_servicemonitor_comes_with_a_token(helm):
