@@ -25,38 +25,29 @@ from tests.engine import env as engine_setup
 REPO = Path(__file__).resolve().parents[2]
 HACK = REPO / "hack"
 # Fixed ports all below the ephemeral range (32768-60999): a client connection never takes one.
+PORTS = {"ETCD_PORT": 27790, "ETCD_PEER_PORT": 27800, "APISERVER_PORT": 26443, "KUEUE_HEALTH_PORT": 28081,
+         "KUEUE_METRICS_PORT": 28443, "KUEUE_WEBHOOK_PORT": 29443, "LWS_HEALTH_PORT": 28082,
+         "LWS_METRICS_PORT": 28444, "LWS_WEBHOOK_PORT": 29444}  # fmt: skip
+
+
+def control_plane(directory: str, shift: int = 0) -> dict[str, str]:
+    """hack/cluster-up.sh's environment for a control plane in `directory`, its ports `shift` up."""
+    return {"SOVEREIGNSPEC_CLUSTER_DIR": str(REPO / directory),
+            **{f"SOVEREIGNSPEC_{name}": str(port + shift) for name, port in PORTS.items()}}  # fmt: skip
+
+
 E2E = {
-    "SOVEREIGNSPEC_CLUSTER_DIR": str(REPO / ".cluster-pod-e2e"),
-    "SOVEREIGNSPEC_ETCD_PORT": "27790",
-    "SOVEREIGNSPEC_ETCD_PEER_PORT": "27800",
-    "SOVEREIGNSPEC_APISERVER_PORT": "26443",
-    "SOVEREIGNSPEC_KUEUE_HEALTH_PORT": "28081",
-    "SOVEREIGNSPEC_KUEUE_METRICS_PORT": "28443",
-    "SOVEREIGNSPEC_KUEUE_WEBHOOK_PORT": "29443",
-    "SOVEREIGNSPEC_LWS_HEALTH_PORT": "28082",
-    "SOVEREIGNSPEC_LWS_METRICS_PORT": "28444",
-    "SOVEREIGNSPEC_LWS_WEBHOOK_PORT": "29444",
+    **control_plane(".cluster-pod-e2e"),
     "SOVEREIGNSPEC_WITH_NODE": "1",
-    "E2E_APISERVER_PORT": "26443",
+    "E2E_APISERVER_PORT": str(PORTS["APISERVER_PORT"]),
     "E2E_PYTHON": sys.executable,
 }
 # The control plane is also a MultiKueue manager whose dispatcher is SovereignSpec's (the chart
 # installed with role=dispatcher, test_pod_e2e.py's last test); the worker-role tests use no
 # MultiKueue check, so this changes nothing for them.
 MANAGER_KUEUE = "multiKueue:\n  dispatcherName: sovereignspec.io/dispatcher\n  gcInterval: 30s\n"
-# A worker control plane for that test (no node): its own state directory and ports.
-WORKER = {
-    "SOVEREIGNSPEC_CLUSTER_DIR": str(REPO / ".cluster-pod-e2e-worker"),
-    "SOVEREIGNSPEC_ETCD_PORT": "27791",
-    "SOVEREIGNSPEC_ETCD_PEER_PORT": "27801",
-    "SOVEREIGNSPEC_APISERVER_PORT": "26444",
-    "SOVEREIGNSPEC_KUEUE_HEALTH_PORT": "28083",
-    "SOVEREIGNSPEC_KUEUE_METRICS_PORT": "28445",
-    "SOVEREIGNSPEC_KUEUE_WEBHOOK_PORT": "29445",
-    "SOVEREIGNSPEC_LWS_HEALTH_PORT": "28084",
-    "SOVEREIGNSPEC_LWS_METRICS_PORT": "28446",
-    "SOVEREIGNSPEC_LWS_WEBHOOK_PORT": "29446",
-}
+# A worker control plane for that test (no node): its own state directory, its ports 5 up.
+WORKER = control_plane(".cluster-pod-e2e-worker", shift=5)
 NODE = "127.0.0.1"
 # The operator image is tagged as the chart's default (repository and appVersion), so that the
 # chart installs with its defaults; the node has it already and IfNotPresent never pulls.

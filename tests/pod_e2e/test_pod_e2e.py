@@ -656,6 +656,27 @@ def previous_chart(tmp: Path) -> Path:
     return tmp / "charts" / "sovereignspec"
 
 
+def set_queue_checks(cluster: client.ApiClient, checks: dict[str, list[dict[str, Any]]]) -> None:
+    """Each ClusterQueue's admission checks (queue -> entries; an empty list: none)."""
+    custom = client.CustomObjectsApi(cluster)
+    for queue, entries in checks.items():
+        strategy = {"admissionChecks": entries} if entries else None
+        body = {"spec": {"admissionChecksStrategy": strategy}}
+        custom.patch_cluster_custom_object("kueue.x-k8s.io", "v1beta2", "clusterqueues", queue, body)
+
+
+def queues_using(cluster: client.ApiClient, check: str) -> dict[str, list[dict[str, Any]]]:
+    listed = client.CustomObjectsApi(cluster).list_cluster_custom_object(
+        "kueue.x-k8s.io", "v1beta2", "clusterqueues"
+    )
+    out = {}
+    for cq in listed["items"]:
+        entries = ((cq["spec"].get("admissionChecksStrategy") or {}).get("admissionChecks")) or []
+        if any(e.get("name") == check for e in entries):
+            out[cq["metadata"]["name"]] = entries
+    return out
+
+
 def decided_ready(cluster: client.ApiClient, job: str) -> None:
     kubectl("apply", "-f", "-", stdin=yaml.safe_dump(serving_job(job)))
     wait_until(lambda: our_state(workload_of(cluster, job)) == "Ready", 180, f"{job} to be decided")
@@ -673,13 +694,18 @@ def test_uninstall_keeps_the_policies_and_the_previous_chart_upgrades_to_this_on
     team = {"apiVersion": "sovereignspec.io/v1alpha1", "kind": "SpeculationPolicy",
             "metadata": {"name": "team-policy"}, "spec": {"gammaMax": 4}}  # fmt: skip
     kubectl("apply", "-f", "-", stdin=yaml.safe_dump(team))
-    helm("uninstall", RELEASE, "-n", NAMESPACE, "--wait")
+    # As an administrator uninstalling it: first the check out of the queues that use it (Kueue keeps
+    # an AdmissionCheck a ClusterQueue names from being deleted, and `helm uninstall --wait` waits).
+    using = queues_using(cluster, CHECK)
+    set_queue_checks(cluster, {q: [e for e in entries if e["name"] != CHECK] for q, entries in using.items()})
+    helm("uninstall", RELEASE, "-n", NAMESPACE, "--wait", "--timeout", "120s")
     kubectl("get", "crd", CRD)  # kept
     kubectl("get", "speculationpolicy", "team-policy")  # and what users made with it
 
     old = previous_chart(tmp_path)
     helm("install", RELEASE, str(old), "-n", NAMESPACE, "--set", url, "--post-renderer", renderer)
     wait_until(lambda: [p for p in operator_pods(cluster) if ready(p)], 150, "the previous chart's Pod")
+    set_queue_checks(cluster, using)  # and back into the queues
     decided_ready(cluster, "before-upgrade")
 
     # What the README's upgrade note says: the release adopts the CRD it used to install from crds/.
