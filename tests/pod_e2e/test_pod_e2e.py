@@ -246,7 +246,7 @@ def test_every_request_of_the_operator_carries_its_service_account_identity(
     log = Path(os.environ["SOVEREIGNSPEC_CLUSTER_DIR"]) / "logs" / "audit.log"
     events = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
     me = f"system:serviceaccount:{NAMESPACE}:{RELEASE}"
-    mine = [e for e in events if e["user"]["username"] == me]
+    mine = [e for e in events if e["user"].get("username") == me]
     status_writes = [
         e for e in mine
         if e["verb"] == "patch" and e["objectRef"].get("subresource") == "status"
@@ -254,7 +254,7 @@ def test_every_request_of_the_operator_carries_its_service_account_identity(
     ]  # fmt: skip
     assert status_writes, "no status write as the ServiceAccount"
     assert any(e["verb"] == "list" and e["objectRef"]["resource"] == "workloads" for e in mine)
-    assert [e["requestURI"] for e in events if e["user"]["username"] == "system:anonymous"] == []
+    assert [e["requestURI"] for e in events if e["user"].get("username") == "system:anonymous"] == []
     refused = [e["requestURI"] for e in mine if e["responseStatus"]["code"] in (401, 403)]
     assert refused == [], refused
 
@@ -422,13 +422,20 @@ def test_the_leader_lost_mid_burst_leaves_every_job_decided_exactly_once_on_dist
         print(f"FAILOVER ({how}): new leader {took_over:.1f} s, first decision {resumed:.1f} s, "
               f"all {len(jobs)} decided {everything:.1f} s after the leader was lost")  # fmt: skip
         assert new != old
-        events = client.CoreV1Api(cluster).list_namespaced_event(SERVING_NS).items
-        per_workload = Counter(
-            e.involved_object.name for e in events if e.reason in DECISIONS for _ in range(e.count or 1)
-        )
         wls = {j: workload_of(cluster, j) for j in jobs}
         names = {wl["metadata"]["name"] for wl in wls.values() if wl}
         assert len(names) == len(jobs)
+
+        def decision_events() -> Counter[str]:
+            events = client.CoreV1Api(cluster).list_namespaced_event(SERVING_NS).items
+            return Counter(
+                e.involved_object.name for e in events if e.reason in DECISIONS for _ in range(e.count or 1)
+            )
+
+        # A decision's Event follows its status write: the last ones may still be on their way.
+        wait_until(lambda: all(decision_events()[n] for n in names), 30, "each decision's Event")
+        time.sleep(2)  # and a second one, if there were to be one, would come as soon
+        per_workload = decision_events()
         assert {n: per_workload[n] for n in names} == dict.fromkeys(names, 1)
         # The 12 Jobs run at once on the node's 32 GPUs: each on a GPU of its own.
         spots = Counter(
@@ -722,7 +729,12 @@ def test_uninstall_keeps_the_policies_and_the_previous_chart_upgrades_to_this_on
     crd = client.ApiextensionsV1Api(cluster).read_custom_resource_definition(CRD)
     assert crd.metadata.annotations.get("helm.sh/resource-policy") == "keep"
 
+    # Back to 0.1.0, whose own objects include the policy that 0.2.0 applies by a hook: Helm cannot
+    # adopt a custom resource in a rollback, so (the README says so) it is deleted just before; the
+    # rollback makes it again, within the controller's 10 s grace for a vanished policy.
+    kubectl("delete", "speculationpolicy", "default")
     helm("rollback", RELEASE, "1", "-n", NAMESPACE, "--wait")
+    kubectl("get", "speculationpolicy", "default")
     kubectl("get", "crd", CRD)  # a revision without it as a template does not delete it
     kubectl("get", "speculationpolicy", "team-policy")
     wait_until(lambda: len([p for p in operator_pods(cluster) if ready(p)]) == 1, 180,
@@ -868,7 +880,7 @@ def test_the_dispatcher_role_installed_from_the_chart_nominates_a_worker_under_i
     events = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
     target = ("workloads", "status", wl["metadata"]["name"])
     fields = ("resource", "subresource", "name")
-    writes = [e for e in events if e["user"]["username"] == me and e["verb"] == "patch"
+    writes = [e for e in events if e["user"].get("username") == me and e["verb"] == "patch"
               and tuple(e["objectRef"].get(f) for f in fields) == target]  # fmt: skip
     assert writes and all(e["responseStatus"]["code"] < 400 for e in writes), writes
     lease = client.CoordinationV1Api(cluster).read_namespaced_lease(DISPATCH_RELEASE, DISPATCH_NS)
