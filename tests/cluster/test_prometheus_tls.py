@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import ssl
+import time
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -197,6 +198,10 @@ def test_the_operator_reads_through_the_policys_client_settings_and_says_why_whe
         k.apply(env.api, k.admission_check(check, env.controller, params))
         pool = make_pool(replace(env, check=check), namespace, [("H100-SXM", "eu", 2, [0.95, 0.95])],
                          queue=f"q-{expect}")  # fmt: skip
+        for host in pool.hosts.values():  # make_pool waits for the session's Prometheus; this one too
+            promql = f'DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{{Hostname="{host}"}}'
+            wait_until(lambda q=promql: len(secured.prometheus.query(q)) >= 2, timeout=30, what=promql)
+        time.sleep(1.2)  # the operator reuses a telemetry snapshot for 1 s
         job = f"tls-{expect}"
         submit(pool, job, **CHAT)
         entry = our_entry(pool, decided(pool, job))
