@@ -181,6 +181,17 @@ class LeaderElector:
             doc = {}
         return resp.status, doc if isinstance(doc, dict) else {}
 
+    def _lease(self, record: LeaseRecord, resource_version: str | None = None) -> dict[str, Any]:
+        meta: dict[str, Any] = {"name": self.name, "namespace": self.namespace}
+        if resource_version is not None:
+            meta["resourceVersion"] = resource_version
+        return {"apiVersion": LEASES, "kind": "Lease", "metadata": meta, "spec": record.spec()}
+
+    def _write(self, record: LeaseRecord, read: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        """Replace the Lease as `read` with `record`, guarded by the version read."""
+        body = self._lease(record, read["metadata"]["resourceVersion"])
+        return self._call("PUT", f"{self.path}/{self.name}", body)
+
     def try_acquire_or_renew(self) -> bool:
         """One round: read the Lease, and take or renew it if it is ours to take."""
         sent = self._monotonic()
@@ -198,14 +209,11 @@ class LeaderElector:
                      round(self.lease_duration))  # fmt: skip
         if want is None:
             return False
-        meta: dict[str, Any] = {"name": self.name, "namespace": self.namespace}
-        body = {"apiVersion": LEASES, "kind": "Lease", "metadata": meta, "spec": want.spec()}
         if found is None:
-            status, written = self._call("POST", self.path, body)
+            status, written = self._call("POST", self.path, self._lease(want))
         else:
             # Guarded by the version read: of two candidates that saw the same expired record, one wins.
-            meta["resourceVersion"] = found["metadata"]["resourceVersion"]
-            status, written = self._call("PUT", f"{self.path}/{self.name}", body)
+            status, written = self._write(want, found)
         if status == 409:
             return False
         if status >= 400:
@@ -283,10 +291,7 @@ class LeaderElector:
                 return False
             now = micro_time(self._wall())
             handed = LeaseRecord("", 1, now, now, current.transitions)
-            body = {"apiVersion": LEASES, "kind": "Lease", "spec": handed.spec(), "metadata": {
-                "name": self.name, "namespace": self.namespace,
-                "resourceVersion": lease["metadata"]["resourceVersion"]}}  # fmt: skip
-            status, _ = self._call("PUT", f"{self.path}/{self.name}", body)
+            status, _ = self._write(handed, lease)
         except API_ERRORS as exc:
             log.warning(
                 "leader election: could not hand Lease %s/%s over: %s", self.namespace, self.name, exc
