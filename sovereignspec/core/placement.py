@@ -848,6 +848,8 @@ class Placer:
         self.occupied[node] = True
         self.tenancy.place(node, w.requirement)
         t = self._node_tenancy[node]
+        if w.tenant in t.tenants and (not w.exclusive or w.tenant in t.exclusive_tenants):
+            return  # already held so: most commits land where their tenant runs
         self._node_tenancy[node] = NodeTenancy(
             t.name,
             t.labels,

@@ -115,6 +115,19 @@ def test_an_exclusive_tenant_never_shares_in_both_directions(profiles):
     assert blocked.outcome == "retry" and "exclusive" in blocked.record.excluded["held"]
 
 
+def test_a_placement_tells_later_records_who_now_holds_the_node(profiles):
+    # The per-node tenancy behind the records' reasons follows each commit: a new tenant on the
+    # node, and a tenant already there taking it exclusively.
+    placer = Placer(profiles, cluster(("n", "H100-SXM", [1.0, 1.0, 1.0], "eu")))
+    assert placer.place(wl("a", "shop")).node == "n"
+    blocked = placer.place(wl("b", "bank", exclusive=True))
+    assert blocked.record.excluded == {"n": "shared-node: exclusive tenant; node runs shop"}
+    placer = Placer(profiles, cluster(("n", "H100-SXM", [1.0, 1.0, 1.0], "eu", ["bank"])))
+    assert placer.place(wl("a", "bank", exclusive=True)).node == "n"
+    blocked = placer.place(wl("b", "shop"))
+    assert blocked.record.excluded == {"n": "exclusive-tenant-present: node is held exclusively by bank"}
+
+
 def test_no_free_gpu_now_is_retry(profiles):
     view = ClusterView([NodeState("n", {JUR: "eu"}, free_gpus=0)], [GpuState("n", 0, "H100-SXM", 1.0)])
     assert Placer(profiles, view).place(wl()).outcome == "retry"
