@@ -105,7 +105,7 @@ calibrate-profiles: venv
 
 # Mutation testing of the decision path: every mutant of a fixed list of operators in the core's
 # optimiser, speed-up, roofline and placement, against the unit tests that guard them; survivors
-# are listed (each killed by a test or explained in docs/mutants.md). ~35 min on 2 cores.
+# are listed (each killed by a test or explained in docs/mutants.md). ~60 min on 2 cores.
 mutants: venv
 	$(BIN)/python hack/mutants.py $(ARGS)
 
