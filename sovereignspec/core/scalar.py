@@ -50,12 +50,8 @@ class Coeffs:
         return float(step_formula(self, n_tokens, n_seqs, ctx, _smax))
 
     def rates(self, ctx: float) -> tuple[float, float, float, float]:
-        """`roofline.step_rates` at `ctx`, for several `step_at` calls at one context."""
+        """`roofline.step_rates` at `ctx`, for several `roofline.step_at` calls at one context."""
         return step_rates(self, ctx)
-
-    def step_at(self, rates: tuple[float, float, float, float], n_tokens: float, n_seqs: float) -> float:
-        """`step` at the context `rates` were computed for: the same arithmetic, bit for bit."""
-        return float(step_at(self, rates, n_tokens, n_seqs, _smax))
 
     def headroom(self, n_tokens: float, n_seqs: float, ctx: float) -> float:
         return 1.0 - min(1.0, (n_tokens * self.spt(ctx)) / self.memory(n_seqs, ctx))
@@ -110,8 +106,8 @@ def best_gamma(
     b = seqs
     n = c.seqs_for_headroom(judged_headroom, ctx)
     rates = c.rates(ctx)
-    # `roofline.step_at` itself, not `Coeffs.step_at`: the loop below is the placer's hot path, and
-    # one call level less per step is a tenth of it (the same arithmetic; floats in, floats out).
+    # `roofline.step_at` called directly, with no method around it: the γ loop below is the
+    # placer's hot path, where each call level per step counts.
     plain = step_at(c, rates, n + b, n + b, _smax)
     before = step_at(c, rates, n, n, _smax)
     single = step_at(c, rates, 1.0, 1.0, _smax)

@@ -197,7 +197,8 @@ def test_the_smooth_maximum_is_its_definition_and_its_float_twin(p):
 
 @pytest.mark.parametrize("gpu", ["H100-SXM", "A100-80G-SXM", "RTX-4090"])
 def test_the_step_is_one_formula_for_arrays_and_floats(profiles, gpu):
-    from sovereignspec.core.scalar import Coeffs
+    from sovereignspec.core.roofline import step_at
+    from sovereignspec.core.scalar import Coeffs, _smax
 
     roof = roofline_for(profiles.gpus[gpu], profiles.models["llama-3.1-8b"])
     c = Coeffs(*roof.matrix().tolist())
@@ -206,6 +207,6 @@ def test_the_step_is_one_formula_for_arrays_and_floats(profiles, gpu):
         rates = roof.step_rates(ctx)
         arrays = roof.step_at(rates, tokens, tokens / 2.0)
         assert arrays.tolist() == roof.step_time(tokens, tokens / 2.0, ctx).tolist()
-        floats = [c.step_at(c.rates(ctx), n, n / 2.0) for n in tokens.tolist()]
+        floats = [step_at(c, c.rates(ctx), n, n / 2.0, _smax) for n in tokens.tolist()]  # as best_gamma
         assert floats == [c.step(n, n / 2.0, ctx) for n in tokens.tolist()]
         assert arrays == pytest.approx(floats, rel=1e-15, abs=0.0)  # an ulp of pow at most
