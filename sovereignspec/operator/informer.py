@@ -364,6 +364,8 @@ class Informer:
             now = time.monotonic()
             if now >= deadline:
                 raise TimeoutError(f"cache of {self.name} did not reach resourceVersion {target}")
+            if self._stop.is_set():  # the process is stopping: no watch will move it on
+                raise RuntimeError(f"cache of {self.name} stopped before it reached resourceVersion {target}")
             if not relisted and now >= give_up_waiting:
                 relisted = True
                 self._resync.set()

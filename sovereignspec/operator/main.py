@@ -30,7 +30,8 @@ class _Runtime:
     controller: Role | None = None
     elector: LeaderElector | None = None  # None: no leader election, this process always decides
     caught_up = False  # since it last became leader, its caches have caught up with the API server
-    stop = threading.Event()  # set: kopf stops (leadership lost), the process exits non-zero
+    lost = threading.Event()  # set: leadership lost, the process exits non-zero
+    stop: asyncio.Event | None = None  # kopf's stop flag, on kopf's own loop
     wake: asyncio.Event | None = None
     state: dict[str, Any] = {"ticks": 0, "last_error": "", "failing_ticks": 0}  # noqa: RUF012 - one per process
 
@@ -47,12 +48,19 @@ def configure(controller: Role, elector: LeaderElector | None = None) -> None:
         controller.writer.fence = elector.fence  # every write refused unless this replica leads
 
 
-def stopped() -> threading.Event:
-    return _Runtime.stop
+async def operate(**kopf_options: Any) -> None:
+    """kopf's operator on the running loop, stopped by SIGTERM/SIGINT or by leadership lost.
+
+    The stop flag is an asyncio.Event on this loop, not a threading.Event: kopf waits for a thread
+    flag in a default-executor thread that nothing wakes on SIGTERM, and the loop's shutdown joins
+    that thread, so the process would hang until the kubelet's SIGKILL (every rolling update, drain
+    and rollback a whole grace period long)."""
+    _Runtime.stop = asyncio.Event()
+    await kopf.operator(stop_flag=_Runtime.stop, **kopf_options)
 
 
 def lost_leadership() -> bool:
-    return _Runtime.stop.is_set()
+    return _Runtime.lost.is_set()
 
 
 def _poke(**_: Any) -> None:
@@ -129,7 +137,9 @@ async def start_loop(memo: kopf.Memo, **_: Any) -> None:
             wake_from_a_watch()
 
         def lost() -> None:  # stop the process: a fresh one rejoins as a standby
-            _Runtime.stop.set()
+            _Runtime.lost.set()
+            if _Runtime.stop is not None:
+                loop.call_soon_threadsafe(_Runtime.stop.set)  # the elector's thread, kopf's loop
 
         elector.on_started_leading = leading_now
         elector.on_stopped_leading = lost
@@ -138,7 +148,16 @@ async def start_loop(memo: kopf.Memo, **_: Any) -> None:
 
 
 @kopf.on.cleanup()
-async def stop_caches(**_: Any) -> None:
+async def stop_caches(memo: kopf.Memo, **_: Any) -> None:
+    # kopf waits 5 s for the tasks it did not start before it cancels them: ours, and its own
+    # waiter of the stop flag after a signal stopped it. Neither is left waiting.
+    loop_task = getattr(memo, "loop_task", None)
+    if loop_task is not None:  # no tick after this one
+        loop_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await loop_task
+    if _Runtime.stop is not None:
+        _Runtime.stop.set()
     if _Runtime.elector is not None:
         # Hand the Lease over once the writes in flight have ended: the standby need not wait out
         # the lease duration (a Pod deleted, a rolling update).

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import logging
 import os
 import uuid
 from pathlib import Path
 from typing import Any, cast
 
-import kopf
 from kubernetes import client, config
 from prometheus_client import start_http_server
 
@@ -90,13 +91,15 @@ def run(args: argparse.Namespace) -> int:
     elif args.metrics_port:
         start_http_server(args.metrics_port, addr=args.bind)
     liveness = f"http://{args.bind}:{args.liveness_port}/healthz" if args.liveness_port else None
-    kopf.run(
-        clusterwide=True,
-        standalone=True,
-        liveness_endpoint=liveness,
-        identity=cast(Any, operator_identity()),  # kopf's Identity is a NewType of str
-        stop_flag=handlers.stopped(),
-    )
+    with contextlib.suppress(asyncio.CancelledError):  # as kopf.run: a cancelled operator has stopped
+        asyncio.run(
+            handlers.operate(
+                clusterwide=True,
+                standalone=True,
+                liveness_endpoint=liveness,
+                identity=cast(Any, operator_identity()),  # kopf's Identity is a NewType of str
+            )
+        )
     if handlers.lost_leadership():
         logging.getLogger("sovereignspec").error("exiting: leadership lost (a restart rejoins as a standby)")
         return 1

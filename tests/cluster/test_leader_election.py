@@ -4,12 +4,15 @@ ServiceAccount token with the chart's own Lease rules (files/role-rules-leader-e
 A silent leader (its API server unreachable) stops writing before a standby may take over, and the
 standby takes over once the lease has run out on its own clock; a leader that hands the Lease over is
 replaced within a retry period; two operator processes on one check, the leader SIGKILLed in the
-middle of a burst, decide every workload exactly once.
+middle of a burst, decide every workload exactly once. The process as the kubelet stops it: SIGTERM
+ends it at once with exit 0 (a leader handing over on its way out); a Lease taken from it ends it
+non-zero, to be restarted as a standby.
 """
 
 from __future__ import annotations
 
 import re
+import subprocess
 import threading
 import time
 from collections import Counter
@@ -203,3 +206,68 @@ def test_two_operators_decide_each_workload_of_a_burst_exactly_once_when_the_lea
     finally:
         for o in operators:
             o.stop()
+
+
+@pytest.mark.parametrize("elect", [False, True], ids=["alone", "leading"])
+def test_sigterm_stops_the_operator_with_exit_0_long_before_a_pods_grace_period_ends(
+    env: Any, namespace: str, elect: bool
+) -> None:
+    """What the kubelet does to a Pod it deletes: SIGTERM, then SIGKILL after the grace period (30 s
+    by default). The operator exits 0 on its own, a leader after handing its Lease over: a rolling
+    update, a drain or a Recreate rollout never waits out the grace period for it. (kopf waited for
+    a thread-bound stop flag in a thread nothing woke, so the process never ended by itself.)"""
+    controller = "sovereignspec.io/sigterm"
+    kubeconfig = service_account_kubeconfig(env.api, namespace, "sovereignspec")
+    flags: list[str] = []
+    if elect:
+        allow_leases(env.api, namespace, "sovereignspec")
+        flags = ["--leader-elect", "--leader-election-namespace", namespace, "--leader-election-id", LEASE]
+    operator = OperatorProcess(controller, extra=flags, kubeconfig=kubeconfig).start()
+    assert operator.proc is not None
+    try:
+        if elect:
+            wait_until(lambda: f"/{operator.proc.pid}_" in (holder(env.api, namespace) or _NOBODY).holder,
+                       timeout=30, what="the operator to lead")  # fmt: skip
+        operator.proc.terminate()
+        try:
+            code = operator.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"still running 10 s after SIGTERM:\n{operator.logs()[-3000:]}")
+        assert code == 0, operator.logs()[-3000:]
+        if elect:
+            record = holder(env.api, namespace)
+            assert record is not None and record.holder == "", record  # handed over on the way out
+    finally:
+        operator.kill()
+
+
+_NOBODY = LeaseRecord("", 0, "", "")
+
+
+def test_a_leader_whose_lease_is_taken_stops_with_a_non_zero_exit_to_rejoin_as_a_standby(
+    env: Any, namespace: str
+) -> None:
+    """Another holder written into the Lease (what a standby does once it thinks the lease ran
+    out): the operator stops deciding and its process ends, non-zero, so that the kubelet restarts it
+    as a fresh standby; it does not hang on its way out either."""
+    kubeconfig = service_account_kubeconfig(env.api, namespace, "sovereignspec")
+    allow_leases(env.api, namespace, "sovereignspec")
+    flags = ["--leader-elect", "--leader-election-namespace", namespace, "--leader-election-id", LEASE,
+             "--lease-duration", "4", "--renew-deadline", "3", "--retry-period", "0.5"]  # fmt: skip
+    operator = OperatorProcess("sovereignspec.io/taken", extra=flags, kubeconfig=kubeconfig).start()
+    assert operator.proc is not None
+    try:
+        wait_until(lambda: f"/{operator.proc.pid}_" in (holder(env.api, namespace) or _NOBODY).holder,
+                   timeout=30, what="the operator to lead")  # fmt: skip
+        now = time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime())
+        taken = {"spec": {"holderIdentity": "someone-else", "acquireTime": now, "renewTime": now}}
+        client.CoordinationV1Api(env.api).patch_namespaced_lease(LEASE, namespace, taken)
+        try:
+            code = operator.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"still running 20 s after its Lease was taken:\n{operator.logs()[-3000:]}")
+        assert code == 1, operator.logs()[-3000:]
+        assert "now held by someone-else" in operator.logs()
+        assert "exiting: leadership lost" in operator.logs()
+    finally:
+        operator.kill()

@@ -9,6 +9,7 @@ import re
 import time
 from typing import Any
 
+import pytest
 from kubernetes import client
 
 from localdev import controlplane
@@ -182,6 +183,17 @@ def _retrying(call: Any, timeout: float = 120.0) -> Any:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.5)
+
+
+def test_a_stopped_informers_catch_up_ends_with_an_error_instead_of_waiting_for_a_watch(api, namespace):
+    """A leader stopping (SIGTERM) while its first catch-up waits: the informer, stopped, will never
+    move on, so the catch-up ends at once saying so, and the process is not held until its timeout."""
+    from sovereignspec.operator.informer import Informer
+
+    cms = Informer(api, f"/api/v1/namespaces/{namespace}/configmaps", "configmaps")
+    cms.stop()  # never listed: its resourceVersion stays behind the API server's
+    with pytest.raises(RuntimeError, match="cache of configmaps stopped before it reached resourceVersion"):
+        cms.catch_up(wait=0.1, timeout=5)
 
 
 def test_a_new_leaders_cache_catches_up_with_what_was_written_before_it_led(api, namespace):
