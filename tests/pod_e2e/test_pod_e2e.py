@@ -74,17 +74,48 @@ def ready(pod: Any) -> bool:
 
 
 def operator_state(api: client.ApiClient) -> str:
-    """What a user would look at when the operator's Pod is not Ready: its state and its last log."""
+    """What a user would look at when the operator's Pods are not as expected: each Pod (its
+    ReplicaSet, phase, readiness, deletion, containers), its log's tail (and the previous
+    container's, after a restart) and the namespace's recent events."""
     core = client.CoreV1Api(api)
     out = []
     for pod in operator_pods(api):
-        for st in pod.status.container_statuses or []:
-            waiting = st.state.waiting.reason if st.state and st.state.waiting else None
-            out.append(f"{pod.metadata.name}: restarts={st.restart_count} waiting={waiting}")
-            if st.restart_count:
-                log = core.read_namespaced_pod_log(pod.metadata.name, NAMESPACE, previous=True, tail_lines=15)
-                out.append("previous container's log (tail):\n" + log)
+        meta, status = pod.metadata, pod.status
+        out.append(
+            f"pod {meta.name} rs={(meta.labels or {}).get('pod-template-hash')} phase={status.phase} "
+            f"ready={ready(pod)} deleting={meta.deletion_timestamp} "
+            f"conditions={[(c.type, c.status, c.reason) for c in status.conditions or []]}"
+        )
+        for st in status.container_statuses or []:
+            out.append(
+                f"  {st.name}: restarts={st.restart_count} state={st.state.to_dict() if st.state else None}"
+            )
+            for previous in (False, True) if st.restart_count else (False,):
+                try:
+                    log = core.read_namespaced_pod_log(meta.name, NAMESPACE, previous=previous, tail_lines=15)
+                except client.ApiException as e:
+                    log = f"({e.status})"
+                out.append(f"  {'previous' if previous else 'current'} container's log (tail):\n{log}")
+    events = sorted(core.list_namespaced_event(NAMESPACE).items, key=lambda e: str(e.last_timestamp or ""))
+    for ev in events[-25:]:
+        about = f"{ev.involved_object.kind}/{ev.involved_object.name}"
+        out.append(f"event {ev.last_timestamp} {about} {ev.reason}: {ev.message}")
     return "\n".join(out) or "no operator Pod"
+
+
+def wait_for_ready_operator_pods(api: client.ApiClient, count: int, timeout: float, what: str) -> list[Any]:
+    """The rollout settled: exactly `count` operator Pods, every one Ready and none on its way out
+    (a Pod being deleted stays Ready until its process ends); on a timeout, the Pods' story."""
+
+    def settled() -> list[Any] | None:
+        pods = operator_pods(api)
+        done = len(pods) == count and all(ready(p) and p.metadata.deletion_timestamp is None for p in pods)
+        return pods if done else None
+
+    try:
+        return wait_until(settled, timeout, what)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{operator_state(api)}") from None
 
 
 FOREIGN = "".join(chr(c) for c in [*range(0x20), 0x7F, *range(0x80, 0xA0)]) + '\u2028\U000f0000 é "q" \\'
@@ -396,8 +427,7 @@ def test_the_leader_lost_mid_burst_leaves_every_job_decided_exactly_once_on_dist
     container SIGKILLed (the standby waits out the lease: 15 s by default), in the middle of a burst
     of long-running one-GPU Jobs. Every Job is decided once, no GPU twice, and decisions resume
     within the lease duration and a tick."""
-    wait_until(lambda: len([p for p in operator_pods(cluster) if ready(p)]) == 2, 180,
-               "both operator Pods to be Ready")  # fmt: skip
+    wait_for_ready_operator_pods(cluster, 2, 180, "both operator Pods to be Ready")
     old = leader_pod(cluster)
     tag = "del" if how == "pod deleted" else "kill"
     jobs = [f"burst-{tag}-{i:02d}" for i in range(12)]
@@ -447,8 +477,7 @@ def test_the_leader_lost_mid_burst_leaves_every_job_decided_exactly_once_on_dist
         assert took_over <= 15 + 2 * 1.2 + 3, took_over
         assert resumed <= took_over + 10, (took_over, resumed)
         # The old leader's Pod: gone (its replacement a standby) or restarted as a standby.
-        wait_until(lambda: len([p for p in operator_pods(cluster) if ready(p)]) == 2, 180,
-                   "two operator Pods again")  # fmt: skip
+        wait_for_ready_operator_pods(cluster, 2, 180, "two operator Pods again")
     finally:
         kubectl(
             "-n",
@@ -711,7 +740,7 @@ def test_uninstall_keeps_the_policies_and_the_previous_chart_upgrades_to_this_on
 
     old = previous_chart(tmp_path)
     helm("install", RELEASE, str(old), "-n", NAMESPACE, "--set", url, "--post-renderer", renderer)
-    wait_until(lambda: [p for p in operator_pods(cluster) if ready(p)], 150, "the previous chart's Pod")
+    wait_for_ready_operator_pods(cluster, 1, 150, "the previous chart's Pod")
     set_queue_checks(cluster, using)  # and back into the queues
     decided_ready(cluster, "before-upgrade")
 
@@ -721,8 +750,7 @@ def test_uninstall_keeps_the_policies_and_the_previous_chart_upgrades_to_this_on
             f"meta.helm.sh/release-namespace={NAMESPACE}", "--overwrite")  # fmt: skip
     helm("upgrade", RELEASE, str(REPO / "charts" / "sovereignspec"), "-n", NAMESPACE, "--set", url,
          "--post-renderer", renderer)  # fmt: skip
-    wait_until(lambda: len([p for p in operator_pods(cluster) if ready(p)]) == 2, 180,
-               "the upgraded chart's two Pods")  # fmt: skip
+    wait_for_ready_operator_pods(cluster, 2, 180, "the upgraded chart's two Pods")
     kubectl("get", "speculationpolicy", "team-policy")
     assert our_state(workload_of(cluster, "before-upgrade")) == "Ready"  # nothing lost
     decided_ready(cluster, "after-chart-upgrade")
@@ -737,8 +765,7 @@ def test_uninstall_keeps_the_policies_and_the_previous_chart_upgrades_to_this_on
     kubectl("get", "speculationpolicy", "default")
     kubectl("get", "crd", CRD)  # a revision without it as a template does not delete it
     kubectl("get", "speculationpolicy", "team-policy")
-    wait_until(lambda: len([p for p in operator_pods(cluster) if ready(p)]) == 1, 180,
-               "the previous chart's one Pod again")  # fmt: skip
+    wait_for_ready_operator_pods(cluster, 1, 180, "the previous chart's one Pod again")
     decided_ready(cluster, "after-rollback")
     for job in ("before-upgrade", "after-chart-upgrade"):
         assert our_state(workload_of(cluster, job)) == "Ready"
