@@ -116,6 +116,12 @@ def test_a_silent_leader_stops_writing_before_a_standby_takes_over_after_the_lea
     b.release()
 
 
+def leads(api: client.ApiClient, namespace: str, operator: OperatorProcess) -> bool:
+    """The Lease names this operator process (its identity holds its pid)."""
+    record = holder(api, namespace)
+    return record is not None and operator.proc is not None and f"/{operator.proc.pid}_" in record.holder
+
+
 def test_a_leader_that_hands_over_is_replaced_within_a_retry_period_after_its_writes_end(
     api, namespace, link
 ):
@@ -168,9 +174,7 @@ def test_two_operators_decide_each_workload_of_a_burst_exactly_once_when_the_lea
         )
 
         def leader() -> OperatorProcess | None:
-            record = holder(env.api, namespace)
-            who = record.holder if record else ""
-            return next((o for o in operators if o.proc and f"/{o.proc.pid}_" in who), None)
+            return next((o for o in operators if leads(env.api, namespace, o)), None)
 
         first = wait_until(leader, timeout=30, what="one operator to lead")
         jobs = [f"burst-{i:02d}" for i in range(14)]
@@ -226,8 +230,7 @@ def test_sigterm_stops_the_operator_with_exit_0_long_before_a_pods_grace_period_
     assert operator.proc is not None
     try:
         if elect:
-            wait_until(lambda: f"/{operator.proc.pid}_" in (holder(env.api, namespace) or _NOBODY).holder,
-                       timeout=30, what="the operator to lead")  # fmt: skip
+            wait_until(lambda: leads(env.api, namespace, operator), timeout=30, what="the operator to lead")
         operator.proc.terminate()
         try:
             code = operator.proc.wait(timeout=10)
@@ -239,9 +242,6 @@ def test_sigterm_stops_the_operator_with_exit_0_long_before_a_pods_grace_period_
             assert record is not None and record.holder == "", record  # handed over on the way out
     finally:
         operator.kill()
-
-
-_NOBODY = LeaseRecord("", 0, "", "")
 
 
 def test_a_leader_whose_lease_is_taken_stops_with_a_non_zero_exit_to_rejoin_as_a_standby(
@@ -257,8 +257,7 @@ def test_a_leader_whose_lease_is_taken_stops_with_a_non_zero_exit_to_rejoin_as_a
     operator = OperatorProcess("sovereignspec.io/taken", extra=flags, kubeconfig=kubeconfig).start()
     assert operator.proc is not None
     try:
-        wait_until(lambda: f"/{operator.proc.pid}_" in (holder(env.api, namespace) or _NOBODY).holder,
-                   timeout=30, what="the operator to lead")  # fmt: skip
+        wait_until(lambda: leads(env.api, namespace, operator), timeout=30, what="the operator to lead")
         now = time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime())
         taken = {"spec": {"holderIdentity": "someone-else", "acquireTime": now, "renewTime": now}}
         client.CoordinationV1Api(env.api).patch_namespaced_lease(LEASE, namespace, taken)
