@@ -5,8 +5,10 @@
 Reads SovereignSpec's decision from the pod's annotations (a downward-API volume file), appends
 the engine's own speculative arguments (nothing in plain mode), says in one line what it applied
 and why, and replaces itself with the engine (exec: same PID, signals and exit code are the
-engine's). A command that already sets a speculative argument is refused: it would override the
-decision, and which of the two wins would depend on the engine's parser.
+engine's). A command that already sets a speculative argument is refused whatever the decision:
+under a speculative one it would override the decision (which of the two wins would depend on the
+engine's parser); under a plain one it would speculate on a GPU whose neighbours the plain
+decision protects.
 
 Standard library only, so that `sovereignspec launch --install PATH` can drop this one file into
 an engine image that has Python but not this package (an init container does it; see README).
@@ -247,7 +249,7 @@ def plan(
     gamma = notes.get(PREFIX + "draft-budget", "0")
     where = f"{notes.get(PREFIX + 'gpu-type', '?')} ({notes.get(PREFIX + 'decided-at', '?')})"
     if mode != "speculative":
-        return command, f"plain decode decided on {where}: running the command as given", {}
+        return _plain(command, engine, f"plain decode decided on {where}")
     files: dict[str, str] = {}
     warning = ""
     if engine == "vllm":
@@ -272,7 +274,7 @@ def plan(
             doc.pop(PER_BATCH)
             if _int(gamma) <= 0:
                 why = f"{fixed} and γ at the declared batch is 0"
-                return command, f"plain decode decided on {where} ({why}): running the command as given", {}
+                return _plain(command, engine, f"plain decode decided on {where} ({why})")
             doc["num_speculative_tokens"] = _int(gamma)
         extra = ["--speculative-config", json.dumps(doc, separators=(",", ":"), sort_keys=True)]
         table = f", {len(doc[PER_BATCH])} batch ranges" if PER_BATCH in doc else ""
@@ -282,7 +284,7 @@ def plan(
         args = notes.get(PREFIX + "sglang-args")
         if not args and _int(gamma) <= 0:
             why = "SGLang runs this drafter at a fixed γ, which is 0 at the declared batch"
-            return command, f"plain decode decided on {where} ({why}): running the command as given", {}
+            return _plain(command, engine, f"plain decode decided on {where} ({why})")
         if not args:
             raise LaunchError("the decision is speculative but carries no sglang-args annotation")
         conflicts = _conflicts(command, "sglang")
@@ -300,7 +302,7 @@ def plan(
             why = "SGLang runs no adaptive table with --enable-dp-attention"
             if steps <= 0:
                 why += " and γ at the declared batch is 0"
-                return command, f"plain decode decided on {where} ({why}): running the command as given", {}
+                return _plain(command, engine, f"plain decode decided on {where} ({why})")
             extra = _with_steps(extra, steps)
             adaptive = ""
             table = f" (fixed: {why})"
@@ -317,6 +319,19 @@ def plan(
     light = " (0 at the declared batch: speculates only at lighter batches)" if _int(gamma) <= 0 else ""
     line = f"speculative γ={gamma}{light} decided on {where}{table}: appending {shlex.join(extra)}{warning}"
     return command + extra, line, files
+
+
+def _plain(command: list[str], engine: str, decided: str) -> tuple[list[str], str, dict[str, str]]:
+    """The command as given under a plain decision, unless it speculates on its own: a plain
+    decision is the one that protects the GPU's neighbours, so the command may not undo it."""
+    conflicts = _conflicts(command, engine)
+    if conflicts:
+        shown = ", ".join(sorted({c if " (in --config" in c else c.split("=", 1)[0] for c in conflicts}))
+        raise LaunchError(
+            f"{decided}, but the command sets {shown}, which would make the engine speculate against "
+            "the decision; remove it, or declare what the workload needs and let SovereignSpec decide"
+        )
+    return command, f"{decided}: running the command as given", {}
 
 
 def _vllm_config(text: str) -> dict[str, Any]:

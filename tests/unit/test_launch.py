@@ -169,6 +169,44 @@ def test_a_command_that_sets_its_own_speculative_argument_is_refused_with_the_fl
     assert f"already sets {flag.split('=', maxsplit=1)[0]}" in proc.stderr and "override" in proc.stderr
 
 
+@pytest.mark.parametrize(
+    ("engine", "words"),
+    [
+        ("vllm", ["--spec-tokens", "3"]),
+        ("vllm", ["-sc", '{"method": "ngram"}']),
+        ("vllm", ['--speculative_config={"method":"ngram"}']),
+        ("vllm", ["--speculative-config.method", "ngram"]),
+        ("vllm", ["--spec-tok", "3"]),
+        ("sglang", ["--speculative-algorithm", "EAGLE"]),
+        ("sglang", ["--spec", "EAGLE"]),
+    ],
+)
+def test_a_plain_decision_refuses_a_command_that_would_speculate_naming_the_flag(
+    launch, tmp_path: Path, engine: str, words: list[str]
+) -> None:
+    # The plain decision is the one that protects the GPU's neighbours: the command may not undo it.
+    proc, ran, err = launch(tmp_path, PLAIN, engine=engine, extra=words)
+    assert proc.returncode == 2 and ran is None, err
+    flag = words[0].split("=", 1)[0]
+    assert "plain decode decided" in err and f"sets {flag}" in err and "speculate against" in err, err
+
+
+def test_a_plain_decision_refuses_a_config_file_that_speculates_naming_the_key(
+    launch, tmp_path: Path
+) -> None:
+    config = tmp_path / "serve.yaml"
+    config.write_text("speculative_config:\n  method: ngram\n")
+    proc, ran, err = launch(tmp_path, PLAIN, extra=["--config", str(config)])
+    assert proc.returncode == 2 and ran is None
+    assert f"speculative_config (in --config {config})" in err and "plain decode" in err
+
+
+def test_a_pod_without_a_decision_still_runs_the_command_as_given(launch, tmp_path: Path) -> None:
+    # No SovereignSpec decision at all (not admitted through our check): nothing to keep.
+    proc, ran, err = launch(tmp_path, {"other.io/key": "x"}, extra=["--spec-tokens", "3"])
+    assert proc.returncode == 0 and ran is not None and ran["argv"][-2:] == ["--spec-tokens", "3"], err
+
+
 def test_a_missing_annotations_file_is_a_clear_error_not_a_plain_start(launch, tmp_path: Path) -> None:
     proc, ran, err = launch(tmp_path, None)
     assert proc.returncode == 2 and ran is None
