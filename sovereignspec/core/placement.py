@@ -554,14 +554,16 @@ class Placer:
         pool = self._pool(w)
         if not pool.any():
             return (
-                "no node matches its flavor's node labels and its own nodeSelector, with taints it tolerates"
+                "no node matches its flavor's node labels and every pod set's nodeSelector and "
+                "required node affinity, with taints they tolerate"
             )
         sovereign = self.tenancy.permanent_mask(w.requirement) & pool
         if not sovereign.any():
             if w.jurisdiction is not None:
-                return f"no node of its flavor in jurisdiction {w.jurisdiction}"
+                return f"no node of its flavor and node constraints in jurisdiction {w.jurisdiction}"
             allowed = ", ".join(sorted(w.allowed_jurisdictions or ()))
-            return f"no node of its flavor in the jurisdictions its namespace allows ({allowed})"
+            where = "no node of its flavor and node constraints in the jurisdictions its namespace allows"
+            return f"{where} ({allowed})"
         m = self._model(w.model_key)
         fits = sovereign[self.gpu_node] & self._fits(w, m)
         if not fits.any():

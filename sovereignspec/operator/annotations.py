@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 # Kueue's key (a label, or an annotation under a feature gate) naming the Workload it built for a
@@ -124,9 +124,11 @@ class Problem:
     accepted: str
     sovereignty: bool
     where: str = "the pod template's annotations"
+    pod_set: str = ""  # which of several pod sets (a LeaderWorkerSet's leader or workers)
 
     def __str__(self) -> str:
-        return f"annotation {PREFIX}{self.field}: got {_show(self.value)}; accepted: {self.accepted}"
+        said = f"annotation {PREFIX}{self.field}: got {_show(self.value)}; accepted: {self.accepted}"
+        return f"pod set {self.pod_set}: {said}" if self.pod_set else said
 
 
 @dataclass(frozen=True)
@@ -266,6 +268,75 @@ def parse(
         if value is not None:
             values[name] = int(value)
     return Declared(tenant=tenant, problems=tuple(problems), warnings=tuple(warnings), **values)
+
+
+# Declared fields every pod set of one workload must agree on (they describe one engine), with
+# the key a user writes for each.
+_SHARED = {
+    "model": "model",
+    "drafter": "drafter",
+    "alpha": "acceptance-rate",
+    "tpot_slo_s": "tpot-slo-ms",
+    "latency_class": "latency-class",
+    "seqs": "max-num-seqs",
+    "context": "context-length",
+    "draft_checkpoint": "draft-checkpoint",
+}
+
+
+def combine(parts: list[tuple[str, Declared]]) -> Declared:
+    """One workload's declaration from each of its pod sets' (a LeaderWorkerSet group's leader and
+    workers), each already held to the whole grammar by `parse`. Every problem of every pod set
+    counts, named by its pod set. The strictest sovereignty wins: a jurisdiction any pod set
+    declares binds them all, and two different ones are a contradiction (fail closed); one pod set
+    asking for an exclusive node makes the workload exclusive. The performance fields describe one
+    engine: pod sets that set one differently get plain decode, saying so."""
+    if len(parts) == 1:
+        return parts[0][1]
+    named = [(name, _named(d, name)) for name, d in parts]
+    first = named[0][1]
+    problems = [p for _, d in named for p in d.problems]
+    warnings = list(dict.fromkeys(f"pod set {name}: {w}" for name, d in named for w in d.warnings))
+    declared = {name: d.jurisdiction for name, d in named if d.jurisdiction is not None}
+    if len(set(declared.values())) > 1:
+        shown = ", ".join(f"{n}={j}" for n, j in declared.items())
+        problems.append(
+            Problem(
+                "jurisdiction",
+                shown,
+                "one jurisdiction for every pod set of the workload (its pods serve as one engine)",
+                True,
+                "the pod templates' annotations",
+            )
+        )
+    values: dict[str, Any] = {}
+    for attr, key in _SHARED.items():
+        found = {name: getattr(d, attr) for name, d in named if getattr(d, attr) is not None}
+        if len(set(found.values())) > 1:
+            shown = ", ".join(f"{n}={v}" for n, v in found.items())
+            problems.append(Problem(key, shown, "the same value on every pod set of the workload", False))
+        values[attr] = next(iter(found.values()), None)
+    return Declared(
+        tenant=first.tenant,
+        jurisdiction=next(iter(declared.values()), None),
+        allowed_jurisdictions=first.allowed_jurisdictions,
+        exclusive=any(d.exclusive for _, d in named),
+        problems=tuple(dict.fromkeys(problems)),
+        warnings=tuple(warnings),
+        **values,
+    )
+
+
+_TEMPLATE_PLACES = ("the pod template's annotations", "the pod template's labels")
+
+
+def _named(d: Declared, pod_set: str) -> Declared:
+    """`d` with its template's problems named by their pod set (the namespace's and the owner's
+    are the workload's, said once)."""
+    return replace(
+        d,
+        problems=tuple(replace(p, pod_set=pod_set) if p.where in _TEMPLATE_PLACES else p for p in d.problems),
+    )
 
 
 def _number(

@@ -122,6 +122,8 @@ class Controller(Role):
                     owners[(namespace, kind, name)]["owner_annotations"] = dict(
                         (parent.get("metadata") or {}).get("annotations") or {}
                     )
+                elif deployment:  # not cached yet: decided once it is (workloads.owner_missing)
+                    owners[(namespace, kind, name)]["missing"] = {"Deployment": deployment}
         return World(workloads, nodes, flavors, namespaces, pods, owners, known, tolerations)
 
     def tick(self) -> TickReport:
@@ -168,6 +170,8 @@ class Controller(Role):
                     self._events_checked = True
                     self._repost_events(view)
                 view = self._without_conflicted(view)
+                if any(p.waiting for p in view.pending):  # its owner is on its way: look again soon
+                    report.reevaluate_after = min(report.reevaluate_after, 1.0)
                 if not view.pending:
                     continue
                 if report.decided:  # the previous policy group wrote decisions this tick: re-read first
@@ -280,7 +284,7 @@ class Controller(Role):
             report.outcomes[outcome] += 1
             if outcome == "conflict":
                 report.conflicts += 1
-            elif outcome != "error":
+            elif outcome not in ("error", "waiting"):
                 report.decided += 1
 
     # -- writing one decision ------------------------------------------------------------------
@@ -310,6 +314,9 @@ class Controller(Role):
             log.warning("writing the decision for %s failed: %s: %s", w.key, type(exc).__name__, exc)
             return "error"
         self.cache.workloads.put(written)  # the next tick's ledger holds this decision
+        if w.outcome == "waiting":
+            log.info("workload %s: %s", w.key, w.message)
+            return "waiting"
         for note in w.events:
             self._event(wl, note)
             if note.reason == "ExclusiveWaiting":

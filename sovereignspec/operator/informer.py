@@ -30,6 +30,7 @@ from kubernetes.client.exceptions import ApiException
 
 from sovereignspec.operator import annotations as ann
 from sovereignspec.operator import metrics
+from sovereignspec.operator import workloads as wls
 
 log = logging.getLogger(__name__)
 
@@ -85,10 +86,11 @@ def strip(obj: Obj) -> Obj:
 
 
 # A Workload's kept copy holds what decisions read and nothing a tenant can grow at will: of the
-# annotations, only our keys (the border reads no other), at most ann.MAX_OUR_KEYS of them, each
-# value at most ann.MAX_OUR_VALUE bytes (a longer one is kept as ann.OVERSIZED + its size, which
-# the border refuses by name); of each pod template's spec, the containers' names and resources,
-# the nodeSelector and the tolerations; of every check's podSetUpdates, our keys.
+# annotations and labels, only our keys (the border reads no other), at most ann.MAX_OUR_KEYS of
+# them, each value at most ann.MAX_OUR_VALUE bytes (a longer one is kept as ann.OVERSIZED + its
+# size, which the border refuses by name); of each pod template's spec, the containers' GPUs, the
+# nodeSelector, the tolerations and the required node affinity, each within a bound (past it, named
+# and refused: `_slim_pod_template`); of every check's podSetUpdates, our keys.
 MAX_UPDATE_VALUE = 65536  # our own decisions' values (a per-batch table) are kept up to this
 
 
@@ -109,20 +111,86 @@ def ours(notes: Any, limit: int = ann.MAX_OUR_VALUE) -> dict[str, str]:
 
 
 def _slim_pod_template(tpl: Any) -> Obj:
+    """What decisions read of a pod template, within stated bounds (workloads.MAX_*): our keys of
+    its annotations and labels (the border reads no other), each container's GPUs, the
+    nodeSelector, the tolerations' matching fields and the required node affinity. A constraint
+    past its bound is not kept: `BEYOND_BOUNDS` names it, and the workload is Rejected saying so."""
     if not isinstance(tpl, dict):
         return {}
     meta: Obj = tpl["metadata"] if isinstance(tpl.get("metadata"), dict) else {}
     spec: Obj = tpl["spec"] if isinstance(tpl.get("spec"), dict) else {}
-    kept_spec: Obj = {k: spec[k] for k in ("nodeSelector", "tolerations") if k in spec}
-    kept_spec["containers"] = [
-        {"name": c.get("name"), "resources": c.get("resources") or {}}
-        for c in spec.get("containers") or []
-        if isinstance(c, dict)
-    ]
+    kept_spec: Obj = {}
+    beyond: list[str] = []
+    selector = spec.get("nodeSelector")
+    if isinstance(selector, dict) and len(selector) > wls.MAX_SELECTOR_ENTRIES:
+        beyond.append(f"nodeSelector: {len(selector)} entries; accepted: at most {wls.MAX_SELECTOR_ENTRIES}")
+    elif "nodeSelector" in spec:
+        kept_spec["nodeSelector"] = selector
+    tolerations = spec.get("tolerations")
+    if isinstance(tolerations, list) and len(tolerations) > wls.MAX_TOLERATIONS:
+        beyond.append(f"tolerations: {len(tolerations)}; accepted: at most {wls.MAX_TOLERATIONS}")
+    elif isinstance(tolerations, list):
+        kept_spec["tolerations"] = [
+            {k: t[k] for k in ("key", "operator", "value", "effect") if k in t} if isinstance(t, dict) else t
+            for t in tolerations
+        ]
+    required = _required_affinity(spec, beyond)
+    if required is not None:
+        kept_spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}}
+    containers = [c for c in spec.get("containers") or [] if isinstance(c, dict)]
+    if len(containers) > wls.MAX_CONTAINERS:
+        beyond.append(f"containers: {len(containers)}; accepted: at most {wls.MAX_CONTAINERS}")
+        containers = []
+    kept_spec["containers"] = [{"resources": _gpu_resources(c.get("resources"))} for c in containers]
+    if beyond:
+        kept_spec[wls.BEYOND_BOUNDS] = "; ".join(beyond)
     kept_meta: Obj = {"annotations": ours(meta.get("annotations"))}
     if isinstance(meta.get("labels"), dict):
-        kept_meta["labels"] = meta["labels"]
+        kept_meta["labels"] = ours(meta["labels"])  # read only to say a key of ours is misplaced
     return {"metadata": kept_meta, "spec": kept_spec}
+
+
+def _gpu_resources(resources: Any) -> Obj:
+    """A container's GPU requests and limits (the only resource decisions count)."""
+    out: Obj = {}
+    for kind in ("requests", "limits"):
+        found = (resources or {}).get(kind) if isinstance(resources, dict) else None
+        if isinstance(found, dict) and wls.GPU_RESOURCE in found:
+            out[kind] = {wls.GPU_RESOURCE: found[wls.GPU_RESOURCE]}
+    return out
+
+
+def _required_affinity(spec: Obj, beyond: list[str]) -> Any:
+    """The pod's required node affinity when within bounds (else named in `beyond`); None: none."""
+    affinity = spec.get("affinity")
+    node_affinity = affinity.get("nodeAffinity") if isinstance(affinity, dict) else None
+    required = (
+        node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
+        if isinstance(node_affinity, dict)
+        else None
+    )
+    if required is None:
+        return None
+    terms = required.get("nodeSelectorTerms") if isinstance(required, dict) else None
+    if isinstance(terms, list):
+        rules = [
+            r
+            for t in terms
+            if isinstance(t, dict)
+            for part in ("matchExpressions", "matchFields")
+            for r in (t.get(part) or [])
+        ]
+        values = sum(len(r.get("values") or []) for r in rules if isinstance(r, dict))
+        where = "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms"
+        for count, bound, what in (
+            (len(terms), wls.MAX_AFFINITY_TERMS, "terms"),
+            (len(rules), wls.MAX_AFFINITY_RULES, "requirements"),
+            (values, wls.MAX_AFFINITY_VALUES, "values"),
+        ):
+            if count > bound:
+                beyond.append(f"{where}: {count} {what}; accepted: at most {bound}")
+                return None
+    return required
 
 
 def strip_workload(obj: Obj) -> Obj:

@@ -8,10 +8,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from sovereignspec.operator.workloads import (
+    BEYOND_BOUNDS,
     GPU_RESOURCE,
     UnreadableFieldError,
     labels_match,
-    template,
     topology_assignment,
 )
 
@@ -75,6 +75,87 @@ def _admits(node: Mapping[str, Any], tolerations: list[Any]) -> bool:
 
 PoolMemo = dict[tuple[Any, ...], frozenset[str]]
 
+_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
+
+
+def _term_rules(term: Any, where: str) -> tuple[tuple[str, str, str, tuple[str, ...]], ...]:
+    """A nodeSelectorTerm as (matchExpressions | matchFields, key, operator, values) rules, checked
+    as the API server validates them (an unknown operator, In without values, Gt with two)."""
+    if not isinstance(term, dict):
+        raise UnreadableFieldError(f"{where}: got {term!r}; accepted: a nodeSelectorTerm")
+    rules = []
+    for part in ("matchExpressions", "matchFields"):
+        for i, rule in enumerate(term.get(part) or []):
+            at = f"{where}.{part}[{i}]"
+            if not isinstance(rule, dict):
+                raise UnreadableFieldError(f"{at}: got {rule!r}; accepted: a node selector requirement")
+            op, key, values = rule.get("operator"), rule.get("key"), rule.get("values") or []
+            if op not in _OPERATORS or not isinstance(key, str) or not key:
+                raise UnreadableFieldError(
+                    f"{at}: got key {key!r}, operator {op!r}; "
+                    f"accepted: a key and one of {', '.join(_OPERATORS)}"
+                )
+            if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+                raise UnreadableFieldError(f"{at}.values: got {values!r}; accepted: a list of strings")
+            wanted = {"In": "some", "NotIn": "some", "Exists": "none", "DoesNotExist": "none"}.get(op, "one")
+            if (
+                (wanted == "some" and not values)
+                or (wanted == "none" and values)
+                or (wanted == "one" and (len(values) != 1 or not _integer(values[0])))
+            ):
+                raise UnreadableFieldError(f"{at}.values: got {values!r}; not what operator {op} takes")
+            if part == "matchFields" and key != "metadata.name":
+                raise UnreadableFieldError(f"{at}.key: got {key!r}; accepted: metadata.name")
+            rules.append((part, key, str(op), tuple(values)))
+    return tuple(rules)
+
+
+def _integer(text: str) -> bool:
+    return text.lstrip("-").isascii() and text.lstrip("-").isdigit() and len(text) <= 19
+
+
+def required_affinity(pod_spec: Mapping[str, Any], where: str) -> tuple[Any, ...] | None:
+    """A pod's required node affinity as rules per term (terms ORed, rules ANDed); None: none.
+    Raises UnreadableFieldError for one that cannot be read."""
+    node_affinity = (
+        ((pod_spec.get("affinity") or {}).get("nodeAffinity") or {})
+        if isinstance(pod_spec.get("affinity"), dict)
+        else {}
+    )
+    required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
+    if required is None:
+        return None
+    at = f"{where}.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+    terms = required.get("nodeSelectorTerms") if isinstance(required, dict) else None
+    if not isinstance(terms, list):
+        raise UnreadableFieldError(f"{at}.nodeSelectorTerms: got {terms!r}; accepted: a list of terms")
+    return tuple(_term_rules(t, f"{at}.nodeSelectorTerms[{i}]") for i, t in enumerate(terms))
+
+
+def affinity_admits(node: Mapping[str, Any], terms: tuple[Any, ...]) -> bool:
+    """Kubernetes' rule (component-helpers nodeaffinity): some term whose every rule the node meets;
+    a term with no rules meets nothing."""
+    labels = node["metadata"].get("labels") or {}
+    fields = {"metadata.name": node["metadata"]["name"]}
+    return any(rules and all(_meets(labels if part == "matchExpressions" else fields, key, op, values)
+                             for part, key, op, values in rules) for rules in terms)  # fmt: skip
+
+
+def _meets(labels: Mapping[str, Any], key: str, op: str, values: tuple[str, ...]) -> bool:
+    present = key in labels
+    value = str(labels.get(key, ""))
+    if op == "In":
+        return present and value in values
+    if op == "NotIn":
+        return not present or value not in values
+    if op == "Exists":
+        return present
+    if op == "DoesNotExist":
+        return not present
+    if not present or not _integer(value):
+        return False
+    return int(value) > int(values[0]) if op == "Gt" else int(value) < int(values[0])
+
 
 def node_pool(
     wl: dict[str, Any],
@@ -83,9 +164,12 @@ def node_pool(
     tolerations_of: Mapping[str, list[Any]] | None = None,
     memo: PoolMemo | None = None,
 ) -> tuple[frozenset[str], str | None]:
-    """Nodes the workload's assigned flavor and its own nodeSelector allow, and whose lasting taints
-    it tolerates (the flavor's tolerations count, as Kueue adds them to the pods). `memo` shares
-    the answer between workloads that ask the same (one tick's nodes: most workloads do)."""
+    """Nodes the workload's assigned flavor and every one of its pod sets allow: each pod set's
+    nodeSelector and required node affinity met, its lasting taints tolerated (the flavor's
+    tolerations count, as Kueue adds them to the pods). The scheduler holds each pod to its own
+    constraints beside ours, so a node one pod set refuses is none of the workload's. `memo`
+    shares the answer between workloads that ask the same (one tick's nodes: most workloads do).
+    Raises UnreadableFieldError for a constraint that cannot be read."""
     assignments = (wl.get("status") or {}).get("admission", {}).get("podSetAssignments") or []
     flavor = None
     for a in assignments:
@@ -93,21 +177,40 @@ def node_pool(
         flavor = fl.get(GPU_RESOURCE) or next(iter(fl.values()), None)
         if flavor:
             break
-    selector = dict(flavors.get(flavor, {})) if flavor else {}
-    pod_spec = template(wl).get("spec") or {}
-    selector.update(pod_spec.get("nodeSelector") or {})
-    tolerations = list(pod_spec.get("tolerations") or []) + list((tolerations_of or {}).get(flavor or "", []))
-    key = (tuple(sorted((str(k), str(v)) for k, v in selector.items())), repr(tolerations))
+    flavor_labels = dict(flavors.get(flavor, {})) if flavor else {}
+    extra = list((tolerations_of or {}).get(flavor or "", []))
+    asks = []
+    pod_sets = (wl.get("spec") or {}).get("podSets") or [{}]
+    for n, ps in enumerate(pod_sets):
+        pod_spec = ((ps.get("template") or {}).get("spec") or {}) if isinstance(ps, dict) else {}
+        where = f"spec.podSets[{n}].template.spec"
+        if BEYOND_BOUNDS in pod_spec:  # cut by the cache (operator/informer.py): refused by name
+            raise UnreadableFieldError(f"{where}.{pod_spec[BEYOND_BOUNDS]}")
+        own = pod_spec.get("nodeSelector") or {}
+        if not isinstance(own, dict):
+            raise UnreadableFieldError(f"{where}.nodeSelector: got {own!r}; accepted: a map of labels")
+        selector = {**flavor_labels, **{str(k): str(v) for k, v in own.items()}}
+        conflicting = {k for k, v in own.items() if k in flavor_labels and flavor_labels[k] != str(v)}
+        tolerations = list(pod_spec.get("tolerations") or []) + extra
+        affinity = required_affinity(pod_spec, where)
+        asks.append((tuple(sorted(selector.items())), bool(conflicting), tolerations, affinity))
+    key = tuple((sel, conflicting, repr(tol), aff) for sel, conflicting, tol, aff in asks)
     names = memo.get(key) if memo is not None else None
     if names is None:
-        names = frozenset(
-            n["metadata"]["name"]
-            for n in nodes
-            if labels_match(n["metadata"].get("labels") or {}, selector) and _admits(n, tolerations)
-        )
+        names = frozenset(n["metadata"]["name"] for n in nodes if all(_allows(n, ask) for ask in asks))
         if memo is not None:
             memo[key] = names
     return names, flavor
+
+
+def _allows(node: Mapping[str, Any], ask: tuple[Any, ...]) -> bool:
+    selector, conflicting, tolerations, affinity = ask
+    return (
+        not conflicting
+        and labels_match(node["metadata"].get("labels") or {}, dict(selector))
+        and _admits(node, tolerations)
+        and (affinity is None or affinity_admits(node, affinity))
+    )
 
 
 def assigned_pool(wl: Mapping[str, Any], nodes: list[dict[str, Any]], pool: frozenset[str]) -> frozenset[str]:

@@ -39,12 +39,12 @@ class Write:
     workload: dict[str, object]
     check: str
     entry: dict[str, object]  # the entry as we read it (for lastTransitionTime)
-    state: str  # Ready | Retry | Rejected
+    state: str  # Ready | Retry | Rejected, or Pending while it waits (saying why)
     message: str
     pod_set_updates: list[dict[str, object]] | None = None
     requeue_after: int | None = None
     events: list[EventNote] = field(default_factory=list)
-    outcome: str = ""  # placed | retry | rejected | drift
+    outcome: str = ""  # placed | retry | rejected | drift | waiting
     mode: str = "none"
     gamma: int = 0
     speedup: float | None = None
@@ -74,13 +74,19 @@ def plan(policy_name: str, spec: PolicySpec, view: View, profiles: ProfileSet, s
     writes: list[Write] = []
     impossible: set[str] = set()
     for p in view.pending:
-        if p.request is None:
+        if p.waiting is not None:
+            if (p.entry.get("state"), p.entry.get("message")) != ("Pending", p.waiting):
+                writes.append(
+                    Write(p.key, p.workload, p.check, p.entry, "Pending", p.waiting, outcome="waiting")
+                )
+            impossible.add(p.key)
+        elif p.request is None:
             why = f"rejected: {p.rejection or 'the workload cannot be read'}"
             writes.append(_rejected(p, why, ""))
-        elif clash := never_written(p.template_annotations, profiles):
+        elif clash := forged(p, profiles):
             # Decided on any GPU, this template would be refused; where none is free it would
             # wait for one, only to be refused then. Refused now, before placement.
-            writes.append(_rejected(p, _reserved_refusal(clash), ""))
+            writes.append(_rejected(p, _reserved_refusal(clash, len(p.pod_set_notes) > 1), ""))
             impossible.add(p.key)
     by_name = {p.key: p for p in view.pending if p.request is not None and p.key not in impossible}
     for placement in placer.tick(
@@ -244,11 +250,23 @@ def never_written(template_notes: Mapping[str, str], profiles: ProfileSet) -> di
     return out
 
 
-def _reserved_refusal(clash: Mapping[str, str]) -> str:
-    shown = ", ".join(f"{k}={v!r}" for k, v in sorted(clash.items()))
+def forged(p: PendingWorkload, profiles: ProfileSet) -> dict[str, dict[str, str]]:
+    """Per pod set, our output keys its template sets to values no decision of ours writes. Any
+    pod set counts: Kueue refuses podSetUpdates that conflict with one pod set's template and would
+    start the others alone (a group half ungated)."""
+    return {name: clash for name, notes in p.pod_set_notes if (clash := never_written(notes, profiles))}
+
+
+def _reserved_refusal(clash: Mapping[str, Mapping[str, str]], several: bool) -> str:
+    said = []
+    count = 0
+    for name, keys in sorted(clash.items()):
+        shown = ", ".join(f"{k}={v!r}" for k, v in sorted(keys.items()))
+        said.append(f"{f'pod set {name}: ' if several else ''}the pod template sets {shown}")
+        count += len(keys)
     return (
-        f"rejected: the pod template sets {shown}, which only SovereignSpec writes; remove "
-        f"{'it' if len(clash) == 1 else 'them'} from spec.template.metadata.annotations"
+        f"rejected: {'; '.join(said)}, which only SovereignSpec writes; remove "
+        f"{'it' if count == 1 else 'them'} from spec.template.metadata.annotations"
     )
 
 
@@ -264,7 +282,7 @@ def _placed(
     req = p.request
     assert req is not None and record.node is not None and record.gpu_type is not None
     events: list[EventNote] = []
-    reserved = reserved_in_template(p.template_annotations)
+    reserved = sorted({k for _, set_notes in p.pod_set_notes for k in reserved_in_template(set_notes)})
     reason = record.reason
     if reserved:
         # Our keys land together and agree, or not at all. A template that already sets some of
@@ -272,9 +290,13 @@ def _placed(
         # and the engine would read the user's: that bypasses the decision, so it is refused.
         record = _as_plain(record)
         notes = decision_notes(spec, profiles, p, record, policy_name, stamp, handoff_allowed=False)
-        clash = {k: p.template_annotations[k] for k in reserved if notes.get(k) != p.template_annotations[k]}
+        clash = {
+            name: found
+            for name, set_notes in p.pod_set_notes
+            if (found := {k: v for k, v in set_notes.items() if k in ann.OUTPUTS and notes.get(k) != v})
+        }
         if clash:
-            return _rejected(p, _reserved_refusal(clash), "")
+            return _rejected(p, _reserved_refusal(clash, len(p.pod_set_notes) > 1), "")
         reason = f"plain decode: the pod template sets {', '.join(reserved)} (written only by SovereignSpec)"
         events.append(EventNote("ReservedAnnotation", reason + "; remove them from the template", True))
     else:

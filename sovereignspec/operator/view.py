@@ -45,6 +45,7 @@ from sovereignspec.operator.nodes import PoolMemo, assigned_pool, node_pool, nod
 from sovereignspec.operator.policy import PolicySpec
 from sovereignspec.operator.workloads import (
     GPU_RESOURCE,
+    KEYS_ON_OWNER,
     UnreadableFieldError,
     condition,
     container_gpus,
@@ -53,6 +54,7 @@ from sovereignspec.operator.workloads import (
     job_name,
     key_of,
     our_entry,
+    owner_missing,
     owner_of,
     parse_time,
     requested_gpus,
@@ -138,9 +140,12 @@ class PendingWorkload:
     request: WorkloadRequest | None  # None: rejected before placement (`rejection` says why)
     alpha_source: str
     pod_set_names: list[str]
-    template_annotations: dict[str, str]
+    # Per pod set (name, our keys of its template's annotations): each is checked for our output
+    # keys, which a user's template must not set against the decision.
+    pod_set_notes: list[tuple[str, dict[str, str]]]
     flavor: str | None
     rejection: str | None = None
+    waiting: str | None = None  # not decided yet, and why (it stays Pending, saying so)
 
 
 @dataclass(frozen=True)
@@ -199,15 +204,25 @@ def declared_request(
     Raises UnreadableFieldError for a field of the Workload that cannot be read."""
     meta = wl["metadata"]
     kind = owner_of(wl)[0]
-    notes, labels, misplaced = declared_metadata(wl, owner, kind)
-    declared = ann.parse(
-        notes,
-        tenancy or ann.Tenancy(meta["namespace"]),
-        set(profiles.models),
-        set(profiles.drafters),
-        labels=labels,
-        owner_annotations=misplaced,
-        owner=_misplaced_on(kind, owner),
+    sets, misplaced = declared_metadata(wl, owner, kind)
+    models, drafters = set(profiles.models), set(profiles.drafters)
+    declared = ann.combine(
+        [
+            (
+                name,
+                ann.parse(
+                    notes,
+                    tenancy or ann.Tenancy(meta["namespace"]),
+                    models,
+                    drafters,
+                    labels=labels,
+                    # the owner's own annotations are the workload's: read once
+                    owner_annotations=misplaced if n == 0 else None,
+                    owner=_misplaced_on(kind, owner),
+                ),
+            )
+            for n, (name, notes, labels) in enumerate(sets)
+        ]
     )
     if declared.sovereignty_problems:
         return declared, None, ""
@@ -375,7 +390,10 @@ def build(
             state = entry.get("state")
             if state == "Ready":
                 spec = world.policies.get(str(entry.get("name")), policy)
-                pool, _ = node_pool(wl, world.nodes, world.flavors, world.flavor_tolerations, pools)
+                try:
+                    pool, _ = node_pool(wl, world.nodes, world.flavors, world.flavor_tolerations, pools)
+                except UnreadableFieldError:  # decided once, unreadable now: its reach is every node
+                    pool = frozenset(hostnames)
                 pool = assigned_pool(wl, world.nodes, pool)
                 for done in _committed(
                     wl, entry, spec, profiles, snapshot, pool, by_host, tenancy, world, errors
@@ -448,7 +466,7 @@ def _unreadable(wl: dict[str, Any], entry: dict[str, Any], why: str) -> PendingW
         request=None,
         alpha_source="",
         pod_set_names=[],
-        template_annotations={},
+        pod_set_notes=[],
         flavor=None,
         rejection=f"the Workload cannot be read: {why}",
     )
@@ -465,8 +483,21 @@ def _pending(
     pools: PoolMemo | None = None,
 ) -> PendingWorkload:
     meta = wl["metadata"]
-    pool, flavor = node_pool(wl, world.nodes, world.flavors, world.flavor_tolerations, pools)
+    try:
+        pool, flavor = node_pool(wl, world.nodes, world.flavors, world.flavor_tolerations, pools)
+    except UnreadableFieldError as exc:  # a constraint that cannot be read, or past its bound
+        return _unreadable(wl, entry, str(exc))
     owner = world.owners.get((meta["namespace"], *owner_of(wl)))
+    missing = owner_missing(wl, owner)
+    if missing is not None:
+        # Its keys (or the place they would be misplaced) are on an object not cached yet: the
+        # Workload's watch event can come first. Deciding now would read no keys: fail open.
+        why = (
+            "its keys are read from it" if missing[0] in KEYS_ON_OWNER else "keys misplaced on it fail closed"
+        )
+        return _waiting(
+            wl, entry, f"waiting for its {missing[0]} {missing[1]} to be read ({why}); decided then"
+        )
     rejection = None
     try:
         declared, request, source = declared_request(
@@ -482,7 +513,7 @@ def _pending(
         declared, request, source = ann.Declared(tenant=meta["namespace"]), None, ""
         rejection = str(exc)
     names = [str(ps.get("name", "")) for ps in (wl.get("spec") or {}).get("podSets") or []]
-    notes = declared_metadata(wl, owner)[0]
+    sets = declared_metadata(wl, owner)[0]
     return PendingWorkload(
         key=key_of(wl),
         workload=wl,
@@ -492,9 +523,27 @@ def _pending(
         request=request,
         alpha_source=source,
         pod_set_names=names,
-        template_annotations={str(k): str(v) for k, v in notes.items()},
+        pod_set_notes=[(name, {str(k): str(v) for k, v in notes.items()}) for name, notes, _ in sets],
         flavor=flavor,
         rejection=rejection,
+    )
+
+
+def _waiting(wl: dict[str, Any], entry: dict[str, Any], why: str) -> PendingWorkload:
+    """A workload not decided this tick: it stays Pending, saying why."""
+    meta = wl["metadata"]
+    return PendingWorkload(
+        key=key_of(wl),
+        workload=wl,
+        check=str(entry["name"]),
+        entry=entry,
+        declared=ann.Declared(tenant=str(meta.get("namespace", ""))),
+        request=None,
+        alpha_source="",
+        pod_set_names=[],
+        pod_set_notes=[],
+        flavor=None,
+        waiting=why,
     )
 
 

@@ -32,6 +32,19 @@ _SUFFIX = {
 }
 
 
+# What the caches keep of a pod template's scheduling constraints (operator/informer.py), and the
+# key under which a constraint past its bound is named instead of kept: the workload is then
+# Rejected naming the field (`node_pool`), never held whole. Kubernetes bounds each label key and
+# value; these bound the count, whatever a tenant's template carries.
+MAX_SELECTOR_ENTRIES = 64  # nodeSelector entries
+MAX_TOLERATIONS = 64
+MAX_AFFINITY_TERMS = 16  # required node affinity: nodeSelectorTerms
+MAX_AFFINITY_RULES = 64  # required node affinity: requirements over all terms
+MAX_AFFINITY_VALUES = 256  # required node affinity: values over all requirements
+MAX_CONTAINERS = 64
+BEYOND_BOUNDS = "\x00beyond-bounds"
+
+
 class UnreadableFieldError(ValueError):
     """A field of an API object that cannot be read; the message names the field and the value."""
 
@@ -174,11 +187,6 @@ def requested_pods(wl: Mapping[str, Any]) -> int:
     return total if len(sizes) == 1 and 0 not in sizes and total > 1 else 1
 
 
-def template(wl: Mapping[str, Any]) -> dict[str, Any]:
-    pod_sets = wl.get("spec", {}).get("podSets") or []
-    return dict(pod_sets[0].get("template") or {}) if pod_sets else {}
-
-
 def parse_time(text: str | None) -> float:
     if not text:
         return 0.0
@@ -190,28 +198,57 @@ def parse_time(text: str | None) -> float:
 
 def declared_metadata(
     wl: Mapping[str, Any], owner: Mapping[str, Mapping[str, str]] | None, kind: str | None = None
-) -> tuple[Mapping[str, Any], Mapping[str, Any], dict[str, Any]]:
-    """Where a user's keys are read: (annotations, labels, annotations where they are misplaced).
+) -> tuple[list[tuple[str, Mapping[str, Any], Mapping[str, Any]]], dict[str, Any]]:
+    """Where a user's keys are read: per pod set (name, annotations, labels), and the annotations
+    where they are misplaced.
 
-    A Job's Workload carries the pod template, keys and all; the Job's own annotations are the
-    wrong place. A Pod's Workload carries its spec only (Kueue copies no pod metadata into it), so
-    the keys are read from the Pod itself, which is the template its controller stamped out; a
-    StatefulSet's likewise, so they are read from the StatefulSet's pod template. The owner's own
-    annotations (the Job's, the StatefulSet's, the LeaderWorkerSet's, a replica's Deployment's:
-    "owner_annotations" of the Pod's entry) are where keys are misplaced."""
+    A Job's Workload carries its pod template, keys and all; a LeaderWorkerSet group's carries
+    one per pod set (its leader's and its workers'), and every one of them is read: each pod runs
+    what its own template says. A Pod's Workload carries its spec only (Kueue copies no pod
+    metadata into it), so the keys are read from the Pod itself, which is the template its
+    controller stamped out; a StatefulSet's likewise, so they are read from the StatefulSet's pod
+    template. The owner's own annotations (the Job's, the StatefulSet's, the LeaderWorkerSet's, a
+    replica's Deployment's: "owner_annotations" of the Pod's entry) are where keys are misplaced."""
     meta = wl["metadata"]
     own = dict(meta.get("annotations") or {})
     kind = kind or owner_of(wl)[0]
     found = owner or {}
+    first = pod_set_names(wl)[:1] or ["main"]
     if kind == "Pod":  # a Deployment's replica: its Deployment's own annotations are misplaced too
         misplaced = {**own, **(found.get("owner_annotations") or {})}
-        return found.get("annotations") or {}, found.get("labels") or {}, misplaced
+        return [(first[0], found.get("annotations") or {}, found.get("labels") or {})], misplaced
     if kind == "StatefulSet":
         misplaced = {**own, **(found.get("annotations") or {})}
-        return found.get("template_annotations") or {}, found.get("template_labels") or {}, misplaced
-    tpl_meta = template(wl).get("metadata") or {}
+        notes = found.get("template_annotations") or {}
+        return [(first[0], notes, found.get("template_labels") or {})], misplaced
+    sets = []
+    for n, ps in enumerate((wl.get("spec") or {}).get("podSets") or []):
+        tpl_meta = ((ps.get("template") or {}).get("metadata") or {}) if isinstance(ps, dict) else {}
+        name = str(ps.get("name", n)) if isinstance(ps, dict) else str(n)
+        sets.append((name, tpl_meta.get("annotations") or {}, tpl_meta.get("labels") or {}))
     job = found.get("annotations") or {}
-    return tpl_meta.get("annotations") or {}, tpl_meta.get("labels") or {}, {**own, **job}
+    return sets or [(first[0], {}, {})], {**own, **job}
+
+
+def pod_set_names(wl: Mapping[str, Any]) -> list[str]:
+    return [
+        str(ps.get("name", "")) for ps in (wl.get("spec") or {}).get("podSets") or [] if isinstance(ps, dict)
+    ]
+
+
+def owner_missing(
+    wl: Mapping[str, Any], owner: Mapping[str, Mapping[str, str]] | None
+) -> tuple[str, str] | None:
+    """(kind, name) of an owner whose metadata the decision needs and the caches do not hold yet:
+    the object Kueue made the Workload for, or a replica's Deployment. Deciding without it would
+    read no keys (a Pod's, a StatefulSet's) or miss misplaced ones: fail open. None: nothing missing."""
+    kind, name = owner_of(wl)
+    if kind == "Workload":
+        return None
+    if owner is None:
+        return kind, name
+    deployment = (owner.get("missing") or {}).get("Deployment")
+    return ("Deployment", deployment) if deployment else None
 
 
 def deployment_of(pod: Mapping[str, Any]) -> str | None:

@@ -63,6 +63,21 @@ class WorkloadBuilder:
         self._obj["spec"]["podSets"][0]["count"] = count
         return self
 
+    def leader_and_workers(self, workers: int, **notes: str) -> WorkloadBuilder:
+        """As Kueue makes a LeaderWorkerSet group's Workload when the set has a leader template:
+        pod set 0 becomes "leader" (one pod), then "worker" (`workers` pods, the same spec) whose
+        template carries `notes` (our keys by short name) as its own annotations. Owned by the
+        LeaderWorkerSet "chat"."""
+        leader = self._obj["spec"]["podSets"][0]
+        leader.update(name="leader", count=1)
+        worker = copy.deepcopy(leader)
+        worker.update(name="worker", count=workers)
+        worker["template"]["metadata"]["annotations"] = {
+            ann.PREFIX + k.replace("_", "-"): v for k, v in notes.items()
+        }
+        self._obj["spec"]["podSets"].append(worker)
+        return self.owned_by("LeaderWorkerSet", "chat")
+
     def topology(self, levels: list[str], *domains: tuple[list[str], int]) -> WorkloadBuilder:
         """Kueue's Topology Aware Scheduling assignment of pod set 0: one slice per domain (its
         value at each level, its pod count), universal values, as Kueue writes a single domain."""
@@ -91,7 +106,11 @@ class WorkloadBuilder:
         return self
 
     def owned_by(self, kind: str, name: str) -> WorkloadBuilder:
-        version = {"Pod": "v1", "StatefulSet": "apps/v1"}.get(kind, "batch/v1")
+        version = {
+            "Pod": "v1",
+            "StatefulSet": "apps/v1",
+            "LeaderWorkerSet": "leaderworkerset.x-k8s.io/v1",
+        }.get(kind, "batch/v1")
         ref = {"apiVersion": version, "kind": kind, "name": name, "uid": f"uid-{name}", "controller": True}
         self._obj["metadata"]["ownerReferences"] = [ref]
         return self
@@ -156,6 +175,16 @@ def policy(**spec: Any) -> PolicySpec:
     base: dict[str, Any] = {"telemetry": {"source": "prometheus", "prometheusURL": "http://prometheus:9090"}}
     base.update(spec)
     return PolicySpec.model_validate(base)
+
+
+def cached_owners(*workloads: dict[str, Any]) -> dict[tuple[str, str, str], dict[str, dict[str, str]]]:
+    """`World.owners` with each workload's owner cached, carrying none of our keys (a Job's, a
+    LeaderWorkerSet's: their keys are on the Workload's pod templates)."""
+    from sovereignspec.operator.workloads import owner_of
+
+    return {
+        (wl["metadata"]["namespace"], *owner_of(wl)): {"annotations": {}, "labels": {}} for wl in workloads
+    }
 
 
 def world(

@@ -9,7 +9,7 @@ from sovereignspec.core.placement import Placer, WorkloadRequest
 from sovereignspec.core.roofline import fits_at, pipeline_stage, roofline_for, tensor_parallel_for
 from sovereignspec.core.sovereignty import DEFAULT_JURISDICTION_LABEL as JUR
 from sovereignspec.operator import annotations as ann
-from tests.unit.builders import chat, node, snapshot
+from tests.unit.builders import cached_owners, chat, node, snapshot
 from tests.unit.test_operator_decisions import _decide
 from tests.unit.test_placement import cluster
 
@@ -130,7 +130,8 @@ def test_a_leaderworkerset_groups_workload_is_decided_as_one_engine_of_stages() 
         b = chat("lws-chat-0").annotate(model=SEVENTY, jurisdiction="eu").gpus("4").pods(2)
         return b.owned_by(kind, "chat").obj()
 
-    lws = _decide([seventy("LeaderWorkerSet")], nodes, idle)
+    group = seventy("LeaderWorkerSet")
+    lws = _decide([group], nodes, idle, owners=cached_owners(group))
     assert lws.state == "Ready", lws.message
     assert "one engine in 2 pipeline stages of 4 GPUs" in lws.message, lws.message
     (update,) = lws.pod_set_updates or []
@@ -140,7 +141,8 @@ def test_a_leaderworkerset_groups_workload_is_decided_as_one_engine_of_stages() 
     # step would not fit these GPUs at all).
     assert notes[ann.OUT_MODE] == "speculative" and int(notes[ann.OUT_BUDGET]) > 0
     assert "num_speculative_tokens" in notes[ann.OUT_VLLM], notes
-    job = _decide([seventy("Job")], nodes, idle)
+    whole = seventy("Job")
+    job = _decide([whole], nodes, idle, owners=cached_owners(whole))
     assert job.state == "Rejected", job.message
     assert (
         "fits no GPU of the nodes it may use on the 4 GPUs each of its pods asks for (it needs 8)"

@@ -113,7 +113,7 @@ def test_a_view_reads_each_gpus_headroom_from_fresh_telemetry_only(
         (
             "no node in the namespace's jurisdiction: rejected, sovereignty fails closed",
             [chat().obj()], [node("h1", "kr")], snapshot(IDLE),
-            "Rejected", "none", "no node of its flavor in jurisdiction eu", ["Rejected"],
+            "Rejected", "none", "no node of its flavor and node constraints in jurisdiction eu", ["Rejected"],
         ),
         (
             "an annotation reaching outside the namespace's jurisdiction: rejected",
@@ -316,9 +316,11 @@ def test_a_pods_workload_is_decided_from_the_pods_own_annotations() -> None:
     assert (write.state, write.mode) == ("Ready", "speculative"), write.message
     (update,) = write.pod_set_updates or []
     assert update["nodeSelector"] == {"kubernetes.io/hostname": "h1"}
-    # The Pod's metadata not (yet) read: the policy's defaults, never another Pod's keys.
+    # The Pod not cached yet (its Workload's watch event came first): no keys to read, so it
+    # waits, saying so, never decided from the policy's defaults (a jurisdiction would be missed).
     bare = _decide([wl], [node("h1")], snapshot(IDLE))
-    assert bare.state == "Ready" and "policy default" in bare.message, bare.message
+    assert (bare.state, bare.outcome) == ("Pending", "waiting"), bare.message
+    assert bare.message.startswith("waiting for its Pod chat-7d9f-abcde to be read"), bare.message
 
 
 def test_a_pods_keys_set_to_values_no_decision_writes_are_rejected_as_a_templates_are() -> None:
@@ -370,7 +372,8 @@ def test_a_statefulsets_workload_is_decided_from_its_pod_templates_keys() -> Non
     assert (write.state, write.mode) == ("Ready", "speculative"), write.message
     assert "declared" in write.message, write.message
     bare = _decide([wl], [node("h1")], snapshot(IDLE))
-    assert bare.state == "Ready" and "policy default" in bare.message, bare.message
+    assert (bare.state, bare.outcome) == ("Pending", "waiting"), bare.message
+    assert "its StatefulSet chat to be read (its keys are read from it)" in bare.message, bare.message
 
 
 def test_a_jurisdiction_on_a_statefulsets_own_annotations_fails_closed_naming_the_statefulset() -> None:

@@ -515,7 +515,10 @@ def test_no_node_in_the_namespaces_jurisdictions_is_rejected_naming_them(profile
     view = cluster(("eu-a", "H100-SXM", [1.0], "eu"))
     p = Placer(profiles, view).place(wl(allowed_jurisdictions=frozenset({"kr", "jp"})))
     assert p.outcome == "rejected"
-    assert p.record.reason == "no node of its flavor in the jurisdictions its namespace allows (jp, kr)"
+    assert (
+        p.record.reason
+        == "no node of its flavor and node constraints in the jurisdictions its namespace allows (jp, kr)"
+    )
 
 
 def test_a_newcomer_with_an_slo_becomes_the_gpus_binding_neighbour_at_its_margin(profiles):

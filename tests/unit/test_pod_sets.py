@@ -1,0 +1,159 @@
+"""Every pod set of a workload is held to the same rules: a LeaderWorkerSet group with a leader
+template is one Workload of two pod sets (Kueue's "leader" and "worker"), each pod running what
+its own template says. The strictest sovereignty declared on any of them binds the group; a
+contradiction, a look-alike key, another tenant or our output keys forged on any pod set is
+Rejected before Kueue can ungate a pod. And a workload whose owner the caches do not hold yet
+waits, saying so, instead of being decided without its keys."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import pytest
+
+from sovereignspec.core.specs import ProfileSet
+from sovereignspec.operator import annotations as ann
+from sovereignspec.operator.plan import Write, plan
+from sovereignspec.operator.view import build
+from sovereignspec.profiles import load_profiles
+from tests.unit.builders import CHECK, NOW, STAMP, cached_owners, chat, node, policy, snapshot, world
+
+# team-a may run in eu and in kr (the policy's tenancy); h-eu and h-kr have 8 idle GPUs each.
+NODES = [node("h-eu", "eu", gpus=8), node("h-kr", "kr", gpus=8)]
+IDLE = snapshot({(n, g): 0.0 for n in ("h-eu", "h-kr") for g in range(8)})
+NAMESPACES: dict[str, dict[str, str]] = {"team-a": {}}
+
+
+@functools.cache
+def profiles() -> ProfileSet:
+    return load_profiles()
+
+
+def decide(wl: dict[str, Any], owners: dict[Any, Any] | None = None) -> Write:
+    spec = policy(tenancy={"namespaces": {"team-a": {"jurisdictions": ["eu", "kr"]}}})
+    owners = cached_owners(wl) if owners is None else owners
+    view = build(world([wl], NODES, spec, NAMESPACES, owners), {CHECK}, spec, profiles(), IDLE, NOW)
+    (write,) = plan("default", spec, view, profiles(), STAMP)
+    return write
+
+
+def group(leader: dict[str, str], workers: dict[str, str]) -> dict[str, Any]:
+    """A group of a leader and one worker of 4 GPUs each, with our keys as given on each template."""
+    return chat("lws-chat-0").annotate(**leader).gpus("4").leader_and_workers(1, **workers).obj()
+
+
+def hosts(write: Write) -> set[str]:
+    """The nodes a Ready decision pins or counts its pods on."""
+    out = set()
+    for update in write.pod_set_updates or []:
+        selector = update["nodeSelector"]
+        if "kubernetes.io/hostname" in selector:
+            out.add(selector["kubernetes.io/hostname"])
+        for item in str(update["annotations"].get(ann.OUT_NODES, "")).split(","):
+            if item:
+                out.add(item.rpartition("/")[0])
+    return out
+
+
+def test_a_jurisdiction_declared_only_on_the_worker_template_binds_the_whole_group() -> None:
+    # The leader says nothing: without reading the worker's template the group could go to kr.
+    for leader, workers in (({}, {"jurisdiction": "kr"}), ({"jurisdiction": "kr"}, {})):
+        write = decide(group(leader, workers))
+        assert write.state == "Ready", write.message
+        assert hosts(write) == {"h-kr"}, (leader, workers, write.pod_set_updates)
+        assert {u["name"] for u in write.pod_set_updates or []} == {"leader", "worker"}
+
+
+def test_an_exclusive_node_asked_by_the_worker_alone_makes_the_group_exclusive() -> None:
+    from sovereignspec.operator.view import build as view_of
+
+    spec = policy(tenancy={"namespaces": {"team-a": {"jurisdictions": ["eu", "kr"]}}})
+    wl = group({}, {"exclusive_node": "true"})
+    view = view_of(
+        world([wl], NODES, spec, NAMESPACES, cached_owners(wl)), {CHECK}, spec, profiles(), IDLE, NOW
+    )
+    (pending,) = view.pending
+    assert pending.request is not None and pending.request.exclusive
+
+
+@pytest.mark.parametrize(
+    ("leader", "workers", "said"),
+    [
+        ({"jurisdiction": "eu"}, {"jurisdiction": "kr"}, "jurisdiction: got 'leader=eu, worker=kr'"),
+        ({}, {"tenant": "bank"}, "pod set worker: annotation sovereignspec.io/tenant: got 'bank'"),
+        ({}, {"region": "eu"}, "pod set worker: annotation sovereignspec.io/region: got 'eu'"),
+        ({}, {"jurisdiction": "us"}, "pod set worker: annotation sovereignspec.io/jurisdiction: got 'us'"),
+        ({}, {"jurisdiction": "EU"}, "pod set worker: annotation sovereignspec.io/jurisdiction: got 'EU'"),
+    ],
+    ids=["split-jurisdictions", "another-tenant", "look-alike-key", "outside-the-namespace", "bad-grammar"],
+)  # fmt: skip
+def test_a_sovereignty_problem_on_any_pod_set_rejects_the_group_naming_the_pod_set(
+    leader: dict[str, str], workers: dict[str, str], said: str
+) -> None:
+    write = decide(group(leader, workers))
+    assert (write.state, write.pod_set_updates) == ("Rejected", None), write.message
+    assert said in write.message and "sovereignty fields fail closed" in write.message, write.message
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [(ann.OUT_MODE, "speculative"), (ann.OUT_BUDGET, "4"), (ann.OUT_VLLM, "{}"), (ann.OUT_NODES, "h-kr/0")],
+)
+def test_our_output_keys_forged_on_the_worker_template_reject_the_group_before_placement(
+    key: str, value: str
+) -> None:
+    # Kueue would refuse our podSetUpdates as conflicting with the worker's template and start the
+    # leader alone: refused here, no pod ungated.
+    wl = group({}, {})
+    wl["spec"]["podSets"][1]["template"]["metadata"]["annotations"][key] = value
+    write = decide(wl)
+    assert (write.state, write.pod_set_updates) == ("Rejected", None), write.message
+    assert f"pod set worker: the pod template sets {key}={value!r}" in write.message, write.message
+
+
+def test_a_plain_mode_on_the_worker_template_gets_a_plain_decision_for_the_whole_group() -> None:
+    wl = group({}, {})
+    wl["spec"]["podSets"][1]["template"]["metadata"]["annotations"][ann.OUT_MODE] = "plain"
+    write = decide(wl)
+    assert (write.state, write.mode) == ("Ready", "plain"), write.message
+    assert all(u["annotations"][ann.OUT_MODE] == "plain" for u in write.pod_set_updates or [])
+
+
+def test_pod_sets_that_disagree_on_the_engine_get_plain_decode_saying_which() -> None:
+    write = decide(group({"acceptance_rate": "0.8"}, {"acceptance_rate": "0.3"}))
+    assert (write.state, write.mode) == ("Ready", "plain"), write.message
+    (bad,) = [e for e in write.events if e.reason == "BadAnnotation"]
+    assert "leader=0.8, worker=0.3" in bad.message and "the same value on every pod set" in bad.message
+
+
+def test_a_single_pod_sets_messages_are_unchanged() -> None:
+    write = decide(chat("x").annotate(jurisdiction="us").obj())
+    assert write.state == "Rejected"
+    assert "annotation sovereignspec.io/jurisdiction: got 'us'" in write.message
+    assert "pod set" not in write.message, write.message
+
+
+@pytest.mark.parametrize("kind", ["Pod", "StatefulSet", "LeaderWorkerSet", "Job"])
+def test_a_workload_whose_owner_is_not_cached_yet_waits_saying_so_and_is_decided_once_it_is(
+    kind: str,
+) -> None:
+    wl = chat("wl").annotate(jurisdiction="kr").owned_by(kind, "chat").obj()
+    write = decide(wl, owners={})
+    assert (write.state, write.outcome, write.pod_set_updates) == ("Pending", "waiting", None)
+    assert write.message.startswith(f"waiting for its {kind} chat to be read"), write.message
+    # Said once: the same message is not written again while it waits.
+    wl["status"]["admissionChecks"][0]["message"] = write.message
+    spec = policy(tenancy={"namespaces": {"team-a": {"jurisdictions": ["eu", "kr"]}}})
+    view = build(world([wl], NODES, spec, NAMESPACES, {}), {CHECK}, spec, profiles(), IDLE, NOW)
+    assert plan("default", spec, view, profiles(), STAMP) == []
+    if kind in ("Job", "LeaderWorkerSet"):  # its keys are on the Workload: decided once it is cached
+        assert hosts(decide(wl)) == {"h-kr"}
+
+
+def test_a_deployments_replica_waits_for_its_deployment_where_misplaced_keys_would_be() -> None:
+    wl, pod = chat("pod-chat-7d9f-x").as_pods_workload("chat-7d9f-x")
+    pod["missing"] = {"Deployment": "chat"}
+    write = decide(wl, owners={("team-a", "Pod", "chat-7d9f-x"): pod})
+    assert (write.state, write.outcome) == ("Pending", "waiting"), write.message
+    assert "waiting for its Deployment chat to be read (keys misplaced on it fail closed)" in write.message
