@@ -5,6 +5,13 @@ HTTPS; a bearer token, checked with a TokenReview; its user allowed `get` on the
 403. Answers are cached briefly per token (as kube-rbac-proxy does), so a scrape every few seconds
 costs the API server two reviews a minute, and a flood of bad tokens no more than one pair each.
 
+The endpoint faces whoever reaches its port, so it is bounded: at most MAX_CONNECTIONS open at
+once, each given IDLE_SECONDS to finish its handshake and send its request (a client that stalls
+is closed, and when all are taken the longest-waiting one that has not yet sent its request makes
+room); at most MAX_REVIEWS token reviews in flight; the answers about refused tokens kept in a
+bounded table that never evicts an allowed one. A scrape whose token is allowed is answered from
+the cache whatever else is connected. A dropped client is one log line, never a traceback.
+
 The certificate is the one in `--metrics-cert-dir` (tls.crt, tls.key: a Secret cert-manager keeps,
 mounted there), else a self-signed one made at start (controller-runtime does the same); a
 ServiceMonitor then skips verification or names the CA.
@@ -12,15 +19,19 @@ ServiceMonitor then skips verification or names the CA.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import hashlib
 import ipaddress
 import json
 import logging
+import socket
 import ssl
+import sys
 import tempfile
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -36,6 +47,11 @@ log = logging.getLogger(__name__)
 
 PATH = "/metrics"
 ALLOWED_FOR, REFUSED_FOR = 60.0, 10.0  # seconds an answer about a token is reused
+MAX_CONNECTIONS = 128
+IDLE_SECONDS = 10.0  # to finish the TLS handshake and send the request, and per read or write
+MAX_REVIEWS = 4  # TokenReviews (and their SubjectAccessReviews) in flight at once
+REVIEW_WAIT = 2.0  # seconds a request waits for a review slot before a 503
+MAX_ALLOWED, MAX_REFUSED = 256, 4096  # tokens whose answers are kept
 
 
 class MetricsAuth:
@@ -44,8 +60,11 @@ class MetricsAuth:
     def __init__(self, api: client.ApiClient, clock: Callable[[], float] = time.monotonic) -> None:
         self.api = api
         self.clock = clock
-        self._cache: dict[str, tuple[int, str, float]] = {}
+        # Allowed tokens apart from refused ones: a flood of bogus tokens evicts only its own kind.
+        self._allowed: OrderedDict[str, tuple[int, str, float]] = OrderedDict()
+        self._refused: OrderedDict[str, tuple[int, str, float]] = OrderedDict()
         self._lock = threading.Lock()
+        self._reviews = threading.BoundedSemaphore(MAX_REVIEWS)
 
     def _review(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         resp = self.api.call_api(
@@ -71,16 +90,34 @@ class MetricsAuth:
         key = hashlib.sha256(token.strip().encode()).hexdigest()
         now = self.clock()
         with self._lock:
-            cached = self._cache.get(key)
+            cached = self._allowed.get(key) or self._refused.get(key)
             if cached is not None and cached[2] > now:
                 return cached[0], cached[1]
+        if not self._reviews.acquire(timeout=REVIEW_WAIT):
+            return 503, "too many token reviews in flight; try again"
+        try:
+            answer = self._ask(token.strip())
+        finally:
+            self._reviews.release()
+        if answer[0] == 503:
+            return answer
+        with self._lock:
+            table, bound = (self._allowed, MAX_ALLOWED) if answer[0] == 200 else (self._refused, MAX_REFUSED)
+            table[key] = (*answer, now + (ALLOWED_FOR if answer[0] == 200 else REFUSED_FOR))
+            table.move_to_end(key)
+            while len(table) > bound:  # the oldest first: a flood forgets its own, not the rest
+                table.popitem(last=False)
+        return answer
+
+    def _ask(self, token: str) -> tuple[int, str]:
+        """The API server's answer about `token`: a TokenReview, then a SubjectAccessReview."""
         try:
             review = self._review(
                 "/apis/authentication.k8s.io/v1/tokenreviews",
                 {
                     "apiVersion": "authentication.k8s.io/v1",
                     "kind": "TokenReview",
-                    "spec": {"token": token.strip()},
+                    "spec": {"token": token},
                 },
             )
             if not review.get("authenticated"):
@@ -110,10 +147,6 @@ class MetricsAuth:
         except API_ERRORS as exc:  # the API server cannot say: nobody gets in, nothing is cached
             log.warning("metrics: could not review a scrape's token: %s", exc)
             return 503, "the API server could not review the token"
-        with self._lock:
-            if len(self._cache) > 1000:  # tokens are many only in a flood: forget, do not grow
-                self._cache.clear()
-            self._cache[key] = (*answer, now + (ALLOWED_FOR if answer[0] == 200 else REFUSED_FOR))
         return answer
 
 
@@ -155,6 +188,35 @@ def self_signed(folder: Path) -> tuple[Path, Path]:
     return crt, pem
 
 
+def _cut(sock: Any) -> None:
+    with contextlib.suppress(OSError):  # already gone
+        sock.shutdown(socket.SHUT_RDWR)
+
+
+class DropLog:
+    """Dropped clients as log lines: the first at once, then at most one a second saying how many
+    more there were (a flood of stalled connections writes a handful of lines, not thousands)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._last = -1e9
+        self._since = 0
+        self.total = 0
+
+    def note(self, client: Any, why: str) -> None:
+        with self._lock:
+            self.total += 1
+            now = self.clock()
+            if now - self._last < 1.0:
+                self._since += 1
+                return
+            more, self._since, self._last = self._since, 0, now
+        who = f"{client[0]}:{client[1]}" if isinstance(client, tuple) and len(client) >= 2 else "a client"
+        extra = f" (and {more} more since the last such line)" if more else ""
+        log.info("metrics: dropped %s: %s%s", who, why, extra)
+
+
 def serve(
     api: client.ApiClient,
     port: int,
@@ -173,7 +235,10 @@ def serve(
     auth = MetricsAuth(api)
 
     class Handler(BaseHTTPRequestHandler):
+        timeout = IDLE_SECONDS  # per read and write: a client that stalls is dropped
+
         def do_GET(self) -> None:
+            server.serving(self.request)  # its request is in: no longer one to make room from
             if self.path.split("?", 1)[0] != PATH:
                 self._answer(404, b"not found\n")
                 return
@@ -197,12 +262,51 @@ def serve(
 
     class Server(ThreadingHTTPServer):
         daemon_threads = True
+        request_queue_size = 64
+
+        def __init__(self, *args: Any) -> None:
+            super().__init__(*args)
+            self._guard = threading.Lock()
+            self._open: dict[Any, tuple[float, bool]] = {}  # connection -> (opened, request in)
+            self._drops = DropLog()
 
         def get_request(self) -> tuple[Any, Any]:
             # The TLS handshake in the request's own thread (on its first read), never in the
-            # accepting one: a client that stalls mid-handshake holds up only itself.
+            # accepting one: a client that stalls mid-handshake holds up only itself, and only
+            # until its timeout.
             sock, addr = self.socket.accept()
+            sock.settimeout(IDLE_SECONDS)
             return context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False), addr
+
+        def process_request(self, request: Any, client_address: Any) -> None:
+            with self._guard:
+                if len(self._open) >= MAX_CONNECTIONS:
+                    waiting = [(opened, c) for c, (opened, busy) in self._open.items() if not busy]
+                    if not waiting:  # every connection is being answered: this one waits its turn
+                        self._drops.note(client_address, "too many connections")
+                        self.shutdown_request(request)
+                        return
+                    oldest = min(waiting, key=lambda w: w[0])[1]
+                    self._open.pop(oldest)
+                    _cut(oldest)  # its thread's read fails at once and ends
+                    self._drops.note(None, "made room: the longest-waiting connection without a request")
+                self._open[request] = (time.monotonic(), False)
+            super().process_request(request, client_address)
+
+        def serving(self, request: Any) -> None:
+            with self._guard:
+                if request in self._open:
+                    self._open[request] = (self._open[request][0], True)
+
+        def shutdown_request(self, request: Any) -> None:
+            with self._guard:
+                self._open.pop(request, None)
+            super().shutdown_request(request)
+
+        def handle_error(self, request: Any, client_address: Any) -> None:
+            # A client that stalled, reset or spoke no TLS: one line, not a traceback.
+            exc = sys.exc_info()[1]
+            self._drops.note(client_address, f"{type(exc).__name__}: {exc}" if exc else "dropped")
 
     server = Server((bind, port), Handler)
     threading.Thread(target=server.serve_forever, name="metrics-https", daemon=True).start()

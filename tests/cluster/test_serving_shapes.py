@@ -794,3 +794,61 @@ def test_the_real_scheduler_binds_every_replica_and_group_pod_inside_the_decisio
         refs = wl["metadata"].get("ownerReferences") or []
         if any(r.get("kind") == "LeaderWorkerSet" for r in refs):
             assert "one engine in 2 pipeline stages of 8 GPUs" in k.check_state(wl, env.check)["message"]
+
+
+def led_group(pool: Pool, name: str, leader: dict[str, str], workers: dict[str, str]) -> dict[str, Any]:
+    """A LeaderWorkerSet of one group, a leader template and a worker template (4 GPUs a pod), each
+    with its own annotations: Kueue makes a Workload of two pod sets, "leader" and "worker"."""
+    return {
+        "apiVersion": "leaderworkerset.x-k8s.io/v1",
+        "kind": "LeaderWorkerSet",
+        "metadata": queued(pool, name),
+        "spec": {
+            "replicas": 1,
+            "leaderWorkerTemplate": {
+                "size": 2,
+                "leaderTemplate": server_template(4, {**annotations(**CHAT), **leader}, name),
+                "workerTemplate": server_template(4, {**annotations(**CHAT), **workers}, name),
+            },
+        },
+    }
+
+
+def test_a_groups_worker_template_is_held_to_the_same_rules_as_its_leaders(env, namespace):
+    # A namespace that may run anywhere; the eu nodes are saturated and the kr one idle, so a
+    # decision that read only the leader's template would pin the group to kr. The worker's
+    # template declares eu: the whole group goes to eu. Each group whose worker template breaks a
+    # rule (another jurisdiction than the leader's, another tenant, a look-alike sovereignty key,
+    # our output key forged) is Rejected naming the pod set, and none of its pods is ungated.
+    pool = make_pool(
+        env, namespace, [("H100-SXM", "eu", 8, [0.0] * 8)] * 2 + [("H100-SXM", "kr", 8, [1.0] * 8)]
+    )
+    eu = annotations(jurisdiction="eu")
+    server_side_apply(env.api, led_group(pool, "eu-by-worker", {}, eu), "sovereignspec-e2e")
+    entry = lws_outcome(pool, "eu-by-worker")
+    assert entry["state"] == "Ready", entry["message"]
+    pods = gated_pods(pool, "app=eu-by-worker", 2)
+    assert len(admissible_pods(pool, pods, "eu")) == 2
+    broken = {
+        "split": (eu, annotations(jurisdiction="kr"), "jurisdiction: got 'leader=eu, worker=kr'"),
+        "tenant": ({}, annotations(tenant="bank"), "pod set worker: annotation sovereignspec.io/tenant"),
+        "lookalike": ({}, annotations(region="eu"), "pod set worker: annotation sovereignspec.io/region"),
+        "forged": (
+            {},
+            {"sovereignspec.io/mode": "speculative"},
+            "pod set worker: the pod template sets sovereignspec.io/mode='speculative'",
+        ),
+    }
+    for name, (leader, workers, _) in broken.items():
+        server_side_apply(env.api, led_group(pool, name, leader, workers), "sovereignspec-e2e")
+    core = client.CoreV1Api(env.api)
+    for name, (_, _, said) in broken.items():
+        entry = lws_outcome(pool, name)
+        assert "Rejected" in (entry["state"], entry.get("message", "").rsplit("Previously: ", 1)[-1]), entry
+        told_rejected(env, namespace, entry, said)
+        for pod in gated_pods(pool, f"app={name}", 2):
+            now = core.read_namespaced_pod(pod.metadata.name, namespace)
+            assert GATE in [g.name for g in now.spec.scheduling_gates or []], (name, now.metadata.name)
+            assert not (now.metadata.annotations or {}).get("sovereignspec.io/nodes"), (
+                now.metadata.annotations
+            )

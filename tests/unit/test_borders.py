@@ -212,7 +212,9 @@ def test_messages_are_cut_at_a_word_boundary() -> None:
     assert len(short) <= 50 and short.endswith("…") and short[:-1] in text and text[len(short) - 1] in " ;,"
 
 
-def test_liveness_fails_once_ticks_keep_failing() -> None:
+def test_liveness_says_only_ok_or_not_and_fails_once_ticks_keep_failing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     import kopf
 
     from sovereignspec.operator import main
@@ -220,10 +222,14 @@ def test_liveness_fails_once_ticks_keep_failing() -> None:
     saved = dict(main._Runtime.state)
     try:
         main._Runtime.state.update(failing_ticks=main.UNHEALTHY_AFTER - 1, last_error="403 Forbidden")
-        assert main.probe()["failing_ticks"] == main.UNHEALTHY_AFTER - 1
+        assert main.probe() == "ok"  # nothing else: the endpoint answers whoever reaches it
         main._Runtime.state["failing_ticks"] = main.UNHEALTHY_AFTER
-        with pytest.raises(kopf.PermanentError, match="403 Forbidden"):
+        with pytest.raises(kopf.PermanentError) as failed:
             main.probe()
+        assert str(failed.value) == "unhealthy"  # the reason is in the log, not on the endpoint
+        assert (
+            "403 Forbidden" in caplog.text and f"{main.UNHEALTHY_AFTER} ticks in a row failed" in caplog.text
+        )
     finally:
         main._Runtime.state.clear()
         main._Runtime.state.update(saved)
