@@ -1,10 +1,13 @@
-"""A loopback relay in front of the API server that cuts chosen requests mid-flight.
+"""A loopback relay in front of the API server that cuts chosen requests mid-flight, or holds them.
 
 It terminates TLS with the API server's own serving certificate (so a client that trusts the
 cluster's CA cannot tell it apart), reads each HTTP/1.1 request, and either forwards it to the real
 API server or resets the connection once the request has been sent — what a client sees when the
 server dies, a load balancer drops it or the network fails between request and response: a
-transport error, not an HTTP status. Responses (watch streams included) are relayed as bytes.
+transport error, not an HTTP status. Or it holds a chosen request, read whole, until `release()`,
+and then sends it on whether or not its client is still there (keeping the connection to the API
+server until it answers): a request on its way from a process that was paused, or has ended, after
+it sent it. Responses (watch streams included) are relayed as bytes.
 
 Only the request side is parsed: Kubernetes clients (urllib3, aiohttp) send one request at a time on
 a connection, with a Content-Length or chunked body."""
@@ -33,11 +36,15 @@ class CuttingProxy:
     pki: Path  # holds ca.crt, apiserver.crt, apiserver.key
     cut: Cut = field(default=lambda method, path: False)
     cuts: list[tuple[str, str]] = field(default_factory=list)  # what was cut, in order
+    hold: Cut = field(default=lambda method, path: False)  # (method, path) -> hold until release()
+    held: list[tuple[str, str]] = field(default_factory=list)  # what was held, in order
+    sent_late: list[tuple[str, str, int]] = field(default_factory=list)  # held, then sent: the status
     port: int = 0
     _loop: asyncio.AbstractEventLoop | None = None
     _thread: threading.Thread | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _upstream: ssl.SSLContext | None = None
+    _released: asyncio.Event | None = None
 
     @property
     def url(self) -> str:
@@ -48,6 +55,7 @@ class CuttingProxy:
         self._loop = asyncio.new_event_loop()
 
         async def serve() -> None:
+            self._released = asyncio.Event()
             serving = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
             serving.load_cert_chain(str(self.pki / "apiserver.crt"), str(self.pki / "apiserver.key"))
             serving.set_alpn_protocols(["http/1.1"])
@@ -72,6 +80,16 @@ class CuttingProxy:
         with self._lock:
             return len(self.cuts)
 
+    def held_count(self) -> int:
+        with self._lock:
+            return len(self.held)
+
+    def release(self) -> None:
+        """Send on every request held so far, and hold none from now on."""
+        self.hold = lambda _method, _path: False
+        assert self._loop is not None and self._released is not None
+        self._loop.call_soon_threadsafe(self._released.set)
+
     def close(self) -> None:
         if self._loop is not None:
             for task in asyncio.all_tasks(self._loop):
@@ -90,7 +108,8 @@ class CuttingProxy:
         except OSError:
             _reset(client_w)
             return
-        back = asyncio.create_task(_copy(up_r, client_w))
+        answers: list[bytes] = []  # the first bytes of each answer from the API server
+        back = asyncio.create_task(_copy(up_r, client_w, answers))
         try:
             while True:
                 head = await client_r.readuntil(b"\r\n\r\n")
@@ -104,6 +123,22 @@ class CuttingProxy:
                     _reset(client_w)
                     _reset(up_w)
                     return
+                if self.hold(method.decode(), path):
+                    with self._lock:
+                        self.held.append((method.decode(), path))
+                    assert self._released is not None
+                    await self._released.wait()
+                    before = len(answers)
+                    up_w.write(head + body)
+                    await up_w.drain()
+                    for _ in range(300):  # the answer, even with the client gone (30 s at most)
+                        if len(answers) > before:
+                            break
+                        await asyncio.sleep(0.1)
+                    status = int(answers[-1].split(b" ", 2)[1]) if len(answers) > before else 0
+                    with self._lock:
+                        self.sent_late.append((method.decode(), path, status))
+                    continue
                 up_w.write(head + body)
                 await up_w.drain()
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError, ssl.SSLError):
@@ -136,9 +171,13 @@ async def _body(reader: asyncio.StreamReader, headers: dict[str, str]) -> bytes:
     return await reader.readexactly(int(headers.get("content-length", "0")))
 
 
-async def _copy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+async def _copy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, answers: list[bytes]) -> None:
     try:
         while chunk := await reader.read(65536):
+            if chunk.startswith(b"HTTP/1."):  # an answer's first bytes (one request at a time)
+                answers.append(chunk[:64])
+            if writer.is_closing():
+                continue  # its client is gone: the answer is still read to its end
             writer.write(chunk)
             await writer.drain()
     except (ConnectionError, ssl.SSLError):

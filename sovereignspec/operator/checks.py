@@ -13,7 +13,7 @@ from kubernetes.client.exceptions import ApiException
 from sovereignspec.core.specs import ProfileSet
 from sovereignspec.operator.informer import Informer
 from sovereignspec.operator.policy import GROUP, KIND, PolicySpec, parse_policy
-from sovereignspec.operator.writer import API_ERRORS, Writer
+from sovereignspec.operator.writer import API_ERRORS, ConflictError, Writer
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +98,13 @@ class CheckReconciler:
                 or current.get("observedGeneration") != generation
             ):
                 try:
-                    self.checks.put(self.writer.admission_check_active(name, ok, reason, message, generation))
+                    written = self.writer.admission_check_active(
+                        name, ok, reason, message, generation, ac["metadata"].get("resourceVersion")
+                    )
+                    self.checks.put(written)
+                except ConflictError:  # changed since it was read: judged again from its next version
+                    log.info("AdmissionCheck %s changed while judged; judged again next tick", name)
+                    continue
                 except API_ERRORS as exc:
                     why = exc.reason if isinstance(exc, ApiException) else f"{type(exc).__name__}: {exc}"
                     log.warning("could not set Active on AdmissionCheck %s: %s", name, why)

@@ -4,12 +4,14 @@ The protocol is client-go's (`tools/leaderelection`), so that `kubectl get lease
 for Kueue or kube-scheduler: the holder renews every `retry_period`; a candidate takes the Lease only
 when it has seen the same record unchanged for the record's `leaseDurationSeconds` on its own clock
 (never the holder's clock: the two may disagree); the holder stops writing once it has failed to
-renew for `renew_deadline` (< lease duration), so its last write lands before anyone may take over.
-Every write of the operator goes through `fence()`, which refuses it (NotLeaderError) once this
-process can no longer be sure it holds the Lease, and counts those in flight so that a graceful
-hand-over (`release`) waits for them before giving the Lease up. Each write is also guarded by the
-resourceVersion it was decided on: a deposed leader's late decision about a Workload the new leader
-has written cannot land.
+renew for `renew_deadline` (< lease duration). Every write of the operator goes through `fence()`,
+which refuses it (NotLeaderError) once this process can no longer be sure it holds the Lease, bounds
+its lifetime by what is left of the claim, and counts those in flight so that a graceful hand-over
+(`release`) waits for them, and never hands over while one is still on its way. None of that can
+stop a write a paused process (SIGSTOP, a long GC, a frozen VM) sends after its check: each write is
+therefore guarded by the resourceVersion it was decided on, and a new leader, before its first
+decision, rewrites every workload a predecessor could still be deciding (`Role.seal`), so that such
+a late write fails, or landed before and is read (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -146,15 +148,26 @@ class LeaderElector:
         with self._cond:
             return self._leading_locked()
 
+    def term(self) -> str:
+        """Who leads, and since which hand-over: the identity and the Lease's transitions, which
+        every takeover increments (a new leader's first writes carry it: `Role.seal`)."""
+        with self._cond:
+            transitions = self._observed.transitions if self._observed is not None else 0
+        return f"{self.identity} (term {transitions})"
+
     @contextmanager
-    def fence(self) -> Iterator[None]:
-        """Around every write: refused unless this process surely holds the Lease now."""
+    def fence(self) -> Iterator[float]:
+        """Around every write: refused unless this process surely holds the Lease now. Yields the
+        seconds left before this process must stop writing: the write's whole lifetime, client and
+        server side, is bounded by it (`Writer`), so no write of ours outlives our claim by more
+        than the server's rounding, well inside the margin before a candidate may take over."""
         with self._cond:
             if not self._leading_locked():
                 raise NotLeaderError(f"{self.identity} does not hold Lease {self.namespace}/{self.name}")
             self._inflight += 1
+            left = self._renewed + self.renew_deadline - self._monotonic()
         try:
-            yield
+            yield left
         finally:
             with self._cond:
                 self._inflight -= 1
@@ -196,6 +209,9 @@ class LeaderElector:
         """One round: read the Lease, and take or renew it if it is ours to take."""
         sent = self._monotonic()
         status, lease = self._call("GET", f"{self.path}/{self.name}")
+        # A record is observed when its answer is here (client-go's observedTime), not when asked:
+        # an answer that took long cannot make another's lease look older than it is.
+        seen = self._monotonic()
         if status == 404:
             found = None
         elif status >= 400:
@@ -204,8 +220,8 @@ class LeaderElector:
             found = lease
         current = LeaseRecord.of(found)
         if current != self._observed:
-            self._observed, self._observed_at = current, sent
-        want = claim(current, sent - self._observed_at, self.identity, micro_time(self._wall()),
+            self._observed, self._observed_at = current, seen
+        want = claim(current, seen - self._observed_at, self.identity, micro_time(self._wall()),
                      round(self.lease_duration))  # fmt: skip
         if want is None:
             return False
@@ -279,10 +295,22 @@ class LeaderElector:
         self._stop.set()
         with self._cond:
             self._closed = True
-            self._cond.wait_for(lambda: self._inflight == 0, timeout=wait)
+            ended = self._cond.wait_for(lambda: self._inflight == 0, timeout=wait)
             held, self._leader = self._leader, False
+            inflight = self._inflight
         metrics.LEADER.set(0)
         if not held:
+            return False
+        if not ended:
+            # A write still on its way could land after a successor took over at once: let the
+            # Lease run out instead (the successor then waits its duration, past our writes' bound).
+            log.warning(
+                "leader election: %d write(s) still in flight after %g s; Lease %s/%s not handed over",
+                inflight,
+                wait,
+                self.namespace,
+                self.name,
+            )
             return False
         try:
             status, lease = self._call("GET", f"{self.path}/{self.name}")

@@ -164,11 +164,16 @@ async def stop_caches(memo: kopf.Memo, **_: Any) -> None:
 
 
 def _catch_up() -> None:
-    assert _Runtime.controller is not None
+    """A new leader's first step: its Workloads cache at least as new as the API server's state
+    now, then every workload a predecessor could still be deciding sealed (`Role.seal`)."""
+    assert _Runtime.controller is not None and _Runtime.elector is not None
     listed = _Runtime.controller.cache.workloads.catch_up()
     log.info(
         "leading: the Workloads' cache caught up with the API server%s", " (listed again)" if listed else ""
     )
+    term = _Runtime.elector.term()
+    sealed = _Runtime.controller.seal(term)
+    log.info("leading: %d pending workload(s) sealed for %s before its first decision", sealed, term)
 
 
 async def decision_loop() -> None:

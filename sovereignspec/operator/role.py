@@ -19,7 +19,11 @@ from sovereignspec.core.specs import ProfileSet
 from sovereignspec.operator.checks import CheckReconciler
 from sovereignspec.operator.informer import ClusterCache, DispatchCache
 from sovereignspec.operator.policy import PolicySpec
-from sovereignspec.operator.writer import Writer
+from sovereignspec.operator.workloads import condition, our_entry
+from sovereignspec.operator.writer import ConflictError, Writer
+
+# Rounds of sealing (`Role.seal`) before a new leader gives up for this tick and tries again.
+SEAL_ROUNDS = 5
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,49 @@ class Role:
 
     def reconcile_checks(self) -> tuple[dict[str, tuple[str, PolicySpec]], dict[str, PolicySpec]]:
         return self.check_reconciler.reconcile()
+
+    def seal(self, term: str) -> int:
+        """Before a new leader's first decision: make every decision a predecessor may still have
+        on its way fail, or be read. A leader paused between its Lease check and its write (a
+        SIGSTOP, a long GC, a frozen VM) sends that write whenever it resumes; the resourceVersion
+        it carries guards only its own Workload, and its GPU may by then be given to another. So
+        every workload a predecessor could be deciding (our entry Pending, quota reserved) gets a
+        new resourceVersion first: our entry's message names this leader and its term, written
+        guarded by the version read. A late write then conflicts; one that landed first makes the
+        seal conflict instead, and the cache is caught up (and sealed again) until it holds it.
+        Returns the workloads sealed; raises RuntimeError if they keep changing (the caller seals
+        again before deciding)."""
+        _, known = self.reconcile_checks()
+        message = f"to be decided by {term}"
+        sealed = 0
+        for _ in range(SEAL_ROUNDS):
+            todo = []
+            for wl in self.cache.workloads.items():
+                entry = our_entry(wl, set(known))
+                if (
+                    entry is not None
+                    and entry.get("state") == "Pending"
+                    and entry.get("message") != message
+                    and condition(wl, "QuotaReserved")
+                ):
+                    todo.append((wl, entry))
+            if not todo:
+                return sealed
+            futures = [self._pool.submit(self._seal_one, wl, entry, message) for wl, entry in todo]
+            done = [f.result() for f in futures]
+            sealed += sum(done)
+            if all(done):
+                return sealed
+            self.cache.workloads.catch_up()  # what a predecessor wrote meanwhile, before sealing again
+        raise RuntimeError(f"workloads kept changing while {term} sealed them; sealing again")
+
+    def _seal_one(self, wl: dict[str, Any], entry: dict[str, Any], message: str) -> bool:
+        try:
+            written = self.writer.check_state(wl, str(entry["name"]), "Pending", message, entry)
+        except ConflictError:
+            return False
+        self.cache.workloads.put(written)
+        return True
 
     def _list(
         self, path: str, query: list[tuple[str, str]] | None = None, accept: str | None = None

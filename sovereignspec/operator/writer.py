@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from datetime import UTC, datetime
@@ -23,6 +24,7 @@ log = logging.getLogger(__name__)
 KUEUE = "kueue.x-k8s.io/v1beta2"
 MESSAGE_LIMIT = 1024  # keep admission-check messages short; the Event carries the rest
 EVENT_LIMIT = 1000
+WRITE_SECONDS = 10.0  # the longest a status write may take, client and server side
 
 
 def now_rfc3339() -> str:
@@ -90,27 +92,37 @@ class Writer:
         self.field_manager = field_manager
         self.component = component
         # Around every request that writes: with leader election, `LeaderElector.fence` (refuses
-        # the write, NotLeaderError, unless this replica surely leads); without, nothing.
-        self.fence: Callable[[], AbstractContextManager[None]] = nullcontext
+        # the write, NotLeaderError, unless this replica surely leads, and yields the seconds left
+        # of its claim); without, nothing (None: a write's default bound).
+        self.fence: Callable[[], AbstractContextManager[float | None]] = nullcontext
 
     def _apply(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        with self.fence():
-            return self._send_apply(path, body)
+        with self.fence() as left:
+            return self._send_apply(path, body, WRITE_SECONDS if left is None else left)
 
-    def _send_apply(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    def _send_apply(self, path: str, body: dict[str, Any], left: float = WRITE_SECONDS) -> dict[str, Any]:
+        # The write's lifetime bounded on both sides: the client stops waiting, and the API server
+        # stops working on it (`timeout`, its request deadline), once the claim it was sent under
+        # has run out.
+        seconds = max(1, min(int(WRITE_SECONDS), math.ceil(left)))
         try:
             resp = self.api.call_api(
                 *self.api.param_serialize(
                     method="PATCH",
                     resource_path=path,
-                    query_params=[("fieldManager", self.field_manager), ("force", "true")],
+                    query_params=[
+                        ("fieldManager", self.field_manager),
+                        ("force", "true"),
+                        ("timeout", f"{seconds}s"),
+                    ],
                     header_params={
                         "Content-Type": "application/apply-patch+yaml",
                         "Accept": "application/json",
                     },
                     body=body,
                     auth_settings=["BearerToken"],  # a ServiceAccount token is sent only so
-                )
+                ),
+                _request_timeout=(min(2.0, float(seconds)), float(seconds)),
             )
             data = resp.read()
             if resp.status == 409:
@@ -150,14 +162,24 @@ class Writer:
         return self._apply(path, body)
 
     def admission_check_active(
-        self, name: str, active: bool, reason: str, message: str, generation: int = 0
+        self,
+        name: str,
+        active: bool,
+        reason: str,
+        message: str,
+        generation: int = 0,
+        resource_version: str | None = None,
     ) -> dict[str, Any]:
         """The Active condition, for the generation it was judged at (`kubectl wait --for
-        condition=Active` ignores a condition whose observedGeneration is older than the object)."""
+        condition=Active` ignores a condition whose observedGeneration is older than the object),
+        guarded by the resourceVersion it was judged on (ConflictError if it changed since)."""
+        meta: dict[str, Any] = {"name": name}
+        if resource_version is not None:
+            meta["resourceVersion"] = resource_version
         body = {
             "apiVersion": KUEUE,
             "kind": "AdmissionCheck",
-            "metadata": {"name": name},
+            "metadata": meta,
             "status": {
                 "conditions": [
                     {

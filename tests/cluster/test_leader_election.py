@@ -32,7 +32,7 @@ from localdev.operator import OperatorProcess, policy, service_account_kubeconfi
 from sovereignspec.operator.leader import LeaderElector, LeaseRecord
 from sovereignspec.operator.writer import NotLeaderError
 from tests.cluster.conftest import wait_until
-from tests.cluster.operator_env import decided, events, make_pool, our_entry, submit
+from tests.cluster.operator_env import decided, events, make_pool, our_entry, submit, workload_of
 
 RULES = "charts/sovereignspec/files/role-rules-leader-election.yaml"
 LEASE = "sovereignspec-test"
@@ -270,3 +270,98 @@ def test_a_leader_whose_lease_is_taken_stops_with_a_non_zero_exit_to_rejoin_as_a
         assert "exiting: leadership lost" in operator.logs()
     finally:
         operator.kill()
+
+
+def through(kubeconfig: Any, proxy: CuttingProxy, name: str) -> Any:
+    """The same credentials, with the API server reached through `proxy`."""
+    doc = yaml.safe_load(kubeconfig.read_text())
+    doc["clusters"][0]["cluster"]["server"] = proxy.url
+    out = kubeconfig.with_name(name)
+    out.write_text(yaml.safe_dump(doc))
+    return out
+
+
+def entry_of(pool: Any, job: str) -> dict[str, Any]:
+    """Our check's entry on the Job's Workload; empty while there is none."""
+    wl = workload_of(pool, job)
+    return (k.check_state(wl, pool.env.check) or {}) if wl is not None else {}
+
+
+def status_write(method: str, path: str) -> bool:
+    return method == "PATCH" and "/workloads/" in path and path.endswith("/status")
+
+
+def test_a_deposed_leaders_write_that_lands_after_the_takeover_never_over_commits(
+    env: Any, namespace: str, unique: Any
+) -> None:
+    """The write of a leader paused between its Lease check and its send (SIGSTOP, a long GC, a
+    frozen VM) reaches the API server after another replica took over. Here each operator reaches
+    the API server through a relay that holds chosen requests: a's decision for "slow" is held while
+    a loses its Lease (its renewals cut) and b takes over; b's own write about "slow" is held until
+    a's has landed. One GPU: a gave it to "slow"; b, deciding "fast" first (latency class), would
+    give it to "fast" from a ledger without a's decision. Before: both Ready on the one GPU. Now: b
+    seals every pending workload before deciding, so a's late write either fails or is read first."""
+    name = unique("fence-policy")
+    server_side_apply(env.api, policy(name, env.prometheus.url), "sovereignspec-e2e")
+    check, controller = unique("fence-check"), "sovereignspec.io/fence"
+    params = {"apiGroup": "sovereignspec.io", "kind": "SpeculationPolicy", "name": name}
+    k.apply(env.api, k.admission_check(check, controller, params))
+    own = replace(env, check=check, controller=controller)
+    kubeconfig = service_account_kubeconfig(env.api, namespace, "sovereignspec")
+    allow_leases(env.api, namespace, "sovereignspec")
+    flags = ["--leader-elect", "--leader-election-namespace", namespace, "--leader-election-id", LEASE,
+             "--lease-duration", "4", "--renew-deadline", "3", "--retry-period", "0.5"]  # fmt: skip
+    pki = controlplane.state_dir() / "pki"
+    links = [CuttingProxy(controlplane.ports()["APISERVER_PORT"], pki).start() for _ in range(2)]
+    a_link, b_link = links
+    a = OperatorProcess(
+        controller, extra=flags, kubeconfig=through(kubeconfig, a_link, "a.kubeconfig")
+    ).start()
+    b: OperatorProcess | None = None
+    try:
+        wait_until(lambda: leads(env.api, namespace, a), timeout=30, what="a to lead")
+        b = OperatorProcess(controller, extra=flags, kubeconfig=through(kubeconfig, b_link, "b.kubeconfig"))
+        b.start()
+        pool = make_pool(own, namespace, [("H100-SXM", "eu", 1, [0.95])])
+        a_link.hold = status_write
+        submit(pool, "slow", **{**CHAT, "latency_class": "throughput"})
+        wait_until(lambda: a_link.held_count() >= 1, timeout=60, what="a's decision held on its way")
+        slow = workload_of(pool, "slow")
+        assert slow is not None and our_entry(pool, slow).get("state") == "Pending"
+        slow_path = f"/workloads/{slow['metadata']['name']}/status"
+        b_link.hold = lambda method, path: status_write(method, path) and path.endswith(slow_path)
+        a_link.cut = lambda _method, path: "/leases/" in path  # a can no longer renew: it stops
+        submit(pool, "fast", **CHAT)
+        wait_until(lambda: leads(env.api, namespace, b), timeout=30, what="b to take over")
+
+        def b_wrote_fast() -> bool:
+            entry = entry_of(pool, "fast")
+            return bool(entry.get("message")) or entry.get("state") not in (None, "Pending")
+
+        wait_until(b_wrote_fast, timeout=30, what="b's first write about fast")
+        wait_until(lambda: b_link.held_count() >= 1, timeout=30, what="b's write about slow held")
+        a_link.release()  # a's decision, long after a lost its Lease
+        wait_until(lambda: a_link.sent_late, timeout=30, what="a's late write answered")
+        b_link.release()
+        wait_until(lambda: b_link.sent_late, timeout=30, what="b's held write answered")
+        print(f"a's late write: {a_link.sent_late}; b's held write: {b_link.sent_late}")
+
+        def settled() -> dict[str, dict[str, Any]] | None:
+            entries = {job: entry_of(pool, job) for job in ("slow", "fast")}
+            states = {job: e.get("state") for job, e in entries.items()}
+            return entries if "Ready" in states.values() and "Pending" not in states.values() else None
+
+        entries = wait_until(settled, timeout=60, what="both decided")
+        time.sleep(2.0)  # anything still on its way lands
+        entries = {job: entry_of(pool, job) for job in ("slow", "fast")}
+        ready = [job for job, e in entries.items() if e.get("state") == "Ready"]
+        assert len(ready) == 1, {job: (e.get("state"), e.get("message")) for job, e in entries.items()}
+        if a_link.sent_late[0][2] < 300:  # a's write landed: b read it before it decided
+            assert ready == ["slow"], entries
+        assert "sealed for" in b.logs(), b.logs()[-3000:]
+    finally:
+        for o in (a, b):
+            if o is not None:
+                o.kill()
+        for link in links:
+            link.close()
