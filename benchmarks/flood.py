@@ -2,14 +2,17 @@
 against everyone else's admission, on the local control plane, side by side in one run.
 
 Two phases, each with a fresh operator process: without the flood, then with it. The flood is one
-tenant's namespace filling with `--flood` suspended Jobs (default 2,000), each carrying one pod
-template annotation of `--kib` KiB (default 250) that SovereignSpec never reads, under a quota of
-16 GPUs, so most of them wait, held in every cache. Meanwhile `--others` (default 100) ordinary
-Jobs of other tenants arrive. Printed per phase: the operator's peak RSS (VmHWM) and the others'
-admission latency (QuotaReserved to Admitted, median and p99), and the ratios between phases.
+tenant's namespace filling with `--flood` suspended Jobs (default 2,000), each carrying `--kib` KiB
+(default 250) on its pod template that SovereignSpec never reads, under a quota of 16 GPUs, so most
+of them wait, held in every cache. What they carry (`--carry`): one large annotation, ~2,000
+labels, a preferred node affinity of thousands of values (a required one within the bounds the
+caches keep beside it), or all three in equal parts (the default). Meanwhile `--others` (default
+100) ordinary Jobs of other tenants arrive. Printed per phase: the operator's peak RSS (VmHWM) and
+the others' admission latency (QuotaReserved to Admitted, median and p99), and the ratios between
+phases.
 
     make bench-flood                       # the full flood: ~10 min, ~1 GB in etcd
-    make bench-flood ARGS="--flood 200"
+    make bench-flood ARGS="--flood 200 --carry labels"
 """
 
 from __future__ import annotations
@@ -82,6 +85,7 @@ def phase(
     flood: int,
     kib: int,
     others: int,
+    carry: str = "all",
 ) -> dict[str, float]:
     flavor = check = _pool(api, telemetry, prometheus)
     token = secrets.token_hex(3)
@@ -90,15 +94,13 @@ def phase(
     _namespace(api, normal, flavor, NODES * GPUS_PER_NODE - FLOOD_GPUS, check)
     operator = OperatorProcess(OURS).start()
     recorder = Recorder(api, {normal: "q"})
-    blob = "x" * (kib * 1024)
-    print(f"[{label}] {flood} Jobs of {kib} KiB in {flooded}, {others} others in {normal} ...", flush=True)
+    print(f"[{label}] {flood} Jobs of {kib} KiB ({carry}) in {flooded}, {others} others in {normal} ...")
     started = time.monotonic()
     step = max(flood // max(others, 1), 1)
     sent_others = 0
     for i in range(max(flood, others * step)):
         if i < flood:
-            notes = {**NOTES, "team.example.com/blob": blob}
-            server_side_apply(api, k.job(f"f{i:05d}", flooded, "q", annotations=notes), "bench")
+            server_side_apply(api, k.flooded_job(f"f{i:05d}", flooded, "q", NOTES, kib, carry, i), "bench")
         if i % step == 0 and sent_others < others:
             server_side_apply(api, k.job(f"o{sent_others:04d}", normal, "q", annotations=NOTES), "bench")
             sent_others += 1
@@ -126,6 +128,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--flood", type=int, default=2000, help="the flooding tenant's Jobs (default 2000)")
     parser.add_argument("--kib", type=int, default=250, help="KiB of annotation on each (default 250)")
     parser.add_argument("--others", type=int, default=100, help="other tenants' Jobs (default 100)")
+    parser.add_argument(
+        "--carry",
+        choices=(*k.CARRIES, "all"),
+        default="all",
+        help="what the flood's templates carry (default all)",
+    )
     args = parser.parse_args(argv)
     if min(args.flood, args.kib, args.others) < 1:
         parser.error("--flood, --kib and --others: accepted: positive integers")
@@ -137,12 +145,16 @@ def main(argv: list[str] | None = None) -> int:
     telemetry = SyntheticTelemetry()
     prometheus = LocalPrometheus(scrape_interval="2s").start()
     prometheus.set_targets("synthetic", [telemetry.target])
-    quiet = phase(api, telemetry, prometheus, "quiet", 1, 1, args.others)  # one 1 KiB Job: the same shape
-    loud = phase(api, telemetry, prometheus, "flood", args.flood, args.kib, args.others)
+    # one 1 KiB Job: the same shape
+    quiet = phase(api, telemetry, prometheus, "quiet", 1, 1, args.others, args.carry)
+    loud = phase(api, telemetry, prometheus, "flood", args.flood, args.kib, args.others, args.carry)
     prometheus.close()
     telemetry.close()
 
-    print(f"\n{args.others} others' Jobs; one tenant's {args.flood} Jobs x {args.kib} KiB: without, with")
+    print(
+        f"\n{args.others} others' Jobs; one tenant's {args.flood} Jobs x {args.kib} KiB of {args.carry}: "
+        "without, with"
+    )
     print(f"{'phase':<10} {'peak RSS MiB':>13} {'admitted':>9} {'median s':>9} {'p99 s':>8} {'operator':>9}")
     for label, r in (("no flood", quiet), ("flood", loud)):
         state = "alive" if r["alive"] else "DIED"

@@ -130,6 +130,43 @@ def job(
     }
 
 
+CARRIES = ("annotations", "labels", "affinity")
+
+
+def flooded_job(
+    name: str, namespace: str, queue: str, notes: dict[str, str], kib: int, carry: str = "all", seed: int = 0
+) -> dict[str, Any]:
+    """A Job whose pod template carries `kib` KiB of what SovereignSpec does not read besides
+    `notes`: in one annotation, in labels (63-character values, as many as it takes), in a
+    preferred node affinity (values of 63 characters); "all": a third of each (`make
+    bench-flood`, tests/cluster/test_flood.py)."""
+    body = job(name, namespace, queue, annotations=dict(notes))
+    template = body["spec"]["template"]
+    kinds = CARRIES if carry == "all" else (carry,)
+    size = kib * 1024 // len(kinds)
+    if "annotations" in kinds:
+        template["metadata"]["annotations"]["team.example.com/blob"] = "x" * size
+    if "labels" in kinds:
+        value = f"{seed:010d}".ljust(63, "v")
+        template["metadata"]["labels"] = {f"team.example.com/l{j:05d}": value for j in range(size // 90)}
+    if "affinity" in kinds:
+        values = [f"{seed:010d}-{j:06d}".ljust(63, "z") for j in range(size // 66)]
+        term = {"matchExpressions": [{"key": "team.example.com/rack", "operator": "NotIn", "values": values}]}
+        template["spec"]["affinity"] = {
+            "nodeAffinity": {
+                # within the bounds kept: read, and met by every node
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {"matchExpressions": [{"key": "team.example.com/rack", "operator": "DoesNotExist"}]}
+                    ]
+                },
+                # never read by SovereignSpec: not kept
+                "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 1, "preference": term}],
+            }
+        }
+    return body
+
+
 def workloads(api: client.ApiClient, namespace: str) -> list[dict[str, Any]]:
     listed = cast(dict[str, Any], client.CustomObjectsApi(api).list_namespaced_custom_object(
         GROUP, VERSION, namespace, "workloads"))  # fmt: skip
