@@ -147,8 +147,10 @@ def flooded_job(
     if "annotations" in kinds:
         template["metadata"]["annotations"]["team.example.com/blob"] = "x" * size
     if "labels" in kinds:
-        value = f"{seed:010d}".ljust(63, "v")
-        template["metadata"]["labels"] = {f"team.example.com/l{j:05d}": value for j in range(size // 90)}
+        # every value its own (one shared value would be one string in the operator's memory)
+        template["metadata"]["labels"] = {
+            f"team.example.com/l{j:05d}": f"{seed:010d}-{j:05d}-".ljust(63, "v") for j in range(size // 90)
+        }
     if "affinity" in kinds:
         values = [f"{seed:010d}-{j:06d}".ljust(63, "z") for j in range(size // 66)]
         term = {"matchExpressions": [{"key": "team.example.com/rack", "operator": "NotIn", "values": values}]}

@@ -12,6 +12,7 @@ non-zero, to be restarted as a standby.
 from __future__ import annotations
 
 import re
+import signal
 import subprocess
 import threading
 import time
@@ -365,3 +366,75 @@ def test_a_deposed_leaders_write_that_lands_after_the_takeover_never_over_commit
                 o.kill()
         for link in links:
             link.close()
+
+
+def test_a_leader_paused_mid_burst_and_resumed_after_the_takeover_over_commits_nothing(
+    env: Any, namespace: str, unique: Any
+) -> None:
+    """SIGSTOP the leader in the middle of a burst of 12 one-GPU workloads on 8 GPUs; the standby
+    takes over once the lease has run out, seals and decides; SIGCONT the old leader, whose writes
+    checked before the pause go out now. It finds its Lease gone and exits 1. No GPU is given
+    twice, every GPU ends given, and no workload gets two decision Events."""
+    name = unique("pause-policy")
+    server_side_apply(env.api, policy(name, env.prometheus.url), "sovereignspec-e2e")
+    check, controller = unique("pause-check"), "sovereignspec.io/pause"
+    params = {"apiGroup": "sovereignspec.io", "kind": "SpeculationPolicy", "name": name}
+    k.apply(env.api, k.admission_check(check, controller, params))
+    own = replace(env, check=check, controller=controller)
+    kubeconfig = service_account_kubeconfig(env.api, namespace, "sovereignspec")
+    allow_leases(env.api, namespace, "sovereignspec")
+    flags = ["--leader-elect", "--leader-election-namespace", namespace, "--leader-election-id", LEASE,
+             "--lease-duration", "4", "--renew-deadline", "3", "--retry-period", "0.5"]  # fmt: skip
+    operators = [OperatorProcess(controller, extra=flags, kubeconfig=kubeconfig).start() for _ in range(2)]
+    try:
+        pool = make_pool(own, namespace, [("H100-SXM", "eu", 4, [0.95] * 4)] * 2)
+
+        def leader() -> OperatorProcess | None:
+            return next((o for o in operators if leads(env.api, namespace, o)), None)
+
+        first = wait_until(leader, timeout=30, what="one operator to lead")
+        assert first.proc is not None
+        jobs = [f"burst-{i:02d}" for i in range(12)]
+        for job in jobs[:6]:
+            submit(pool, job, **CHAT)
+        wait_until(lambda: decided(pool, jobs[0]), timeout=60, what="the first decision")
+        first.proc.send_signal(signal.SIGSTOP)  # paused wherever it is: mid-tick, mid-write
+        try:
+            for job in jobs[6:]:
+                submit(pool, job, **CHAT)
+            second = wait_until(
+                lambda: next((o for o in operators if o is not first and leads(env.api, namespace, o)), None),
+                timeout=30,
+                what="the standby to take over",
+            )
+            wait_until(lambda: "sealed for" in second.logs(), timeout=30, what="the standby's seal")
+            time.sleep(1.0)
+        finally:
+            first.proc.send_signal(signal.SIGCONT)
+        assert first.proc.wait(timeout=30) == 1, first.logs()[-3000:]  # its Lease is gone: exit 1
+
+        def all_gpus_given() -> dict[tuple[str, str], int] | None:
+            spots: Counter[tuple[str, str]] = Counter()
+            for job in jobs:
+                entry = entry_of(pool, job)
+                if entry.get("state") != "Ready":
+                    continue
+                for update in entry["podSetUpdates"]:
+                    host = update["nodeSelector"]["kubernetes.io/hostname"]
+                    spots[(host, update["annotations"]["sovereignspec.io/gpu-index"])] += 1
+            return spots if sum(spots.values()) >= 8 else None
+
+        spots = wait_until(all_gpus_given, timeout=90, what="every GPU given")
+        time.sleep(2.0)  # anything still on its way lands
+        spots = all_gpus_given() or {}
+        assert set(spots.values()) == {1} and len(spots) == 8, spots
+        per_workload = Counter(
+            e.involved_object.name for e in events(pool) if e.reason in ("SpeculativeDecode", "PlainDecode")
+            for _ in range(e.count or 1)
+        )  # fmt: skip
+        assert max(per_workload.values()) == 1, per_workload
+    finally:
+        for o in operators:
+            if o.proc is not None and o.proc.poll() is None:
+                o.proc.send_signal(signal.SIGCONT)
+            o.kill()
