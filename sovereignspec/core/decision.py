@@ -54,6 +54,9 @@ class DecisionRecord:
     # pin them (every node those labels select is one the workload may use); empty on one node.
     pods: tuple[tuple[str, int, int], ...] = ()
     node_selector: dict[str, str] | None = None
+    # Pods spread with each pod set on one node: that node per pod set, in order (each pinned by
+    # hostname, nothing else held); None: pinned by `node_selector`, or on one node.
+    pod_set_nodes: tuple[str, ...] | None = None
 
     @property
     def step_limit_s(self) -> float:

@@ -132,6 +132,9 @@ class WorkloadRequest:
     # Its pods are one engine in this many pipeline stages, each pod a stage on its own GPUs (a
     # LeaderWorkerSet group: tensor parallel inside a pod, pipeline parallel across pods).
     stages: int = 1
+    # Its pods by pod set, in order (a LeaderWorkerSet group's leader and workers): spread, each
+    # pod set may be pinned to one node of its own (`_per_pod_set`). Empty: one pod set.
+    pod_sets: tuple[int, ...] = ()
 
     @property
     def requirement(self) -> Requirement:
@@ -714,6 +717,9 @@ class Placer:
         labels with room now: why, per label."""
         assert w.gpus is not None
         per_pod = w.gpus // w.pods
+        by_set = self._per_pod_set(w, per_pod, explain)
+        if by_set is not None:
+            return by_set
         fits = self._fits(w, self._model(w.model_key))
         now = self.tenancy.mask(w.requirement)
         why = []
@@ -759,6 +765,47 @@ class Placer:
         return (
             f"{head} to nodes it may use with room: {'; '.join(why) or 'no node of its pool has the label'}"
         )
+
+    def _per_pod_set(self, w: WorkloadRequest, per_pod: int, explain: bool) -> Placement | None:
+        """`w`'s pods with each pod set on one node of its own, when it has several pod sets and
+        each has a node with room for all its pods: a check writes one nodeSelector per pod set,
+        so each is pinned by hostname and the workload holds those nodes only (pinned by a label,
+        it would hold every node the label selects, and keep other tenants' exclusive work off
+        all of them). Each pod is placed as `place` would place it and committed, the first of a
+        pod set choosing its node; None (nothing committed) if some pod set finds none."""
+        if len(w.pod_sets) < 2 or sum(w.pod_sets) != w.pods or per_pod < 1:
+            return None
+        saved = self._save()
+        placed: list[Placement] = []
+        nodes: list[str] = []
+        one = replace(w, gpus=per_pod, pods=1, pod_sets=())
+        pool = self._pool(w)
+        for count in w.pod_sets:
+            room = pool & (self.free >= count * per_pod)
+            first = self.place(
+                replace(
+                    one, node_pool=frozenset(n for n, ok in zip(self.node_names, room, strict=True) if ok)
+                ),
+                commit=True,
+                explain=False,
+            )
+            if first.outcome != "placed" or first.node is None:
+                self._restore(saved)
+                return None
+            here = [first]
+            for _ in range(count - 1):
+                p = self.place(replace(one, node_pool=frozenset({first.node})), commit=True, explain=False)
+                if p.outcome != "placed":
+                    self._restore(saved)
+                    return None
+                here.append(p)
+            placed += here
+            nodes.append(first.node)
+        index = {n: i for i, n in enumerate(self.node_names)}
+        for node in set(nodes):
+            self._hold(index[node], w)
+        joint = self._joint(w, placed, per_pod, "over @, each pod set pinned to its node", {}, explain)
+        return replace(joint, record=replace(joint.record, node_selector=None, pod_set_nodes=tuple(nodes)))
 
     def _on_assignment(self, w: WorkloadRequest, explain: bool) -> Placement:
         """`w`'s pods where Kueue's Topology Aware Scheduling assigned them (Kueue pins each pod to

@@ -305,13 +305,23 @@ def _placed(
     host = view.hostnames.get(node, node)
     selector = {ann.HOSTNAME: host}
     where = f"{record.node}/gpu{record.gpu_index} ({record.gpu_type})"
-    if record.node_selector is not None:  # pods spread over nodes: pinned by labels, counted per pod
-        selector = dict(record.node_selector)
+    selectors = [selector] * len(p.pod_set_names)
+    if record.node_selector is not None or record.pod_set_nodes is not None:
+        # Pods spread over nodes, counted per pod: pinned by labels, or each pod set by its node.
         notes[ann.OUT_NODES] = ",".join(f"{view.hostnames.get(n, n)}/{g}" for n, g, _ in record.pods)
         spread = ", ".join(f"{n}/gpu{g}" for n, g, _ in record.pods)
         where = f"{len(record.pods)} pods over {spread} ({record.gpu_type})"
+        if record.pod_set_nodes is not None:
+            nodes = iter(record.pod_set_nodes)  # one per pod set with pods, in order
+            selectors = []
+            for count in _counts(p):
+                pinned = next(nodes) if count else ""
+                selectors.append({ann.HOSTNAME: view.hostnames.get(pinned, pinned)} if pinned else {})
+        else:
+            selectors = [dict(record.node_selector or {})] * len(p.pod_set_names)
     updates: list[dict[str, object]] = [
-        {"name": name, "annotations": dict(notes), "nodeSelector": dict(selector)} for name in p.pod_set_names
+        {"name": name, "annotations": dict(notes), "nodeSelector": dict(chosen)}
+        for name, chosen in zip(p.pod_set_names, selectors, strict=True)
     ]
     if record.mode == "plain" and view.stale_reason and record.headroom is None:
         reason = f"{reason} ({view.stale_reason})"
@@ -365,6 +375,13 @@ def _placed(
         speedup=record.speedup,
         bad_fields=tuple(x.field for x in problems),
     )
+
+
+def _counts(p: PendingWorkload) -> list[int]:
+    """Pods per pod set, in the order of `p.pod_set_names` (0 for a pod set without pods)."""
+    spec = p.workload.get("spec")
+    sets = (spec.get("podSets") if isinstance(spec, dict) else None) or []
+    return [int(ps.get("count", 1)) if isinstance(ps, dict) else 0 for ps in sets]
 
 
 def _as_plain(record: DecisionRecord) -> DecisionRecord:

@@ -57,6 +57,7 @@ from sovereignspec.operator.workloads import (
     owner_missing,
     owner_of,
     parse_time,
+    pod_set_counts,
     requested_gpus,
     requested_pods,
     topology_assignment,
@@ -267,6 +268,7 @@ def declared_request(
         # A LeaderWorkerSet group is one engine over its pods: vLLM's multi-node layout, tensor
         # parallel inside each pod and a pipeline stage per pod (docs/serving-shapes.md).
         stages=pods if kind == "LeaderWorkerSet" else 1,
+        pod_sets=pod_set_counts(wl) if pods > 1 else (),
     )
     return declared, request, source
 
@@ -567,10 +569,13 @@ def _committed(
 ) -> list[Committed]:
     """The ledger's entries from our check entry (one per node it was counted on: one, or each
     spread pod's); the workload's own fields only for its load."""
-    for update in entry.get("podSetUpdates") or []:
+    updates = [u for u in entry.get("podSetUpdates") or [] if isinstance(u, dict)]
+    for update in updates:
         notes = update.get("annotations") or {}
         host = (update.get("nodeSelector") or {}).get(ann.HOSTNAME)
-        spread = _spread_pods(notes.get(ann.OUT_NODES)) if not host else []
+        # Spread pods are counted where `nodes` says, whether their pod sets are pinned by a label
+        # or each by its node's hostname.
+        spread = _spread_pods(notes.get(ann.OUT_NODES))
         if not host and not spread:
             continue
         node = by_host.get(str(host), str(host))
@@ -598,12 +603,18 @@ def _committed(
         reach: frozenset[str] = frozenset()
         if spread:  # each pod where it was counted, with its share of the GPUs
             where = [(by_host.get(h, h), g) for h, g in spread]
-            selector = {str(k): str(v) for k, v in (update.get("nodeSelector") or {}).items()}
+            # Where its pods may be bound: every node some pod set's nodeSelector selects.
+            selectors = [
+                {str(k): str(v) for k, v in (u.get("nodeSelector") or {}).items()} for u in updates
+            ] or [{}]
             reach = frozenset(
                 str(n["metadata"]["name"])
                 for n in world.nodes
                 if str(n["metadata"]["name"]) in pool
-                and all((n["metadata"].get("labels") or {}).get(k) == v for k, v in selector.items())
+                and any(
+                    all((n["metadata"].get("labels") or {}).get(k) == v for k, v in selector.items())
+                    for selector in selectors
+                )
             )
             gpus = gpus // len(spread) if gpus > 0 else gpus
             request = replace(request, gpus=gpus if gpus > 0 else request.gpus, pods=1)

@@ -187,6 +187,15 @@ def requested_pods(wl: Mapping[str, Any]) -> int:
     return total if len(sizes) == 1 and 0 not in sizes and total > 1 else 1
 
 
+def pod_set_counts(wl: Mapping[str, Any]) -> tuple[int, ...]:
+    """Pods per pod set with pods, in order (read after `requested_gpus`, which refuses a bad count)."""
+    return tuple(
+        int(ps.get("count", 1))
+        for ps in (wl.get("spec") or {}).get("podSets") or []
+        if isinstance(ps, dict) and ps.get("count", 1)
+    )
+
+
 def parse_time(text: str | None) -> float:
     if not text:
         return 0.0

@@ -428,8 +428,12 @@ def test_a_leader_paused_mid_burst_and_resumed_after_the_takeover_over_commits_n
         time.sleep(2.0)  # anything still on its way lands
         spots = all_gpus_given() or {}
         assert set(spots.values()) == {1} and len(spots) == 8, spots
+        # Decided once: one decision Event each. The new leader re-posts the Event of a decision
+        # whose Event it cannot find (lost to a crash between the write and the Event); the paused
+        # leader's own Event may still follow it: a re-post is not a decision.
+        decisions = [e for e in events(pool) if e.reason in ("SpeculativeDecode", "PlainDecode")]
         per_workload = Counter(
-            e.involved_object.name for e in events(pool) if e.reason in ("SpeculativeDecode", "PlainDecode")
+            e.involved_object.name for e in decisions if not (e.message or "").startswith("(re-posted")
             for _ in range(e.count or 1)
         )  # fmt: skip
         assert max(per_workload.values()) == 1, per_workload

@@ -157,3 +157,72 @@ def test_a_deployments_replica_waits_for_its_deployment_where_misplaced_keys_wou
     write = decide(wl, owners={("team-a", "Pod", "chat-7d9f-x"): pod})
     assert (write.state, write.outcome) == ("Pending", "waiting"), write.message
     assert "waiting for its Deployment chat to be read (keys misplaced on it fail closed)" in write.message
+
+
+# -- a group over nodes holds only the nodes it uses --------------------------------------------
+
+EU3 = [node(f"eu-{i}", "eu", gpus=8) for i in (1, 2, 3)]
+IDLE3 = snapshot({(f"eu-{i}", g): 0.0 for i in (1, 2, 3) for g in range(8)})
+
+
+def decide_on(workloads: list[dict[str, Any]], nodes: list[dict[str, Any]]) -> list[Write]:
+    spec = policy()
+    namespaces = {
+        ns: {"sovereignspec.io/jurisdiction": "eu", "sovereignspec.io/tenant": ns}
+        for ns in ("team-a", "bank")
+    }
+    owners = cached_owners(*workloads)
+    view = build(world(workloads, nodes, spec, namespaces, owners), {CHECK}, spec, profiles(), IDLE3, NOW)
+    return plan("default", spec, view, profiles(), STAMP)
+
+
+def wide_group() -> dict[str, Any]:
+    """A leader and a worker of 8 GPUs each: no node holds both."""
+    return chat("lws-wide-0").gpus("8").leader_and_workers(1).obj()
+
+
+def as_ready(wl: dict[str, Any], write: Write) -> dict[str, Any]:
+    wl["status"]["admissionChecks"][0].update(state="Ready", podSetUpdates=write.pod_set_updates)
+    return wl
+
+
+def test_a_group_of_two_pod_sets_pins_each_to_its_node_and_holds_no_other() -> None:
+    (write,) = decide_on([wide_group()], EU3)
+    assert write.state == "Ready", write.message
+    selectors = [u["nodeSelector"] for u in write.pod_set_updates or []]
+    hosts = [s.get("kubernetes.io/hostname") for s in selectors]
+    assert None not in hosts and len(set(hosts)) == 2, selectors  # by hostname, not the jurisdiction
+    assert "each pod set pinned to its node" in write.message, write.message
+    # Running, it holds those two nodes: an exclusive tenant gets the third.
+    bank = chat("vault", "bank").annotate(exclusive_node="true").gpus("8").obj()
+    writes = {w.key: w for w in decide_on([as_ready(wide_group(), write), bank], EU3)}
+    assert writes["bank/vault"].state == "Ready", writes["bank/vault"].message
+    (update,) = writes["bank/vault"].pod_set_updates or []
+    assert update["nodeSelector"]["kubernetes.io/hostname"] not in hosts
+
+
+def test_a_group_beside_an_exclusive_tenant_is_placed_on_the_nodes_left() -> None:
+    # The bank runs exclusively on eu-3: pinned by the jurisdiction's label the group would wait
+    # for good (eu-3 is selected too); each pod set on its node, it fits on eu-1 and eu-2.
+    bank = chat("vault", "bank").annotate(exclusive_node="true").gpus("8").obj()
+    bank["status"]["admissionChecks"][0].update(
+        state="Ready",
+        podSetUpdates=[{"name": "main", "nodeSelector": {"kubernetes.io/hostname": "eu-3"},
+                        "annotations": {ann.OUT_GPU_INDEX: "0"}}],
+    )  # fmt: skip
+    writes = {w.key: w for w in decide_on([bank, wide_group()], EU3)}
+    group = writes["team-a/lws-wide-0"]
+    assert group.state == "Ready", group.message
+    hosts = {u["nodeSelector"]["kubernetes.io/hostname"] for u in group.pod_set_updates or []}
+    assert hosts == {"eu-1", "eu-2"}
+
+
+def test_one_pod_set_of_pods_over_nodes_is_still_pinned_by_its_jurisdiction() -> None:
+    # A check writes one nodeSelector per pod set: two pods of one pod set on two nodes cannot be
+    # named each; they are pinned by the jurisdiction's label as before.
+    (write,) = decide_on(
+        [chat("lws-main-0").gpus("8").pods(2).owned_by("LeaderWorkerSet", "chat").obj()], EU3
+    )
+    assert write.state == "Ready", write.message
+    (update,) = write.pod_set_updates or []
+    assert "kubernetes.io/hostname" not in update["nodeSelector"], update
