@@ -796,8 +796,10 @@ def test_the_real_scheduler_binds_every_replica_and_group_pod_inside_the_decisio
             assert "one engine in 2 pipeline stages of 8 GPUs" in k.check_state(wl, env.check)["message"]
 
 
-def led_group(pool: Pool, name: str, leader: dict[str, str], workers: dict[str, str]) -> dict[str, Any]:
-    """A LeaderWorkerSet of one group, a leader template and a worker template (4 GPUs a pod), each
+def led_group(
+    pool: Pool, name: str, leader: dict[str, str], workers: dict[str, str], gpus: int = 4
+) -> dict[str, Any]:
+    """A LeaderWorkerSet of one group, a leader template and a worker template (`gpus` a pod), each
     with its own annotations: Kueue makes a Workload of two pod sets, "leader" and "worker"."""
     return {
         "apiVersion": "leaderworkerset.x-k8s.io/v1",
@@ -807,8 +809,8 @@ def led_group(pool: Pool, name: str, leader: dict[str, str], workers: dict[str, 
             "replicas": 1,
             "leaderWorkerTemplate": {
                 "size": 2,
-                "leaderTemplate": server_template(4, {**annotations(**CHAT), **leader}, name),
-                "workerTemplate": server_template(4, {**annotations(**CHAT), **workers}, name),
+                "leaderTemplate": server_template(gpus, {**annotations(**CHAT), **leader}, name),
+                "workerTemplate": server_template(gpus, {**annotations(**CHAT), **workers}, name),
             },
         },
     }
@@ -852,3 +854,25 @@ def test_a_groups_worker_template_is_held_to_the_same_rules_as_its_leaders(env, 
             assert not (now.metadata.annotations or {}).get("sovereignspec.io/nodes"), (
                 now.metadata.annotations
             )
+
+
+def test_a_group_with_a_leader_template_is_placed_beside_an_exclusive_tenant_on_the_nodes_it_uses(
+    env, namespace
+):
+    # Three 8-GPU eu nodes; the bank runs exclusively on one. A group of a leader and a worker of
+    # 8 GPUs each has two pod sets: each is pinned to its own node by hostname, so the group needs
+    # only the two nodes the bank does not use (pinned by the jurisdiction's label, as a group
+    # without a leader template is, it would wait as long as the bank runs).
+    pool = make_pool(env, namespace, [("H100-SXM", "eu", 8, [1.0] * 8)] * 3)
+    bank = in_namespace(pool, add_namespace(pool, "bank", {"sovereignspec.io/tenant": "bank"}))
+    submit(bank, "bank", gpus=8, exclusive_node="true", jurisdiction="eu", **CHAT)
+    bank_host = admitted_job(bank, "bank").spec.template.spec.node_selector[HOST]
+    eu = annotations(jurisdiction="eu")
+    server_side_apply(env.api, led_group(pool, "beside", eu, eu, gpus=8), "sovereignspec-e2e")
+    entry = lws_outcome(pool, "beside")
+    assert entry["state"] == "Ready", entry["message"]
+    pinned = [u["nodeSelector"] for u in entry["podSetUpdates"]]
+    hosts = {s[HOST] for s in pinned}
+    assert len(hosts) == 2 and bank_host not in hosts, pinned
+    for pod in gated_pods(pool, "app=beside", 2):
+        assert ungated(pool, pod.metadata.name).spec.node_selector[HOST] in hosts

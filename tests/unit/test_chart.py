@@ -55,6 +55,7 @@ def test_the_default_render_has_crd_rbac_controller_policy_and_check(helm):
         "CustomResourceDefinition", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Deployment",
         "Service", "SpeculationPolicy", "AdmissionCheck", "Role", "RoleBinding", "PodDisruptionBudget",
         "ClusterRole",  # RELEASE-metrics-reader, for Prometheus
+        "Secret",  # RELEASE-metrics-cert: the metrics endpoint's certificate and its CA
     ])  # fmt: skip
 
 
@@ -381,6 +382,28 @@ def test_the_crd_is_a_template_that_upgrades_and_is_kept_on_uninstall_unless_tol
     }  # fmt: skip
 
 
+def assert_signed_for(data: dict[str, str], name: str) -> None:
+    """The Secret's certificate is signed by its ca.crt, names `name`, and matches its key."""
+    import base64
+    import ssl
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as folder:
+        files = {k: Path(folder) / k for k in data}
+        for k, path in files.items():
+            path.write_bytes(base64.b64decode(data[k]))
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(str(files["tls.crt"]), str(files["tls.key"]))  # the key matches
+        from cryptography import x509
+
+        cert = x509.load_pem_x509_certificate(files["tls.crt"].read_bytes())
+        ca = x509.load_pem_x509_certificate(files["ca.crt"].read_bytes())
+        cert.verify_directly_issued_by(ca)
+        names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        assert name in names.get_values_for_type(x509.DNSName), names
+
+
 def test_metrics_are_served_over_https_to_whom_rbac_allows_and_the_servicemonitor_comes_with_a_token(helm):
     docs = render(helm, "metrics.serviceMonitor.enabled=true")
     args = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][0][
@@ -394,7 +417,22 @@ def test_metrics_are_served_over_https_to_whom_rbac_allows_and_the_servicemonito
     endpoint = next(d for d in docs if d["kind"] == "ServiceMonitor")["spec"]["endpoints"][0]
     assert endpoint["scheme"] == "https"
     assert endpoint["bearerTokenFile"] == "/var/run/secrets/kubernetes.io/serviceaccount/token"
-    assert endpoint["tlsConfig"] == {"insecureSkipVerify": True}
+    # The chart's own CA and certificate by default: verified, under the Service's name.
+    own = {"name": "t-sovereignspec-metrics-cert", "key": "ca.crt"}
+    assert endpoint["tlsConfig"] == {
+        "serverName": "t-sovereignspec-metrics.sovereignspec-system.svc",
+        "ca": {"secret": own},
+    }
+    pod = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]
+    assert "--metrics-cert-dir=/etc/sovereignspec/metrics-certs" in pod["containers"][0]["args"]
+    assert {"name": "metrics-certs", "secret": {"secretName": "t-sovereignspec-metrics-cert"}} in pod[
+        "volumes"
+    ]
+    secret = next(
+        d for d in docs if d["kind"] == "Secret" and d["metadata"]["name"] == "t-sovereignspec-metrics-cert"
+    )
+    assert secret["type"] == "kubernetes.io/tls" and set(secret["data"]) == {"tls.crt", "tls.key", "ca.crt"}
+    assert_signed_for(secret["data"], "t-sovereignspec-metrics.sovereignspec-system.svc")
     # With a certificate of cert-manager's: verified against its CA, under the Service's name.
     docs = render(helm, "metrics.serviceMonitor.enabled=true", "metrics.certSecret=metrics-tls")
     endpoint = next(d for d in docs if d["kind"] == "ServiceMonitor")["spec"]["endpoints"][0]
@@ -403,6 +441,7 @@ def test_metrics_are_served_over_https_to_whom_rbac_allows_and_the_servicemonito
     pod = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]
     assert "--metrics-cert-dir=/etc/sovereignspec/metrics-certs" in pod["containers"][0]["args"]
     assert {"name": "metrics-certs", "secret": {"secretName": "metrics-tls"}} in pod["volumes"]
+    assert not [d for d in docs if d["kind"] == "Secret"]  # none of the chart's own then
     # Plain: no reviews, no reader role, a plain ServiceMonitor.
     docs = render(helm, "metrics.secure=false", "metrics.serviceMonitor.enabled=true")
     role = next(d for d in docs if d["kind"] == "ClusterRole")

@@ -57,3 +57,9 @@ sovereignspec-dispatcher
 {{- define "sovereignspec.leaseName" -}}
 {{- include "sovereignspec.fullname" . -}}
 {{- end -}}
+
+{{/* The Secret holding the metrics certificate (tls.crt, tls.key, ca.crt): the one named in
+metrics.certSecret (cert-manager's), else the chart's own (templates/metrics-cert.yaml). */}}
+{{- define "sovereignspec.metricsCertSecret" -}}
+{{- .Values.metrics.certSecret | default (printf "%s-metrics-cert" (include "sovereignspec.fullname" .)) -}}
+{{- end -}}
