@@ -458,9 +458,14 @@ def _safe_key(wl: object) -> str:
 
 
 def _unreadable(wl: dict[str, Any], entry: dict[str, Any], why: str) -> PendingWorkload:
+    return _undecided(wl, entry, _safe_key(wl), rejection=f"the Workload cannot be read: {why}")
+
+
+def _undecided(wl: dict[str, Any], entry: dict[str, Any], key: str, **why: str) -> PendingWorkload:
+    """A workload not placed this tick: Rejected (`rejection`) or left Pending (`waiting`)."""
     meta = wl["metadata"]
     return PendingWorkload(
-        key=_safe_key(wl),
+        key=key,
         workload=wl,
         check=str(entry.get("name", "")),
         entry=entry,
@@ -470,7 +475,7 @@ def _unreadable(wl: dict[str, Any], entry: dict[str, Any], why: str) -> PendingW
         pod_set_names=[],
         pod_set_notes=[],
         flavor=None,
-        rejection=f"the Workload cannot be read: {why}",
+        **why,
     )
 
 
@@ -497,9 +502,8 @@ def _pending(
         why = (
             "its keys are read from it" if missing[0] in KEYS_ON_OWNER else "keys misplaced on it fail closed"
         )
-        return _waiting(
-            wl, entry, f"waiting for its {missing[0]} {missing[1]} to be read ({why}); decided then"
-        )
+        waiting = f"waiting for its {missing[0]} {missing[1]} to be read ({why}); decided then"
+        return _undecided(wl, entry, key_of(wl), waiting=waiting)
     rejection = None
     try:
         declared, request, source = declared_request(
@@ -528,24 +532,6 @@ def _pending(
         pod_set_notes=[(name, {str(k): str(v) for k, v in notes.items()}) for name, notes, _ in sets],
         flavor=flavor,
         rejection=rejection,
-    )
-
-
-def _waiting(wl: dict[str, Any], entry: dict[str, Any], why: str) -> PendingWorkload:
-    """A workload not decided this tick: it stays Pending, saying why."""
-    meta = wl["metadata"]
-    return PendingWorkload(
-        key=key_of(wl),
-        workload=wl,
-        check=str(entry["name"]),
-        entry=entry,
-        declared=ann.Declared(tenant=str(meta.get("namespace", ""))),
-        request=None,
-        alpha_source="",
-        pod_set_names=[],
-        pod_set_notes=[],
-        flavor=None,
-        waiting=why,
     )
 
 

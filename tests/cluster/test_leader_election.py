@@ -155,12 +155,41 @@ def test_a_leader_that_hands_over_is_replaced_within_a_retry_period_after_its_wr
     b.release()
 
 
-def test_two_operators_decide_each_workload_of_a_burst_exactly_once_when_the_leader_is_killed(
-    env: Any, namespace: str, unique: Any
-) -> None:
-    name = unique("elect-policy")
+def test_a_leader_with_a_write_still_in_flight_lets_the_lease_run_out_rather_than_hand_it_over(
+    api, namespace, link
+):
+    # A write that outlives release's wait could land after a successor took over at once: the
+    # Lease stays a's and runs out (was: handed over anyway once the wait ran out).
+    a, b = candidates(api, namespace, link, 20.0, 15.0, 0.4)
+    a.start()
+    wait_until(a.leading, timeout=10, what="a to lead")
+    writing, done = threading.Event(), threading.Event()
+
+    def stuck_write() -> None:
+        with a.fence():
+            writing.set()
+            done.wait(10)
+
+    writer = threading.Thread(target=stuck_write)
+    writer.start()
+    writing.wait(5)
+    try:
+        assert a.release(wait=0.5) is False
+        record = holder(api, namespace)
+        assert record is not None and record.holder == "a", record
+        with pytest.raises(NotLeaderError), a.fence():
+            pass  # and it writes no more
+    finally:
+        done.set()
+        writer.join()
+
+
+def elected(env: Any, namespace: str, unique: Any, what: str) -> tuple[Any, Any, list[str]]:
+    """A check and policy of the test's own (`what`), the operators' ServiceAccount kubeconfig with
+    the chart's Lease rules, and leader-election flags with a 4 s lease (3 s renew deadline)."""
+    name = unique(f"{what}-policy")
     server_side_apply(env.api, policy(name, env.prometheus.url), "sovereignspec-e2e")
-    check, controller = unique("elect-check"), "sovereignspec.io/elect"
+    check, controller = unique(f"{what}-check"), f"sovereignspec.io/{what}"
     params = {"apiGroup": "sovereignspec.io", "kind": "SpeculationPolicy", "name": name}
     k.apply(env.api, k.admission_check(check, controller, params))
     own = replace(env, check=check, controller=controller)
@@ -168,7 +197,16 @@ def test_two_operators_decide_each_workload_of_a_burst_exactly_once_when_the_lea
     allow_leases(env.api, namespace, "sovereignspec")
     flags = ["--leader-elect", "--leader-election-namespace", namespace, "--leader-election-id", LEASE,
              "--lease-duration", "4", "--renew-deadline", "3", "--retry-period", "0.5"]  # fmt: skip
-    operators = [OperatorProcess(controller, extra=flags, kubeconfig=kubeconfig).start() for _ in range(2)]
+    return own, kubeconfig, flags
+
+
+def test_two_operators_decide_each_workload_of_a_burst_exactly_once_when_the_leader_is_killed(
+    env: Any, namespace: str, unique: Any
+) -> None:
+    own, kubeconfig, flags = elected(env, namespace, unique, "elect")
+    operators = [
+        OperatorProcess(own.controller, extra=flags, kubeconfig=kubeconfig).start() for _ in range(2)
+    ]
     try:
         pool = make_pool(
             own, namespace, [("H100-SXM", "eu", 8, [0.95] * 8), ("H100-SXM", "eu", 8, [0.95] * 8)]
@@ -302,26 +340,19 @@ def test_a_deposed_leaders_write_that_lands_after_the_takeover_never_over_commit
     a's has landed. One GPU: a gave it to "slow"; b, deciding "fast" first (latency class), would
     give it to "fast" from a ledger without a's decision. Before: both Ready on the one GPU. Now: b
     seals every pending workload before deciding, so a's late write either fails or is read first."""
-    name = unique("fence-policy")
-    server_side_apply(env.api, policy(name, env.prometheus.url), "sovereignspec-e2e")
-    check, controller = unique("fence-check"), "sovereignspec.io/fence"
-    params = {"apiGroup": "sovereignspec.io", "kind": "SpeculationPolicy", "name": name}
-    k.apply(env.api, k.admission_check(check, controller, params))
-    own = replace(env, check=check, controller=controller)
-    kubeconfig = service_account_kubeconfig(env.api, namespace, "sovereignspec")
-    allow_leases(env.api, namespace, "sovereignspec")
-    flags = ["--leader-elect", "--leader-election-namespace", namespace, "--leader-election-id", LEASE,
-             "--lease-duration", "4", "--renew-deadline", "3", "--retry-period", "0.5"]  # fmt: skip
+    own, kubeconfig, flags = elected(env, namespace, unique, "fence")
     pki = controlplane.state_dir() / "pki"
     links = [CuttingProxy(controlplane.ports()["APISERVER_PORT"], pki).start() for _ in range(2)]
     a_link, b_link = links
     a = OperatorProcess(
-        controller, extra=flags, kubeconfig=through(kubeconfig, a_link, "a.kubeconfig")
+        own.controller, extra=flags, kubeconfig=through(kubeconfig, a_link, "a.kubeconfig")
     ).start()
     b: OperatorProcess | None = None
     try:
         wait_until(lambda: leads(env.api, namespace, a), timeout=30, what="a to lead")
-        b = OperatorProcess(controller, extra=flags, kubeconfig=through(kubeconfig, b_link, "b.kubeconfig"))
+        b = OperatorProcess(
+            own.controller, extra=flags, kubeconfig=through(kubeconfig, b_link, "b.kubeconfig")
+        )
         b.start()
         pool = make_pool(own, namespace, [("H100-SXM", "eu", 1, [0.95])])
         a_link.hold = status_write
@@ -375,17 +406,10 @@ def test_a_leader_paused_mid_burst_and_resumed_after_the_takeover_over_commits_n
     takes over once the lease has run out, seals and decides; SIGCONT the old leader, whose writes
     checked before the pause go out now. It finds its Lease gone and exits 1. No GPU is given
     twice, every GPU ends given, and no workload gets two decision Events."""
-    name = unique("pause-policy")
-    server_side_apply(env.api, policy(name, env.prometheus.url), "sovereignspec-e2e")
-    check, controller = unique("pause-check"), "sovereignspec.io/pause"
-    params = {"apiGroup": "sovereignspec.io", "kind": "SpeculationPolicy", "name": name}
-    k.apply(env.api, k.admission_check(check, controller, params))
-    own = replace(env, check=check, controller=controller)
-    kubeconfig = service_account_kubeconfig(env.api, namespace, "sovereignspec")
-    allow_leases(env.api, namespace, "sovereignspec")
-    flags = ["--leader-elect", "--leader-election-namespace", namespace, "--leader-election-id", LEASE,
-             "--lease-duration", "4", "--renew-deadline", "3", "--retry-period", "0.5"]  # fmt: skip
-    operators = [OperatorProcess(controller, extra=flags, kubeconfig=kubeconfig).start() for _ in range(2)]
+    own, kubeconfig, flags = elected(env, namespace, unique, "pause")
+    operators = [
+        OperatorProcess(own.controller, extra=flags, kubeconfig=kubeconfig).start() for _ in range(2)
+    ]
     try:
         pool = make_pool(own, namespace, [("H100-SXM", "eu", 4, [0.95] * 4)] * 2)
 

@@ -523,18 +523,23 @@ def test_kueues_topology_assignment_is_honoured_and_one_across_the_jurisdiction_
         time.sleep(0.5)
 
 
-def lws_body(pool: Pool, name: str, size: int, gpus: int, **notes: Any) -> dict[str, Any]:
+def lws_body(
+    pool: Pool, name: str, size: int, gpus: int, leader: dict[str, str] | None = None, **notes: Any
+) -> dict[str, Any]:
+    """A LeaderWorkerSet of one group of `size` pods of `gpus` GPUs, its worker template carrying
+    `notes`; with `leader` (annotations), a leader template of its own too: Kueue then makes a
+    Workload of two pod sets, "leader" and "worker", instead of one."""
+    group: dict[str, Any] = {
+        "size": size,
+        "workerTemplate": server_template(gpus, annotations(**notes), name),
+    }
+    if leader is not None:
+        group["leaderTemplate"] = server_template(gpus, leader, name)
     return {
         "apiVersion": "leaderworkerset.x-k8s.io/v1",
         "kind": "LeaderWorkerSet",
         "metadata": queued(pool, name),
-        "spec": {
-            "replicas": 1,
-            "leaderWorkerTemplate": {
-                "size": size,
-                "workerTemplate": server_template(gpus, annotations(**notes), name),
-            },
-        },
+        "spec": {"replicas": 1, "leaderWorkerTemplate": group},
     }
 
 
@@ -799,21 +804,10 @@ def test_the_real_scheduler_binds_every_replica_and_group_pod_inside_the_decisio
 def led_group(
     pool: Pool, name: str, leader: dict[str, str], workers: dict[str, str], gpus: int = 4
 ) -> dict[str, Any]:
-    """A LeaderWorkerSet of one group, a leader template and a worker template (`gpus` a pod), each
-    with its own annotations: Kueue makes a Workload of two pod sets, "leader" and "worker"."""
-    return {
-        "apiVersion": "leaderworkerset.x-k8s.io/v1",
-        "kind": "LeaderWorkerSet",
-        "metadata": queued(pool, name),
-        "spec": {
-            "replicas": 1,
-            "leaderWorkerTemplate": {
-                "size": 2,
-                "leaderTemplate": server_template(gpus, {**annotations(**CHAT), **leader}, name),
-                "workerTemplate": server_template(gpus, {**annotations(**CHAT), **workers}, name),
-            },
-        },
-    }
+    """A group of a leader and a worker (`gpus` a pod), each template with the chat keys and its own."""
+    body = lws_body(pool, name, 2, gpus, leader={**annotations(**CHAT), **leader}, **CHAT)
+    body["spec"]["leaderWorkerTemplate"]["workerTemplate"]["metadata"]["annotations"].update(workers)
+    return body
 
 
 def test_a_groups_worker_template_is_held_to_the_same_rules_as_its_leaders(env, namespace):

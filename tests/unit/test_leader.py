@@ -71,3 +71,45 @@ def test_leader_election_outside_a_pod_without_a_namespace_says_what_to_give(mon
         "sovereignspec-controller",
     )
     assert process.elector(client.ApiClient(), argparse.Namespace(leader_elect=False), "x") is None
+
+
+class _SlowAnswers(LeaderElector):
+    """A candidate whose API server answers its GETs after `delay` seconds of its own clock; it
+    records the writes it would send."""
+
+    def __init__(self, lease: LeaseRecord) -> None:
+        self.now = 0.0
+        self.delay = 0.0
+        self.lease = lease
+        self.writes: list[dict[str, object]] = []
+        super().__init__(client.ApiClient(), "ns", "lease", "me", 15.0, 10.0, 2.0, monotonic=lambda: self.now)
+
+    def _call(self, method, path, body=None):  # type: ignore[no-untyped-def]
+        if method == "GET":
+            self.now += self.delay
+            return 200, {"metadata": {"resourceVersion": "1"}, "spec": self.lease.spec()}
+        self.writes.append(body)
+        return 200, body
+
+
+def test_a_lease_is_seen_when_its_answer_arrives_so_a_slow_answer_never_ages_it():
+    # Asked at 0, answered at 3: the holder may have renewed just before the answer. Seen at 3, it
+    # runs to 18 on our clock (client-go's observedTime); dated from the question, it would be
+    # taken at 15, while the holder may still write.
+    candidate = _SlowAnswers(THEIRS)
+    candidate.delay = 3.0
+    assert candidate.try_acquire_or_renew() is False
+    candidate.delay, candidate.now = 0.0, 15.0
+    assert candidate.try_acquire_or_renew() is False and candidate.writes == []
+    candidate.now = 18.0
+    assert candidate.try_acquire_or_renew() is True and len(candidate.writes) == 1
+
+
+def test_the_fence_yields_what_is_left_of_the_claim():
+    candidate = _SlowAnswers(LeaseRecord("", 1, BEFORE, BEFORE, 3))  # handed over: ours at once
+    assert candidate.try_acquire_or_renew() is True
+    candidate._leader = True  # as `run` sets it on a first success
+    candidate.now = 4.0
+    with candidate.fence() as left:
+        assert left == pytest.approx(10.0 - 4.0)
+    assert candidate.term() == "me (term 4)"
