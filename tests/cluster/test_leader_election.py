@@ -160,7 +160,7 @@ def test_a_leader_with_a_write_still_in_flight_lets_the_lease_run_out_rather_tha
 ):
     # A write that outlives release's wait could land after a successor took over at once: the
     # Lease stays a's and runs out (was: handed over anyway once the wait ran out).
-    a, b = candidates(api, namespace, link, 20.0, 15.0, 0.4)
+    a, _ = candidates(api, namespace, link, 20.0, 15.0, 0.4)
     a.start()
     wait_until(a.leading, timeout=10, what="a to lead")
     writing, done = threading.Event(), threading.Event()
