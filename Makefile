@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 OUT ?= out
 
-.PHONY: venv lint format typecheck test unit run demo regimes calibration-figure calibrate-profiles simulate bench bench-operator bench-flood bench-sim sim-native clean binaries engine-e2e cluster-up cluster-down pod-e2e image multicluster-up multicluster-down demo-multicluster bench-multicluster mutants
+.PHONY: venv lint format typecheck test unit run demo regimes calibration-figure calibrate-profiles simulate bench bench-operator bench-flood bench-mix bench-sim sim-native clean binaries engine-e2e cluster-up cluster-down pod-e2e image multicluster-up multicluster-down demo-multicluster bench-multicluster mutants
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -138,6 +138,11 @@ bench-operator: venv binaries
 # operator's peak RSS and the others' latency, without and with it.
 bench-flood: venv binaries
 	$(BIN)/python -m benchmarks.flood $(ARGS)
+
+# Exclusive tenants and multi-node groups in one jurisdiction, on the operator's own decision path
+# (no API server): each tenant's wait with groups pinned by label and per pod set, side by side.
+bench-mix: venv
+	$(BIN)/python -m benchmarks.tenant_mix $(ARGS)
 
 clean:
 	rm -rf $(VENV) $(OUT) .mypy_cache .ruff_cache .pytest_cache .hypothesis build/sim-native build/sim-native.log
