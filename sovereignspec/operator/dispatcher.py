@@ -52,7 +52,7 @@ from sovereignspec.operator import metrics
 from sovereignspec.operator.informer import DispatchCache, rv_int
 from sovereignspec.operator.policy import GROUP, PLURAL, VERSION, PolicySpec
 from sovereignspec.operator.role import Role, Settings, TickReport
-from sovereignspec.operator.telemetry_source import client_config
+from sovereignspec.operator.telemetry_source import TelemetryCache
 from sovereignspec.operator.view import (
     declared_request,
     learned_alpha,
@@ -68,7 +68,6 @@ from sovereignspec.operator.workloads import (
     requested_gpus,
 )
 from sovereignspec.operator.writer import TRANSPORT_ERRORS, ConflictError
-from sovereignspec.telemetry.prometheus import ClientConfig, PrometheusReader
 from sovereignspec.telemetry.snapshot import Snapshot
 
 log = logging.getLogger(__name__)
@@ -119,28 +118,6 @@ def connected(obj: dict[str, Any]) -> tuple[bool, str]:
     return False, "MultiKueue has not connected to it yet"
 
 
-class WorkerTelemetry:
-    """One snapshot per worker Prometheus, reused for `max_age` seconds; failures are not cached."""
-
-    def __init__(self, max_age: float, clock: Callable[[], float] = time.time) -> None:
-        self.max_age = max_age
-        self.clock = clock
-        self._cache: dict[tuple[str, str, ClientConfig | None], Snapshot] = {}
-
-    def get(self, url: str, window: str, client: ClientConfig | None = None) -> Snapshot:
-        key = (url, window, client)
-        cached = self._cache.get(key)
-        if cached is not None and not cached.error and self.clock() - cached.fetched_at < self.max_age:
-            return cached
-        try:
-            snap = PrometheusReader(url, window=window, client=client).snapshot()
-        except Exception as exc:  # a worker's Prometheus answering nonsense is one that is down
-            snap = Snapshot(fetched_at=self.clock(), error=f"{type(exc).__name__}: {exc}"[:200])
-        self._cache[key] = snap
-        metrics.TELEMETRY_UP.labels(source=url).set(0 if snap.error and not snap.gpus else 1)
-        return snap
-
-
 @dataclass(frozen=True)
 class _Decision:
     wl: dict[str, Any]
@@ -180,7 +157,8 @@ class DispatchController(Role):
             api, profiles, settings, DispatchCache(api, f"/apis/{GROUP}/{VERSION}/{PLURAL}"), clock
         )
         self.cache: DispatchCache
-        self.worker_telemetry = WorkerTelemetry(self.settings.telemetry_cache_seconds, clock)
+        # The worker role's cache: each worker's Prometheus read with the policy's whole settings.
+        self.worker_telemetry = TelemetryCache(self.settings.telemetry_cache_seconds, clock)
         self._acceptance: dict[str, Snapshot] = {}  # worker -> its last snapshot (α learned there)
 
     # -- reading ---------------------------------------------------------------------------------
@@ -222,7 +200,6 @@ class DispatchController(Role):
     def _workers(self, spec: PolicySpec) -> dict[str, Worker]:
         out: dict[str, Worker] = {}
         committed = self._committed()
-        window = spec.telemetry.acceptance.window
         cache = self.cache
         for obj in cache.clusters.items():
             name = obj["metadata"]["name"]
@@ -234,9 +211,9 @@ class DispatchController(Role):
             if problem is None and desc.prometheus_url is None:
                 error = f"no {WORKER_PROMETHEUS} annotation"
             elif problem is None and desc.prometheus_url is not None:
-                # The policy's client settings (CA, credentials) for every worker's Prometheus.
-                client = client_config(spec.telemetry.prometheus_client)
-                snap = self.worker_telemetry.get(desc.prometheus_url, window, client)
+                # The policy's telemetry settings (window, client, SGLang's meaning) for every
+                # worker's Prometheus.
+                snap = self.worker_telemetry.get(spec, prometheus_url=desc.prometheus_url)
                 error = snap.error if not snap.gpus else None
                 gpus = self._gpus(snap, gpu_type, spec)
                 self._acceptance[name] = snap

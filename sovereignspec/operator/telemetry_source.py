@@ -1,5 +1,6 @@
-"""The worker role's telemetry: one snapshot per source configuration of a SpeculationPolicy
-(Prometheus, DCGM exporters, none), reused briefly, its failures counted and never cached."""
+"""Both roles' telemetry: one snapshot per source configuration of a SpeculationPolicy (Prometheus,
+DCGM exporters, none), reused briefly, its failures counted and never cached. The dispatcher reads
+each worker cluster's Prometheus with the same settings, only its URL its own."""
 
 from __future__ import annotations
 
@@ -39,16 +40,28 @@ class TelemetryCache:
         self.clock = clock
         self._cache: dict[tuple[object, ...], Snapshot] = {}
 
-    def get(self, spec: PolicySpec) -> Snapshot:
+    def get(self, spec: PolicySpec, prometheus_url: str | None = None) -> Snapshot:
+        """The policy's telemetry now; with `prometheus_url`, that Prometheus (a worker cluster's,
+        for the dispatcher) read with the policy's settings."""
         t = spec.telemetry
-        key = (t.source, t.prometheus_url, t.prometheus_client, tuple(t.dcgm_endpoints), t.acceptance.window)
+        source = "prometheus" if prometheus_url else t.source
+        url = prometheus_url or t.prometheus_url
+        key = (
+            source,
+            url,
+            t.prometheus_client,
+            tuple(t.dcgm_endpoints),
+            t.acceptance.window,
+            t.acceptance.sglang_accept_rate,
+        )
         cached = self._cache.get(key)
         if cached is not None and not cached.error and self.clock() - cached.fetched_at < self.max_age:
             return cached  # failures are not cached: the next tick tries again
+        label = prometheus_url or t.source  # a worker's Prometheus by its URL, as before
         try:
-            if t.source == "prometheus" and t.prometheus_url:
+            if source == "prometheus" and url:
                 snap = PrometheusReader(
-                    t.prometheus_url,
+                    url,
                     window=t.acceptance.window,
                     sglang_rate=t.acceptance.sglang_accept_rate,
                     client=client_config(t.prometheus_client),
@@ -62,12 +75,12 @@ class TelemetryCache:
                     fetched_at=self.clock(), error=f"telemetry source {t.source} has no endpoint configured"
                 )
         except Exception as exc:  # a source that answers nonsense is a source that is down
-            log.warning("telemetry source %s failed: %s: %s", t.source, type(exc).__name__, exc)
-            snap = Snapshot(fetched_at=self.clock(), error=f"telemetry source {t.source} failed: {exc}")
+            log.warning("telemetry source %s failed: %s: %s", label, type(exc).__name__, exc)
+            snap = Snapshot(fetched_at=self.clock(), error=f"telemetry source {label} failed: {exc}"[:300])
         self._cache[key] = snap
-        metrics.TELEMETRY_UP.labels(source=t.source).set(0 if snap.error and not snap.gpus else 1)
+        metrics.TELEMETRY_UP.labels(source=label).set(0 if snap.error and not snap.gpus else 1)
         if snap.error:
-            metrics.TELEMETRY_ERRORS.labels(source=t.source).inc()
+            metrics.TELEMETRY_ERRORS.labels(source=label).inc()
         for reason, count in snap.rejected.items():
-            metrics.TELEMETRY_REJECTED.labels(source=t.source, reason=reason).inc(count)
+            metrics.TELEMETRY_REJECTED.labels(source=label, reason=reason).inc(count)
         return snap
