@@ -25,6 +25,9 @@ from typing import Any
 # Kueue's key (a label, or an annotation under a feature gate) naming the Workload it built for a
 # Pod's group: a StatefulSet's, a LeaderWorkerSet group's.
 KUEUE_PREBUILT = "kueue.x-k8s.io/prebuilt-workload-name"
+# The label a Pod carries for Kueue's pod integration to queue it (the operator's Pod cache holds
+# only Pods that carry it: operator/informer.py).
+KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
 PREFIX = "sovereignspec.io/"
 JURISDICTION_RE = re.compile(r"[a-z]{2}(-[a-z0-9]{1,16})?", re.ASCII)
 TENANT_RE = re.compile(r"[a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?", re.ASCII)

@@ -616,7 +616,7 @@ def _lines(raw: Any) -> Iterator[bytes]:
 
 KUEUE = "/apis/kueue.x-k8s.io/v1beta2"
 PARTIAL = "application/json;as=PartialObjectMetadata{};g=meta.k8s.io;v=v1,application/json"
-QUEUE_LABEL = "kueue.x-k8s.io/queue-name"  # what a Pod carries for Kueue's pod integration to manage it
+QUEUE_LABEL = ann.KUEUE_QUEUE  # what a Pod carries for Kueue's pod integration to manage it
 
 
 def _has_checks(kind: str, obj: Obj) -> bool:

@@ -502,6 +502,8 @@ def _pending(
         why = (
             "its keys are read from it" if missing[0] in KEYS_ON_OWNER else "keys misplaced on it fail closed"
         )
+        if missing[0] == "Pod":  # the operator watches only the Pods Kueue's pod integration queues
+            why += f"; Pods are read when they carry the {ann.KUEUE_QUEUE} label"
         waiting = f"waiting for its {missing[0]} {missing[1]} to be read ({why}); decided then"
         return _undecided(wl, entry, key_of(wl), waiting=waiting)
     rejection = None
