@@ -263,7 +263,8 @@ def test_helm_install_with_defaults_gives_a_ready_operator_pod_authenticated_by_
     assert spec.service_account_name == RELEASE
     token_volumes = [v for v in spec.volumes if v.projected is not None]
     assert any(s.service_account_token for v in token_volumes for s in v.projected.sources)
-    assert not [v for v in spec.volumes if v.secret is not None]
+    # One Secret: the metrics endpoint's certificate (the chart's own CA's), no credential.
+    assert [v.secret.secret_name for v in spec.volumes if v.secret is not None] == [f"{RELEASE}-metrics-cert"]
     assert not [e for e in container.env or [] if "KUBECONFIG" in e.name]
     assert pod.status.container_statuses[0].restart_count == 0
 
@@ -441,7 +442,11 @@ def test_the_leader_lost_mid_burst_leaves_every_job_decided_exactly_once_on_dist
         else:
             sigkill_container(old)
         kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all([serving_job(j, seconds=900) for j in jobs[6:]]))
-        new = wait_until(lambda: (p := leader_pod(cluster)) not in ("", old) and p, 60, "a new leader")
+        try:
+            new = wait_until(lambda: (p := leader_pod(cluster)) not in ("", old) and p, 60, "a new leader")
+        except AssertionError as exc:
+            lease = client.CoordinationV1Api(cluster).read_namespaced_lease(LEASE, NAMESPACE).spec
+            raise AssertionError(f"{exc}\nLease: {lease}\n{operator_state(cluster)}") from None
         took_over = time.monotonic() - lost
         wait_until(lambda: any(our_state(workload_of(cluster, j)) == "Ready" for j in jobs[6:]), 60,
                    "the first decision after the leader was lost")  # fmt: skip
