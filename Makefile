@@ -149,10 +149,12 @@ clean:
 
 # SovereignSpec as users run it: the image built offline from the unchanged Dockerfile, a real node
 # (containerd, kubelet, scheduler, controller-manager from pinned sources, Debian's runc), `helm
-# install`, the examples applied with kubectl (tests/pod_e2e/). Root, this machine kind; see
-# docs/pod-e2e.md.
+# install`, the examples applied with kubectl (tests/pod_e2e/). Everything runs in a network namespace
+# of its own holding the pod network (CNI bridge + host-local, built from their Go module): the
+# machine's interfaces are left alone. Root, this machine kind; see docs/pod-e2e.md.
 pod-e2e: venv binaries
-	VENV=$(VENV) hack/pytest.sh tests/pod_e2e -m pod_e2e -s
+	hack/engine-env.sh >/dev/null
+	hack/pod-e2e/netns.sh env VENV=$(VENV) hack/pytest.sh tests/pod_e2e -m pod_e2e -s
 
 # The operator image as an OCI archive (out/), built offline with buildah: push it with
 # `skopeo copy oci-archive:out/sovereignspec-image.tar docker://REGISTRY/sovereignspec:TAG`.

@@ -173,6 +173,32 @@ build_node() {
     gcc -Os -static -DVERSION="v$PAUSE_VERSION" -o "$pause.tmp" "$dir/build/pause/linux/pause.c" || fail pause /dev/null
     mv "$pause.tmp" "$pause"
   fi
+  build_cni
+}
+
+# The pod network's CNI plugins (bridge, host-local, loopback) from their Go module, into a folder
+# of their own that containerd's CRI plugin is pointed at (bin_dirs).
+build_cni() {
+  local dir=$BIN_DIR/cni-$CNI_PLUGINS_VERSION
+  if [[ -x $dir/bridge && -x $dir/host-local && -x $dir/loopback ]]; then
+    log "CNI plugins $CNI_PLUGINS_VERSION cached"
+    return
+  fi
+  local work; work=$(mktemp -d)
+  local logf=$CACHE_DIR/build-cni.log
+  log "building CNI plugins $CNI_PLUGINS_VERSION (log: $logf)"
+  (
+    cd "$work"
+    go mod init sovereignspec.local/cni-build
+    go get "github.com/containernetworking/plugins@$CNI_PLUGINS_VERSION"
+    mkdir out
+    CGO_ENABLED=0 go build -trimpath -ldflags '-s -w' -o out/ \
+      github.com/containernetworking/plugins/plugins/main/bridge \
+      github.com/containernetworking/plugins/plugins/main/loopback \
+      github.com/containernetworking/plugins/plugins/ipam/host-local
+    mkdir -p "$dir.tmp" && mv out/* "$dir.tmp/" && rm -rf "$dir" && mv "$dir.tmp" "$dir"
+  ) >"$logf" 2>&1 || fail cni "$logf"
+  rm -rf "$work"
 }
 
 # Debian's prometheus package, extracted into the cache (no system install, no service started).
@@ -228,6 +254,7 @@ kueue_crd_dir() {
 case ${1:-all} in
   all) build_etcd; build_kubernetes; build_components; build_kueue; build_lws; build_helm; fetch_prometheus ;;
   node) build_node ;;
+  cni) build_cni ;;
   components) build_components ;;
   helm) build_helm ;;
   prometheus) fetch_prometheus ;;

@@ -96,7 +96,15 @@ issue() {
   openssl_quiet x509 -req -in "$pki/$name.csr" -CA "$pki/ca.crt" -CAkey "$pki/ca.key" -CAcreateserial \
     -days 30 -extfile "$ext" -out "$pki/$name.crt"
 }
-issue apiserver "/CN=kube-apiserver" "IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,IP:10.96.0.1"
+# Loopback only, except inside hack/pod-e2e/netns.sh's namespace, whose Pods reach the API server on
+# their bridge's address: there it listens on every address of that namespace (lo and the bridge).
+bind=127.0.0.1 advertise=127.0.0.1 extra_san=""
+if [[ -n ${SOVEREIGNSPEC_POD_GATEWAY:-} ]]; then
+  ip addr show dev cni0 2>/dev/null | grep -qF "inet $SOVEREIGNSPEC_POD_GATEWAY/" ||
+    { log "SOVEREIGNSPEC_POD_GATEWAY=$SOVEREIGNSPEC_POD_GATEWAY is not this network namespace's bridge (cni0): run inside hack/pod-e2e/netns.sh"; exit 1; }
+  bind=0.0.0.0 advertise=$SOVEREIGNSPEC_POD_GATEWAY extra_san=",IP:$SOVEREIGNSPEC_POD_GATEWAY"
+fi
+issue apiserver "/CN=kube-apiserver" "IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,IP:10.96.0.1$extra_san"
 issue admin "/O=system:masters/CN=admin"
 issue kueue "/CN=kueue-manager"
 issue operator "/CN=sovereignspec-operator"
@@ -179,7 +187,7 @@ launch_apiserver() {
   log "starting kube-apiserver $KUBERNETES_VERSION"
   start kube-apiserver "$APISERVER_BIN" \
     --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
-    --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$APISERVER_PORT" \
+    --bind-address "$bind" --advertise-address "$advertise" --secure-port "$APISERVER_PORT" \
     --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \
     --client-ca-file "$pki/ca.crt" \
     --service-account-key-file "$pki/sa.pub" --service-account-signing-key-file "$pki/sa.key" \

@@ -53,9 +53,16 @@ class WebSecurity:
 
 class LocalPrometheus:
     def __init__(
-        self, scrape_interval: str = "1s", kubernetes_sd: bool = False, web: WebSecurity | None = None
+        self,
+        scrape_interval: str = "1s",
+        kubernetes_sd: bool = False,
+        web: WebSecurity | None = None,
+        listen: str = "127.0.0.1",
     ) -> None:
         self.binary = binary(kubernetes_sd)
+        # Loopback, or (make pod-e2e, inside the pod network's namespace) every address there too,
+        # for Pods that reach it on their bridge's address: see `url_on`.
+        self.listen = listen
         self.web = web
         self.port = free_port()
         self.scrape_interval = scrape_interval
@@ -66,8 +73,12 @@ class LocalPrometheus:
 
     @property
     def url(self) -> str:
+        return self.url_on("127.0.0.1")
+
+    def url_on(self, address: str) -> str:
+        """Its URL at `address` (one it listens on)."""
         scheme = "https" if self.web and "tls_server_config" in self.web.config else "http"
-        return f"{scheme}://127.0.0.1:{self.port}"
+        return f"{scheme}://{address}:{self.port}"
 
     def _open(self, url: str, method: str = "GET", timeout: float = 5) -> Any:
         headers = self.web.headers if self.web else {}
@@ -98,7 +109,7 @@ class LocalPrometheus:
                 str(self.binary),
                 f"--config.file={self.dir / 'prometheus.yml'}",
                 f"--storage.tsdb.path={self.dir / 'data'}",
-                f"--web.listen-address=127.0.0.1:{self.port}",
+                f"--web.listen-address={self.listen}:{self.port}",
                 "--web.enable-lifecycle",
                 "--storage.tsdb.retention.time=1h",
                 *web,

@@ -3,11 +3,15 @@
 # SOVEREIGNSPEC_WITH_NODE=1): kube-controller-manager, kube-scheduler, containerd 2.x and a kubelet,
 # all on loopback, state under the control plane's state directory, PIDs recorded for node-down.sh.
 #
-# The machine has no pod network and no registry (see ../shared/design/pod-e2e.md in the project's
-# notes): the CNI configuration holds only the loopback plugin, Pods that talk to the API server use
-# hostNetwork, and images are imported into containerd from archives (IMAGES="a.tar b.tar").
+# The pod network lives in the network namespace hack/pod-e2e/netns.sh made, which this runs in: the
+# CNI bridge plugin attaches each Pod to its bridge (cni0) and host-local gives it an address of
+# SOVEREIGNSPEC_POD_RANGE; the Pods reach the API server on the bridge's address. There is no
+# registry: images are imported into containerd from archives (IMAGES="a.tar b.tar").
 set -euo pipefail
 source "$(dirname "$0")/../cluster-lib.sh"
+: "${SOVEREIGNSPEC_POD_GATEWAY:?run inside hack/pod-e2e/netns.sh: the pod network needs its namespace}"
+ip addr show dev cni0 2>/dev/null | grep -qF "inet $SOVEREIGNSPEC_POD_GATEWAY/" ||
+  { log "no bridge cni0 with $SOVEREIGNSPEC_POD_GATEWAY in this network namespace: run inside hack/pod-e2e/netns.sh"; exit 1; }
 
 KUBELET_PORT=${SOVEREIGNSPEC_KUBELET_PORT:-20250}
 KUBELET_HEALTHZ_PORT=${SOVEREIGNSPEC_KUBELET_HEALTHZ_PORT:-20248}
@@ -57,8 +61,15 @@ issue kube-controller-manager "/CN=system:kube-controller-manager"
 # --- containerd --------------------------------------------------------------------------------
 ln -sf "$BIN_DIR/containerd-shim-runc-v2-$CONTAINERD_VERSION" "$node/bin/containerd-shim-runc-v2"
 ln -sf "$BIN_DIR/ctr-$CONTAINERD_VERSION" "$node/bin/ctr"
-echo '{"cniVersion": "1.0.0", "name": "loopback-only", "plugins": [{"type": "loopback"}]}' \
-  >"$node/cni/net.d/10-loopback.conflist"
+CNI_BIN=$BIN_DIR/cni-$CNI_PLUGINS_VERSION
+cat >"$node/cni/net.d/10-pod-network.conflist" <<JSON
+{"cniVersion": "1.0.0", "name": "pod-network", "plugins": [
+  {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": false,
+   "ipam": {"type": "host-local", "dataDir": "$node/cni/ipam",
+            "ranges": [[{"subnet": "$SOVEREIGNSPEC_POD_SUBNET", "rangeStart": "${SOVEREIGNSPEC_POD_RANGE%-*}",
+                         "rangeEnd": "${SOVEREIGNSPEC_POD_RANGE#*-}", "gateway": "$SOVEREIGNSPEC_POD_GATEWAY"}]]}},
+  {"type": "loopback"}]}
+JSON
 SOCK=$node/containerd/containerd.sock
 cat >"$node/containerd.toml" <<TOML
 version = 3
@@ -79,7 +90,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
   restrict_oom_score_adj = true
   netns_mounts_under_state_dir = true
   [plugins.'io.containerd.cri.v1.runtime'.cni]
-    bin_dirs = ["/usr/lib/cni"]
+    bin_dirs = ["$CNI_BIN"]
     conf_dir = "$node/cni/net.d"
   [plugins.'io.containerd.cri.v1.runtime'.containerd]
     default_runtime_name = "runc"

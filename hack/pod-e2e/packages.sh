@@ -1,11 +1,10 @@
 #!/usr/bin/env bash
 # The Debian packages the pod end-to-end test needs, installed only when missing (a fresh machine
 # has none of them): runc for containerd, buildah to build the image without a daemon, debootstrap
-# for the base image, and the CNI loopback plugin.
+# for the base image. (The CNI plugins are built from their Go module: hack/build-binaries.sh node.)
 set -euo pipefail
 need=()
-for pair in runc:runc buildah:buildah debootstrap:debootstrap \
-  containernetworking-plugins:/usr/lib/cni/loopback; do
+for pair in runc:runc buildah:buildah debootstrap:debootstrap; do
   pkg=${pair%%:*} probe=${pair#*:}
   if [[ $probe == /* ]]; then [[ -e $probe ]] || need+=("$pkg"); else command -v "$probe" >/dev/null || need+=("$pkg"); fi
 done

@@ -65,7 +65,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.timeout(600, func_only=True))
 
 
-def run(*cmd: str, env: dict[str, str] | None = None, timeout: float = 1800) -> str:
+# The tests run inside the pod network's namespace (hack/pod-e2e/netns.sh, `make pod-e2e`): its
+# bridge's address is where the Pods reach the API servers and Prometheus.
+GATEWAY = os.environ.get("SOVEREIGNSPEC_POD_GATEWAY", "")
+HOST_NETNS = os.environ.get("SOVEREIGNSPEC_HOST_NETNS", "")
+
+
+def run(*cmd: str, env: dict[str, str] | None = None, timeout: float = 1800, host: bool = False) -> str:
+    """`cmd`, failing with its output; `host`: in the machine's own network namespace (the steps
+    that reach the package registries: Debian packages, Go modules, wheels for the images)."""
+    if host and HOST_NETNS:
+        cmd = ("nsenter", f"--net={HOST_NETNS}", "--", *cmd)
     proc = subprocess.run(
         list(cmd),
         capture_output=True,
@@ -84,6 +94,9 @@ def run(*cmd: str, env: dict[str, str] | None = None, timeout: float = 1800) -> 
 @pytest.fixture(scope="session")
 def node_cluster() -> Iterator[client.ApiClient]:
     """Images built offline, control plane and node up; everything torn down (leak-checked) after."""
+    if not (GATEWAY and HOST_NETNS):
+        pytest.fail("the pod end-to-end tests run inside the pod network's namespace: `make pod-e2e` "
+                    "(hack/pod-e2e/netns.sh hack/pytest.sh tests/pod_e2e -m pod_e2e)")  # fmt: skip
     with pytest.MonkeyPatch.context() as mp:
         for k, v in E2E.items():
             mp.setenv(k, v)
@@ -91,13 +104,14 @@ def node_cluster() -> Iterator[client.ApiClient]:
         # The operator image from a source tree (default: this one; SOVEREIGNSPEC_E2E_SOURCE builds
         # another, e.g. an older commit, with the same tag).
         source = os.environ.get("SOVEREIGNSPEC_E2E_SOURCE", str(REPO))
-        run(str(HACK / "pod-e2e/packages.sh"))
-        run(str(HACK / "build-binaries.sh"), "node")
-        run(str(HACK / "build-binaries.sh"), "prometheus-sd")  # pods discovered through the API server
-        run(str(HACK / "pod-e2e/images.sh"), "pause")
+        run(str(HACK / "pod-e2e/packages.sh"), host=True)
+        run(str(HACK / "build-binaries.sh"), "node", host=True)
+        # Prometheus with Kubernetes service discovery: pods found through the API server.
+        run(str(HACK / "build-binaries.sh"), "prometheus-sd", host=True)
+        run(str(HACK / "pod-e2e/images.sh"), "pause", host=True)
         build = {"OPERATOR_IMAGE": OPERATOR_IMAGE, "CONTEXT": source, "DOCKERFILE": f"{source}/Dockerfile"}
-        run(str(HACK / "pod-e2e/images.sh"), "operator", env=build)
-        run(str(HACK / "pod-e2e/images.sh"), "serving", env={"SERVING_IMAGE": SERVING_IMAGE})
+        run(str(HACK / "pod-e2e/images.sh"), "operator", env=build, host=True)
+        run(str(HACK / "pod-e2e/images.sh"), "serving", env={"SERVING_IMAGE": SERVING_IMAGE}, host=True)
         archives = []
         for name, image in (("pause", "registry.k8s.io/pause:3.10.2"), ("operator", OPERATOR_IMAGE),
                             ("serving", SERVING_IMAGE)):  # fmt: skip

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import ipaddress
 import json
 import os
 import re
@@ -34,7 +35,7 @@ from sovereignspec.telemetry.prometheus import PrometheusReader
 from tests import waiting
 from tests.engine.env import SETTINGS, local_profiles
 from tests.engine_client import SERVED, EngineClient, get
-from tests.pod_e2e.conftest import NODE, REPO, SERVING_IMAGE, RealEngine
+from tests.pod_e2e.conftest import GATEWAY, NODE, REPO, SERVING_IMAGE, RealEngine
 
 RELEASE, NAMESPACE, CHECK = "sovereignspec", "sovereignspec-system", "sovereignspec"
 SERVING_NS = "llm-serving"
@@ -133,7 +134,9 @@ def serving_job(name: str, seconds: int = 0) -> dict[str, Any]:
     # downward-API file the launcher reads, which must start the engine all the same.
     job["spec"]["template"]["metadata"].setdefault("annotations", {})["team.example.com/notes"] = FOREIGN
     pod = job["spec"]["template"]["spec"]
-    pod["hostNetwork"] = True  # this machine may create no pod network (the CNI has only loopback)
+    # The node's network (the pod network's namespace), where the test reaches a real engine on a
+    # fixed port; the operator's own Pods are on the pod network.
+    pod["hostNetwork"] = True
     engine = pod["containers"][0]
     engine["image"] = SERVING_IMAGE
     engine.pop("ports", None)  # on the host's network a port would let one such pod per node run
@@ -215,7 +218,8 @@ def telemetry() -> Any:
     synthetic = SyntheticTelemetry()
     for gpu in range(NODE_GPUS):
         synthetic.set_headroom(NODE, gpu, 1.0)  # a fresh node: every GPU idle
-    prom = LocalPrometheus(kubernetes_sd=True).start()
+    # Listening on the pod network's gateway too: the operator's Pods read it there.
+    prom = LocalPrometheus(kubernetes_sd=True, listen="0.0.0.0").start()
     prom.set_targets("synthetic", [synthetic.target])
     wait_until(lambda: prom.query("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"), 30, "Prometheus to scrape")
     yield prom
@@ -247,7 +251,7 @@ def test_helm_install_with_defaults_gives_a_ready_operator_pod_authenticated_by_
 ) -> None:
     chart = str(REPO / "charts" / "sovereignspec")
     helm("install", RELEASE, chart, "-n", NAMESPACE, "--create-namespace",
-         "--set", f"policy.spec.telemetry.prometheusURL={telemetry.url}",
+         "--set", f"policy.spec.telemetry.prometheusURL={telemetry.url_on(GATEWAY)}",
          "--post-renderer", str(REPO / "tests/pod_e2e/post-render.sh"))  # fmt: skip
     try:
         pod = wait_until(lambda: next((p for p in operator_pods(cluster) if ready(p)), None), 150,
@@ -289,6 +293,107 @@ def test_every_request_of_the_operator_carries_its_service_account_identity(
     assert [e["requestURI"] for e in events if e["user"].get("username") == "system:anonymous"] == []
     refused = [e["requestURI"] for e in mine if e["responseStatus"]["code"] in (401, 403)]
     assert refused == [], refused
+
+
+def service_monitor_job(tmp: Path) -> dict[str, Any]:
+    """The chart's ServiceMonitor (rendered with serviceMonitor.enabled, as a Prometheus Operator
+    would read it) as the scrape job that operator would generate: endpoints of the metrics Service
+    found through the API server, HTTPS verified against the CA Secret it names, the scraper's own
+    ServiceAccount token, bound to the chart's metrics-reader ClusterRole as values.yaml says."""
+    version = kubectl("version", "-o", "json")
+    server = json.loads(version)["serverVersion"]["gitVersion"]  # the chart's kubeVersion is checked
+    rendered = helm("template", RELEASE, str(REPO / "charts" / "sovereignspec"), "-n", NAMESPACE,
+                    "--kube-version", server, "--set", "metrics.serviceMonitor.enabled=true")  # fmt: skip
+    monitor = next(d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "ServiceMonitor")
+    (endpoint,) = monitor["spec"]["endpoints"]
+    tls = endpoint["tlsConfig"]
+    secret = client.CoreV1Api(controlplane.api_client()).read_namespaced_secret(
+        tls["ca"]["secret"]["name"], NAMESPACE
+    )
+    ca = tmp / "metrics-ca.crt"
+    ca.write_bytes(base64.b64decode(secret.data[tls["ca"]["secret"]["key"]]))
+    group, sa = "rbac.authorization.k8s.io", {"name": "metrics-scraper", "namespace": "monitoring"}
+    discovery = [{"apiGroups": [""], "resources": ["endpoints", "services", "pods"],
+                  "verbs": ["get", "list", "watch"]},
+                 {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],
+                  "verbs": ["get", "list", "watch"]}]  # fmt: skip
+    rbac = [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "monitoring"}},
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": sa},
+        {"apiVersion": f"{group}/v1", "kind": "ClusterRole", "metadata": {"name": "metrics-scraper"},
+         "rules": discovery},
+        *({"apiVersion": f"{group}/v1", "kind": "ClusterRoleBinding",
+           "metadata": {"name": f"metrics-scraper-{i}"},
+           "roleRef": {"apiGroup": group, "kind": "ClusterRole", "name": role},
+           "subjects": [{"kind": "ServiceAccount", **sa}]}
+          for i, role in enumerate(("metrics-scraper", f"{RELEASE}-metrics-reader"))),
+    ]  # fmt: skip
+    kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(rbac))
+    token = tmp / "metrics-scraper.token"
+    token.write_text(
+        kubectl("-n", "monitoring", "create", "token", "metrics-scraper", "--duration", "2h").strip()
+    )
+    api = controlplane.endpoint()
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    label = "__meta_kubernetes_service_label_"
+    return {
+        "job_name": "sovereignspec-metrics",
+        "scrape_interval": "1s",
+        "scheme": endpoint["scheme"],
+        "authorization": {"credentials_file": str(token)},
+        "tls_config": {"ca_file": str(ca), "server_name": tls["serverName"]},
+        "kubernetes_sd_configs": [{
+            "role": "endpoints", "api_server": api.server, "namespaces": {"names": [NAMESPACE]},
+            "authorization": {"credentials_file": str(token)},
+            "tls_config": {"ca_file": str(api.ca)}}],
+        "relabel_configs": [
+            *({"action": "keep", "source_labels": [label + re.sub(r"[^a-zA-Z0-9_]", "_", k)], "regex": v}
+              for k, v in selector.items()),
+            {"action": "keep", "source_labels": ["__meta_kubernetes_endpoint_port_name"],
+             "regex": endpoint["port"]},
+            {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"}],
+    }  # fmt: skip
+
+
+def test_the_charts_two_replicas_run_on_their_own_pod_addresses_probed_and_scraped_over_verified_https(
+    cluster: client.ApiClient, telemetry: LocalPrometheus, tmp_path: Path
+) -> None:
+    """The default install as shipped: two operator Pods on the pod network, each on an address of
+    its own, Ready through the chart's probes; Prometheus, configured as the chart's ServiceMonitor
+    says, scrapes both over HTTPS it verifies, with a ServiceAccount token; exactly one leads."""
+    pods = wait_for_ready_operator_pods(cluster, 2, 180, "both operator Pods to be Ready")
+    addresses = {p.status.pod_ip for p in pods}
+    assert len(addresses) == 2 and NODE not in addresses, addresses
+    assert all(ipaddress.ip_address(a) in ipaddress.ip_network(os.environ["SOVEREIGNSPEC_POD_SUBNET"])
+               for a in addresses), addresses  # fmt: skip
+    for pod in pods:
+        assert not pod.spec.host_network
+        (c,) = pod.spec.containers
+        assert c.liveness_probe.http_get.path == "/healthz" and c.readiness_probe is not None
+        assert {p.name for p in c.ports} == {"metrics", "liveness"}
+    telemetry.add_scrape_config(service_monitor_job(tmp_path))
+
+    def both_up() -> list[dict[str, Any]] | None:
+        up = telemetry.query('up{job="sovereignspec-metrics"}')
+        return up if len(up) == 2 and all(r["value"][1] == "1" for r in up) else None
+
+    try:
+        up = wait_until(both_up, 60, "Prometheus to scrape both operator Pods over verified HTTPS")
+    except AssertionError as exc:
+        targets = telemetry.query('up{job="sovereignspec-metrics"}')
+        raise AssertionError(f"{exc}\nup: {targets}\n{operator_state(cluster)}") from None
+    assert {r["metric"]["instance"].rsplit(":", 1)[0] for r in up} == addresses
+    leaders = wait_until(lambda: telemetry.query('sovereignspec_leader{job="sovereignspec-metrics"}'), 30,
+                         "the leader gauge of both")  # fmt: skip
+    assert sorted(float(r["value"][1]) for r in leaders) == [0.0, 1.0], leaders
+    # The same endpoint to a token RBAC does not allow: refused, so the target is down.
+    anonymous = {**service_monitor_job(tmp_path), "job_name": "unauthorised"}
+    anonymous["authorization"] = {"credentials": "not-a-token"}
+    telemetry.add_scrape_config(anonymous)
+    down = wait_until(lambda: (r := telemetry.query('up{job="unauthorised"}')) and len(r) == 2 and r, 60,
+                      "the unauthorised scrape's targets")  # fmt: skip
+    assert [r["value"][1] for r in down] == ["0", "0"], down
+    telemetry.remove_scrape_config("unauthorised")
 
 
 def test_examples_apply_as_the_readme_says_and_a_serving_job_runs_speculative_on_the_chosen_node(
@@ -741,7 +846,7 @@ def test_uninstall_keeps_the_policies_and_the_previous_chart_upgrades_to_this_on
     commands that let the release adopt the CRD it used to install from crds/) keeps every policy and
     decision and goes on deciding; `helm rollback` to the previous revision does too."""
     renderer = str(REPO / "tests/pod_e2e/post-render.sh")
-    url = f"policy.spec.telemetry.prometheusURL={telemetry.url}"
+    url = f"policy.spec.telemetry.prometheusURL={telemetry.url_on(GATEWAY)}"
     team = {"apiVersion": "sovereignspec.io/v1alpha1", "kind": "SpeculationPolicy",
             "metadata": {"name": "team-policy"}, "spec": {"gammaMax": 4}}  # fmt: skip
     kubectl("apply", "-f", "-", stdin=yaml.safe_dump(team))
@@ -798,9 +903,10 @@ WORKER_NAME, TEAM = "pod-e2e-worker", "team-dispatch"
 
 @pytest.fixture(scope="module")
 def worker_cluster() -> Any:
-    """A worker control plane on loopback (etcd, kube-apiserver, Kueue; no node): simulated GPU
-    nodes in the eu jurisdiction, a queue, the ServiceAccount MultiKueue acts as. Yields the
-    kubeconfig MultiKueue is given and the worker's Prometheus (synthetic dcgm-exporter series)."""
+    """A worker control plane (etcd, kube-apiserver, Kueue; no node) in the pod network's namespace,
+    its API server on the gateway too for the dispatcher's Pods: simulated GPU nodes in the eu
+    jurisdiction, a queue, the ServiceAccount MultiKueue acts as. Yields the kubeconfig MultiKueue is
+    given and the worker's Prometheus (synthetic dcgm-exporter series)."""
     from localdev.gpunodes import apply_node
     from localdev.multicluster import _multikueue_account
     from localdev.operator import install
@@ -810,7 +916,7 @@ def worker_cluster() -> Any:
     state = Path(WORKER["SOVEREIGNSPEC_CLUSTER_DIR"])
     down = str(REPO / "hack" / "cluster-down.sh")
     telemetry = SyntheticTelemetry()
-    prom = LocalPrometheus()
+    prom = LocalPrometheus(listen="0.0.0.0")  # the dispatcher's Pods read it on the gateway
     try:
         run(str(REPO / "hack" / "cluster-up.sh"), env=env)
         from kubernetes import config
@@ -836,7 +942,7 @@ def worker_cluster() -> Any:
         kubeconfig = yaml.safe_dump({
             "apiVersion": "v1", "kind": "Config",
             "clusters": [{"name": WORKER_NAME, "cluster": {
-                "server": f"https://127.0.0.1:{WORKER['SOVEREIGNSPEC_APISERVER_PORT']}",
+                "server": f"https://{GATEWAY}:{WORKER['SOVEREIGNSPEC_APISERVER_PORT']}",
                 "certificate-authority-data": base64.b64encode(ca).decode()}}],
             "users": [{"name": "multikueue", "user": {"token": token}}],
             "contexts": [{"name": WORKER_NAME, "context": {"cluster": WORKER_NAME, "user": "multikueue"}}],
@@ -872,7 +978,7 @@ def test_the_dispatcher_role_installed_from_the_chart_nominates_a_worker_under_i
             "name": WORKER_NAME,
             "labels": {"sovereignspec.io/jurisdiction": "eu"},
             "annotations": {
-                "sovereignspec.io/prometheus-url": prom.url,
+                "sovereignspec.io/prometheus-url": prom.url_on(GATEWAY),
                 "sovereignspec.io/gpu-type": "H100-SXM",
             },
         },
