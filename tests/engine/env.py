@@ -1,39 +1,23 @@
 """What a real vLLM needs, shared by `make engine-e2e` (a process on loopback) and `make pod-e2e` (the
-same environment mounted read-only into a serving Pod): the cached CPU build, the tiny checkpoints,
-the engine's environment variables and profiles that offer the served model to a drafter."""
+same environment mounted read-only into a serving Pod): the cached CPU build and the engine's
+environment (localdev/engine.py), the tiny checkpoints and profiles that offer the served model to a
+drafter."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 from pathlib import Path
 
 import yaml
 
+from localdev.engine import SETTINGS, engine_env, install
 from tests.engine_client import SERVED
+
+__all__ = ["SETTINGS", "build_tiny", "engine_env", "install", "local_profiles"]
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
-
-# The engine's own settings for a shared 2-core machine without the model hub.
-SETTINGS = {
-    "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB: plenty for these models
-    "VLLM_CPU_OMP_THREADS_BIND": "nobind",  # shared cores, nothing to pin
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "VLLM_NO_USAGE_STATS": "1",
-}
-
-
-def install() -> Path:
-    """The engine's interpreter; built by hack/engine-env.sh on first use (minutes), cached."""
-    proc = subprocess.run(
-        [str(REPO / "hack" / "engine-env.sh")], capture_output=True, text=True, timeout=1800, check=False
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"hack/engine-env.sh failed (rc {proc.returncode}):\n{proc.stderr[-4000:]}")
-    return Path(proc.stdout.strip().splitlines()[-1])
 
 
 def build_tiny(engine_python: Path, out: Path) -> Path:
@@ -46,16 +30,6 @@ def build_tiny(engine_python: Path, out: Path) -> Path:
         capture_output=True,
     )
     return out
-
-
-def engine_env(engine_python: Path, cache: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "HF_"))}
-    env.update(
-        PATH=f"{engine_python.parent}:{env.get('PATH', '/usr/bin:/bin')}",
-        VLLM_CACHE_ROOT=str(cache),
-        **SETTINGS,
-    )
-    return env
 
 
 def local_profiles(out: Path, drafters: tuple[str, ...] = ()) -> Path:
