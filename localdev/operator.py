@@ -126,14 +126,6 @@ class OperatorProcess:
             except subprocess.TimeoutExpired:
                 self.kill()
 
-    def rss_bytes(self) -> int:
-        """Resident memory of the operator process right now."""
-        assert self.proc is not None
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-        return 0
-
     def cpu_seconds(self) -> float:
         """User plus system CPU time the operator process has used so far."""
         assert self.proc is not None

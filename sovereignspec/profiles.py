@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -293,11 +292,6 @@ def load_profiles(directory: Path | str | None = None) -> ProfileSet:
                     f"accepted: one of the models {sorted(profiles.models)}"
                 )
     return profiles
-
-
-@lru_cache(maxsize=8)
-def cached_profiles(directory: str | None = None) -> ProfileSet:
-    return load_profiles(directory)
 
 
 def resolve_name(kind: str, name: str, known: Mapping[str, object]) -> str:
