@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from localdev.engine import engine_env, install
+from localdev.engine import engine_env, install, stop
 from localdev.ports import free_port
 from sovereignspec.core.calibration import Measurement, fit
 from sovereignspec.core.roofline import roofline_for
@@ -103,13 +103,7 @@ class Engine:
     started_s: float = 0.0
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=30)
+        stop(self.proc)
 
 
 def serve(

@@ -40,3 +40,14 @@ def engine_env(engine_python: Path, cache: Path, **settings: str) -> dict[str, s
     )
     env.update(settings)
     return env
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """End an engine process: SIGTERM (vLLM then shuts its engine core down), SIGKILL after a minute."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=30)

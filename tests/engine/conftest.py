@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from localdev.engine import stop
 from localdev.ports import free_port
 from tests.conftest import go_quoted
 from tests.engine import env as engine_setup
@@ -61,13 +62,7 @@ class Served(EngineClient):
         return self.log.read_text(errors="replace")
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=30)
+        stop(self.proc)
 
 
 @pytest.fixture(scope="session")
