@@ -82,7 +82,14 @@ def candidates(
 
 
 def holder(api: client.ApiClient, namespace: str) -> LeaseRecord | None:
-    lease = client.CoordinationV1Api(api).read_namespaced_lease(LEASE, namespace)
+    """The Lease's record; None while there is no Lease yet (an operator just started, on a busy
+    machine, may not have made it when the test first looks)."""
+    try:
+        lease = client.CoordinationV1Api(api).read_namespaced_lease(LEASE, namespace)
+    except client.ApiException as e:
+        if e.status == 404:
+            return None
+        raise
     return LeaseRecord.of(client.ApiClient().sanitize_for_serialization(lease))
 
 
