@@ -18,6 +18,7 @@ phases.
 from __future__ import annotations
 
 import argparse
+import os
 import secrets
 import statistics
 import time
@@ -139,6 +140,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--flood, --kib and --others: accepted: positive integers")
     if args.others > NODES * GPUS_PER_NODE - FLOOD_GPUS:
         parser.error(f"--others: accepted: at most {NODES * GPUS_PER_NODE - FLOOD_GPUS} (their GPUs)")
+    # Its own control plane's flags (hack/cluster-up.sh restarts one that is up with others): at
+    # 2,000 x 250 KiB of labels the API server's watch cache holds every Job and Workload decoded,
+    # with their history, and went past this machine's memory (OOM-killed at 15.8 GB); without it a
+    # LIST or watch is served from etcd, paged as the operator asks. etcd's 2 GiB default quota is
+    # below what the flood writes.
+    os.environ.setdefault("SOVEREIGNSPEC_APISERVER_FLAGS", "--watch-cache=false")
+    os.environ.setdefault("SOVEREIGNSPEC_ETCD_FLAGS", f"--quota-backend-bytes={8 * 2**30}")
     controlplane.up()
     api = controlplane.api_client()
     install(api)

@@ -8,6 +8,11 @@
 #
 # Re-running while the control plane is healthy does nothing but print it. If a component fails to
 # build or become ready, the script names it, prints the tail of its log and stops what it started.
+#
+# SOVEREIGNSPEC_ETCD_FLAGS and SOVEREIGNSPEC_APISERVER_FLAGS add flags (split on spaces) to etcd and
+# the API server: `make bench-flood` runs without the API server's watch cache, which at its full
+# size would hold ~1 GB of label maps decoded, with their history. A control plane that is up with
+# other extra flags is restarted with these.
 set -euo pipefail
 source "$(dirname "$0")/cluster-lib.sh"
 
@@ -44,8 +49,14 @@ healthy() {
     curl -sf "http://127.0.0.1:$LWS_HEALTH_PORT/readyz" >/dev/null
 }
 
+extra_flags="etcd: ${SOVEREIGNSPEC_ETCD_FLAGS:-}; kube-apiserver: ${SOVEREIGNSPEC_APISERVER_FLAGS:-}"
+same_flags() { [[ "$(cat "$STATE_DIR/extra-flags" 2>/dev/null)" == "$extra_flags" ]]; }
+
 if [[ -d $STATE_DIR ]]; then
-  if healthy; then
+  if ! same_flags; then
+    log "up with other extra flags ($(cat "$STATE_DIR/extra-flags" 2>/dev/null || echo none)); restarting with: $extra_flags"
+    "$HACK_DIR/cluster-down.sh" || exit 1
+  elif healthy; then
     log "already up"
     print_summary
     exit 0
@@ -76,6 +87,7 @@ PYTHON=${PYTHON:-$REPO_DIR/.venv/bin/python}
 [[ -x $PYTHON ]] || PYTHON=python3
 
 mkdir -p "$STATE_DIR"/{pki,pids,logs,etcd,kueue/webhook-certs,lws/webhook-certs,manifests}
+printf '%s' "$extra_flags" >"$STATE_DIR/extra-flags"
 started_here=1
 
 # --- certificates -------------------------------------------------------------------------------
@@ -166,7 +178,7 @@ launch_etcd() {
     --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
     --listen-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \
     --initial-cluster "local=http://127.0.0.1:$ETCD_PEER_PORT" --unsafe-no-fsync --listen-metrics-urls "" \
-    --log-level warn
+    --log-level warn ${SOVEREIGNSPEC_ETCD_FLAGS:-}
 }
 bring_up etcd launch_etcd 60 curl -sf "http://127.0.0.1:$ETCD_PORT/health"
 
@@ -196,7 +208,7 @@ launch_apiserver() {
     --authorization-mode Node,RBAC \
     --kubelet-client-certificate "$pki/kubelet-client.crt" --kubelet-client-key "$pki/kubelet-client.key" \
     "${admission[@]}" \
-    --profiling=false --v 1
+    --profiling=false --v 1 ${SOVEREIGNSPEC_APISERVER_FLAGS:-}
 }
 bring_up kube-apiserver launch_apiserver 120 curl -sf --cacert "$pki/ca.crt" --cert "$pki/admin.crt" --key "$pki/admin.key" \
   "https://127.0.0.1:$APISERVER_PORT/readyz"
