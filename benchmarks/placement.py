@@ -2,7 +2,7 @@
 PYTHONPATH naming the tree to measure (this one, or an older commit's unpacked by `make bench`).
 
 It imports only what every tree since the benchmark's first version has (`Placer`, `tick_order`,
-`load_profiles`, `benchmarks.cluster`, `tests.reference`), so the same measurement runs on both
+`load_profiles`, `benchmarks.cluster`, the scalar reference), so the same measurement runs on both
 sides of a comparison. Each tree decides with its own model and its own profiles, and with the
 allocator setting its processes start with (`sovereignspec.heap`, where the tree has it; not
 with `--default-allocator`)."""
@@ -20,7 +20,11 @@ from benchmarks.cluster import mixed_cluster, one_off_workloads, pending_workloa
 from sovereignspec.core import placement as placement_module
 from sovereignspec.core.placement import Placer, tick_order
 from sovereignspec.profiles import load_profiles
-from tests.reference import reference_tick
+
+try:
+    from benchmarks.reference import reference_tick
+except ImportError:  # a tree from before the reference moved out of tests/
+    from tests.reference import reference_tick  # type: ignore[no-redef]
 
 N_GPUS = 2_000
 N_PENDING = 10_000

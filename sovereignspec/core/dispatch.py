@@ -238,20 +238,6 @@ def dispatch_order(req: WorkloadRequest) -> tuple[bool, float]:
     return (req.latency_class != "latency", -req.alpha)
 
 
-def dispatch_all(
-    profiles: ProfileSet,
-    workers: Sequence[Worker],
-    requests: Sequence[WorkloadRequest],
-    policy: PlacerSettings | None = None,
-    nominate: int = 1,
-) -> list[Dispatch]:
-    """Every request in order, latency-sensitive first (they take the headroom), as one tick."""
-    d = Dispatcher(profiles, workers, policy)
-    order = sorted(range(len(requests)), key=lambda i: (dispatch_order(requests[i]), i))
-    out: dict[int, Dispatch] = {i: d.dispatch(requests[i], nominate) for i in order}
-    return [out[i] for i in range(len(requests))]
-
-
 def admissible_nomination(
     req: WorkloadRequest, nominated: Sequence[str], workers: Mapping[str, Worker], jurisdiction_label: str
 ) -> str | None:

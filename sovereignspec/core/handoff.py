@@ -20,40 +20,6 @@ BATCH_BREAKPOINTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 Table = list[list[int]]  # inclusive [first batch, last batch, K] ranges from batch 1
 
 
-def budget_by_batch(
-    gpu: GpuSpec,
-    model: ModelSpec,
-    drafter: DrafterSpec,
-    alpha: float,
-    context: float,
-    gamma_max: int,
-    margin: float,
-    cap: int | None = None,
-    background: float = 0.0,
-    step_limit: float = math.inf,
-    decided: tuple[float, int] | None = None,
-    measured_background: float | None = None,
-    caution: float = 0.0,
-) -> Table:
-    """γ* at each batch breakpoint, as contiguous inclusive ranges (`_budget`)."""
-    ks, _ = _budget(
-        gpu,
-        model,
-        drafter,
-        alpha,
-        context,
-        gamma_max,
-        margin,
-        cap,
-        background,
-        step_limit,
-        decided,
-        measured_background,
-        caution,
-    )
-    return _ranges(ks)
-
-
 def _ranges(ks: list[int]) -> Table:
     """Breakpoints' K as contiguous inclusive ranges; equal neighbours merge."""
     out: Table = []

@@ -14,7 +14,7 @@ Every excluded node comes back with the constraint that excluded it and whether 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -47,17 +47,6 @@ class Exclusion:
     constraint: str  # "jurisdiction" | "exclusive-tenant-present" | "shared-node"
     detail: str
     permanent: bool
-
-
-@dataclass(frozen=True)
-class FilterResult:
-    admissible: tuple[str, ...]
-    excluded: dict[str, Exclusion]
-
-    @property
-    def never_admissible(self) -> bool:
-        """No node can ever take the workload: every exclusion is permanent."""
-        return not self.admissible and all(e.permanent for e in self.excluded.values())
 
 
 def check_node(
@@ -93,20 +82,6 @@ def check_node(
         if others:
             return Exclusion("shared-node", f"exclusive tenant; node runs {', '.join(sorted(others))}", False)
     return None
-
-
-def filter_nodes(
-    req: Requirement, nodes: Iterable[NodeTenancy], jurisdiction_label: str = DEFAULT_JURISDICTION_LABEL
-) -> FilterResult:
-    admissible: list[str] = []
-    excluded: dict[str, Exclusion] = {}
-    for node in nodes:
-        reason = check_node(req, node, jurisdiction_label)
-        if reason is None:
-            admissible.append(node.name)
-        else:
-            excluded[node.name] = reason
-    return FilterResult(tuple(admissible), excluded)
 
 
 class TenancyIndex:

@@ -9,14 +9,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sovereignspec.core.dispatch import (
+    Dispatch,
     Dispatcher,
     Worker,
     WorkerGpu,
     admissible_nomination,
     check_worker,
-    dispatch_all,
+    dispatch_order,
 )
 from sovereignspec.core.placement import PlacerSettings, WorkloadRequest
+from sovereignspec.core.specs import ProfileSet
 from sovereignspec.operator.dispatcher import connected, describe_worker
 from sovereignspec.profiles import load_profiles
 
@@ -26,6 +28,17 @@ LABEL = PlacerSettings().jurisdiction_label
 
 def gpus(headroom: float | None, n: int = 4, nodes: int = 1) -> tuple[WorkerGpu, ...]:
     return tuple(WorkerGpu(f"node-{k}", i, headroom) for k in range(nodes) for i in range(n))
+
+
+def dispatch_all(
+    profiles: ProfileSet, workers: list[Worker], requests: list[WorkloadRequest], nominate: int = 1
+) -> list[Dispatch]:
+    """Every request as one tick, in the order the operator's dispatcher takes them
+    (`dispatch_order`: latency-sensitive first), returned in the requests' order."""
+    d = Dispatcher(profiles, workers)
+    order = sorted(range(len(requests)), key=lambda i: (dispatch_order(requests[i]), i))
+    out = {i: d.dispatch(requests[i], nominate) for i in order}
+    return [out[i] for i in range(len(requests))]
 
 
 def worker(name: str, jurisdiction: str | None, headroom: float | None = 1.0, **kw: object) -> Worker:

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from benchmarks.reference import reference_tick
 from sovereignspec.core.placement import (
     ClusterView,
     GpuState,
@@ -17,7 +18,6 @@ from sovereignspec.core.placement import (
     WorkloadRequest,
 )
 from sovereignspec.core.sovereignty import DEFAULT_JURISDICTION_LABEL as JUR
-from tests.reference import reference_tick
 
 
 def cluster(*specs):

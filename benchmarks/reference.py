@@ -208,9 +208,9 @@ def reference_tick(
             gpu = profiles.gpus[g.gpu_type]
             low_ce = gpu.compute_efficiency_low
             if choice.gamma > 0 and low_ce is not None and low_ce != gpu.compute_efficiency:
-                low = Coeffs.of(replace(gpu, compute_efficiency=low_ce), model, tp)
-                if low.headroom(choice.load + b * (choice.gamma + 1.0), choice.load + b, ctx) <= 0.0:
-                    careful = best_gamma(low, *args)
+                low_c = Coeffs.of(replace(gpu, compute_efficiency=low_ce), model, tp)
+                if low_c.headroom(choice.load + b * (choice.gamma + 1.0), choice.load + b, ctx) <= 0.0:
+                    careful = best_gamma(low_c, *args)
                     if careful.gamma < choice.gamma:
                         choice = careful
             tpot = choice.step / taus[choice.gamma]
