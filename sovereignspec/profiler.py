@@ -35,16 +35,9 @@ from urllib.parse import urlsplit
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from sovereignspec import engines
 from sovereignspec.errors import ConfigError
 
-RUNNING = ("vllm:num_requests_running", "sglang:num_running_reqs")
-KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage")
-VLLM_SPEC = (
-    "vllm:spec_decode_num_drafts",
-    "vllm:spec_decode_num_draft_tokens",
-    "vllm:spec_decode_num_accepted_tokens",
-)
-SGLANG_ACCEPT_LENGTH = "sglang:spec_accept_length"
 # Token ids for prompts: common ids in every Llama-family vocabulary, away from the special ones.
 PROMPT_IDS = (1000, 20000)
 
@@ -127,7 +120,7 @@ class Engine:
         self.has_metrics = metrics is not None
         if metrics:
             names = " ".join(metrics)
-            self.kind = "vllm" if "vllm:" in names else "sglang" if "sglang:" in names else "unknown"
+            self.kind = engines.kind_of(names)
 
     def metrics(self) -> dict[str, float] | None:
         """Every sample of /metrics summed over labels (name → value), or None without /metrics."""
@@ -256,9 +249,9 @@ def measure(
     kv: list[float] = []
     while any(t.is_alive() for t in threads):
         if engine.has_metrics and (m := engine.metrics()):
-            if (r := _first(m, RUNNING)) is not None:
+            if (r := _first(m, engines.gauges("running"))) is not None:
                 running.append(r)
-            if (u := _first(m, KV_USAGE)) is not None:
+            if (u := _first(m, engines.gauges("kv_usage"))) is not None:
                 kv.append(u)
         time.sleep(0.05)  # 20 samples a second: enough to catch the full batch, light on the engine
     if errors:
@@ -339,25 +332,10 @@ def _speculation(
     speculative counters and the `tokens` the point's sequences produced; (1, 1) for an engine
     that does not speculate.
 
-    Per step, not per draft: vLLM counts a draft only on the steps that drafted (ngram drafts where
-    the text repeats), and a step that did not draft still verified one token and yielded one. Each
-    step of a sequence yields one token plus the drafts it accepted, so the point's sequence-steps
-    are its tokens less the accepted drafts (chunks are no count of them: a lagging client gets
-    several steps merged into one)."""
+    Each engine's module reads its own counters (`Engine.step_tokens`)."""
     if not before or not after:
         return 1.0, 1.0
-    drafts, drafted, accepted = (
-        after.get(n + "_total", 0.0) - before.get(n + "_total", 0.0) for n in VLLM_SPEC
-    )
-    if drafts > 0 and drafted >= 0 and 0 <= accepted <= drafted and tokens - accepted >= drafts:
-        steps = tokens - accepted
-        return 1.0 + drafted / steps, tokens / steps
-    length = after.get(SGLANG_ACCEPT_LENGTH)
-    if length and length > 1.0:
-        # SGLang exports τ but not γ: the verified tokens per step are its configured draft tokens,
-        # not in /metrics; count τ as both (a lower bound on the query tokens).
-        return length, length
-    return 1.0, 1.0
+    return engines.step_tokens(before, after, tokens)
 
 
 def run(

@@ -182,7 +182,15 @@ class EngineProfile(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     vllm_method: str = Field(default="", description="vLLM speculative_config method, e.g. eagle3, ngram")
     sglang_algorithm: str = Field(default="", description="SGLang --speculative-algorithm, e.g. EAGLE3")
+    methods: dict[str, str] = Field(
+        default_factory=dict, description="any other engine's name for the method: engine name -> method"
+    )
     draft_models: dict[str, str] = Field(default_factory=dict, description="target model -> draft checkpoint")
+
+    def by_engine(self) -> dict[str, str]:
+        """Engine name (`sovereignspec.engines`) -> its name for the method."""
+        named = {"vllm": self.vllm_method, "sglang": self.sglang_algorithm}
+        return {k: v for k, v in {**named, **self.methods}.items() if v}
 
 
 class DrafterProfile(_Profile):
@@ -210,9 +218,7 @@ class DrafterProfile(_Profile):
             spec_overhead=self.spec_overhead,
             targets=tuple(self.targets),
             relative_cost_by_target=dict(self.relative_cost_by_target),
-            engines=EngineNames(
-                self.engines.vllm_method, self.engines.sglang_algorithm, dict(self.engines.draft_models)
-            ),
+            engines=EngineNames(self.engines.by_engine(), dict(self.engines.draft_models)),
         )
 
 

@@ -79,10 +79,10 @@ class ModelSpec:
 
 @dataclass(frozen=True)
 class EngineNames:
-    """How serving engines name this drafting method, and the draft checkpoint per target model."""
+    """How serving engines name this drafting method (engine name -> its name for the method), and
+    the draft checkpoint per target model."""
 
-    vllm_method: str = ""
-    sglang_algorithm: str = ""
+    methods: dict[str, str] = field(default_factory=dict)
     draft_models: dict[str, str] = field(default_factory=dict)
 
 

@@ -22,6 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from sovereignspec import engines
+
 # Kueue's key (a label, or an annotation under a feature gate) naming the Workload it built for a
 # Pod's group: a StatefulSet's, a LeaderWorkerSet group's.
 KUEUE_PREBUILT = "kueue.x-k8s.io/prebuilt-workload-name"
@@ -78,9 +80,8 @@ SOVEREIGNTY_KEYS = tuple(k for k, f in INPUTS.items() if f.sovereignty)
 # steering the engine around the decision (see controller.pod_set_annotations).
 OUT_MODE = PREFIX + "mode"
 OUT_BUDGET = PREFIX + "draft-budget"
-OUT_SGLANG_ADAPTIVE = PREFIX + "sglang-adaptive-config"
-OUT_VLLM = PREFIX + "vllm-speculative-config"
-OUT_SGLANG = PREFIX + "sglang-args"
+# Each engine's configuration, in the annotations its module names (`sovereignspec.engines`).
+OUT_ENGINES = frozenset(PREFIX + key for key in engines.OUTPUTS)
 OUT_GPU_TYPE = PREFIX + "gpu-type"
 OUT_GPU_INDEX = PREFIX + "gpu-index"
 OUT_SPEEDUP = PREFIX + "predicted-speedup"
@@ -93,9 +94,6 @@ OUTPUTS = frozenset(
     {
         OUT_MODE,
         OUT_BUDGET,
-        OUT_SGLANG_ADAPTIVE,
-        OUT_VLLM,
-        OUT_SGLANG,
         OUT_GPU_TYPE,
         OUT_GPU_INDEX,
         OUT_SPEEDUP,
@@ -103,6 +101,7 @@ OUTPUTS = frozenset(
         OUT_DECIDED_AT,
         OUT_POLICY,
         OUT_NODES,
+        *OUT_ENGINES,
     }
 )
 HOSTNAME = "kubernetes.io/hostname"

@@ -211,7 +211,7 @@ class DispatchController(Role):
             if problem is None and desc.prometheus_url is None:
                 error = f"no {WORKER_PROMETHEUS} annotation"
             elif problem is None and desc.prometheus_url is not None:
-                # The policy's telemetry settings (window, client, SGLang's meaning) for every
+                # The policy's telemetry settings (window, client, engines' meanings) for every
                 # worker's Prometheus.
                 snap = self.worker_telemetry.get(spec, prometheus_url=desc.prometheus_url)
                 error = snap.error if not snap.gpus else None

@@ -7,7 +7,6 @@ controller only carries them out; the property tests run exactly this on generat
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
@@ -15,7 +14,7 @@ from sovereignspec.core.decision import DecisionRecord
 from sovereignspec.core.handoff import armed_at_declared, handoff
 from sovereignspec.core.placement import Placement, Placer, spec_request
 from sovereignspec.core.specs import ProfileSet
-from sovereignspec.engines import engine_config
+from sovereignspec.engines import engine_config, handed_table
 from sovereignspec.operator import annotations as ann
 from sovereignspec.operator.policy import PolicySpec
 from sovereignspec.operator.view import PendingWorkload, View, placer_policy
@@ -218,12 +217,9 @@ def decision_notes(
         )
         notes[ann.OUT_SPEEDUP] = f"{speedup:.3f}"
         notes[ann.OUT_TPOT] = f"{step * 1e3:.3f}"
-    if config is not None and config.vllm:
+    if config is not None and config.speculative:
         notes[ann.OUT_MODE] = "speculative"
-        notes[ann.OUT_VLLM] = config.vllm
-        notes[ann.OUT_SGLANG] = config.sglang
-        if config.sglang_adaptive:
-            notes[ann.OUT_SGLANG_ADAPTIVE] = config.sglang_adaptive
+        notes.update({ann.PREFIX + key: value for key, value in config.notes.items()})
     # else a plain pod: nothing it is handed may say speculate.
     return notes
 
@@ -242,7 +238,8 @@ def never_written(template_notes: Mapping[str, str], profiles: ProfileSet) -> di
         if (
             (key == ann.OUT_MODE and value != "plain")
             or (key == ann.OUT_BUDGET and value != "0")
-            or key in (ann.OUT_VLLM, ann.OUT_SGLANG, ann.OUT_SGLANG_ADAPTIVE, ann.OUT_NODES)
+            or key in ann.OUT_ENGINES
+            or key == ann.OUT_NODES
             or (key == ann.OUT_GPU_TYPE and value not in profiles.gpus)
             or (key == ann.OUT_GPU_INDEX and not (value.isascii() and value.isdigit()))
         ):
@@ -327,7 +324,7 @@ def _placed(
         reason = f"{reason} ({view.stale_reason})"
     light = ""
     if record.gamma == 0 and notes.get(ann.OUT_MODE) == "speculative":
-        table = json.loads(notes[ann.OUT_VLLM]).get("num_speculative_tokens_per_batch_size") or []
+        table = handed_table({k.removeprefix(ann.PREFIX): v for k, v in notes.items()})
         below = max((hi for _, hi, k in table if k > 0), default=0)
         light = (
             f"; speculates up to batch {below} (per-batch table {table}), K = 0 above: "

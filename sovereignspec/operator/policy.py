@@ -52,6 +52,10 @@ class Acceptance(_Model):
         description="drafts (SGLang with PR #23530) or tokens-with-bonus (SGLang before it)",
     )
 
+    def engine_options(self) -> dict[str, dict[str, str]]:
+        """Per engine (`sovereignspec.engines`), what the policy says its metrics mean."""
+        return {"sglang": {"accept_rate": self.sglang_accept_rate}}
+
 
 _PATH = r"^/"
 _PATH_TEXT = "an absolute path in the operator's Pod (a mounted Secret)"

@@ -52,7 +52,7 @@ class TelemetryCache:
             t.prometheus_client,
             tuple(t.dcgm_endpoints),
             t.acceptance.window,
-            t.acceptance.sglang_accept_rate,
+            tuple(sorted((k, tuple(sorted(v.items()))) for k, v in t.acceptance.engine_options().items())),
         )
         cached = self._cache.get(key)
         if cached is not None and not cached.error and self.clock() - cached.fetched_at < self.max_age:
@@ -63,7 +63,7 @@ class TelemetryCache:
                 snap = PrometheusReader(
                     url,
                     window=t.acceptance.window,
-                    sglang_rate=t.acceptance.sglang_accept_rate,
+                    engine_options=t.acceptance.engine_options(),
                     client=client_config(t.prometheus_client),
                 ).snapshot()
             elif t.source == "dcgm-exporter" and t.dcgm_endpoints:

@@ -17,10 +17,11 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sovereignspec.core.speedup import alpha_from_draft_acceptance
+from sovereignspec import engines
 from sovereignspec.telemetry.snapshot import (
     ACTIVITY_METRICS,
     MIG_LABEL,
@@ -29,15 +30,6 @@ from sovereignspec.telemetry.snapshot import (
     activity_readings,
     host_of,
     merge_activity,
-)
-
-TPOT_METRICS = (
-    "vllm:request_time_per_output_token_seconds",
-    "sglang:request_time_per_output_token_seconds",
-    "vllm:time_per_output_token_seconds",
-    "sglang:time_per_output_token_seconds",
-    "sglang:inter_token_latency_seconds",
-    "vllm:inter_token_latency_seconds",
 )
 
 
@@ -81,7 +73,7 @@ class PrometheusReader:
         url: str,
         timeout: float | None = None,
         window: str = "5m",
-        sglang_rate: str = "drafts",
+        engine_options: Mapping[str, Mapping[str, str]] | None = None,
         client: ClientConfig | None = None,
         sleep: Any = time.sleep,
     ) -> None:
@@ -89,7 +81,8 @@ class PrometheusReader:
         self.client = client or ClientConfig()
         self.timeout = self.client.timeout if timeout is None else timeout
         self.window = window
-        self.sglang_rate = sglang_rate  # what sglang:spec_accept_rate means (_sglang_alpha)
+        # Per engine, what the policy says its metrics mean (`Engine.acceptance`).
+        self.engine_options = dict(engine_options or {})
         self.rejected: dict[str, int] = {}  # reason -> rows treated as missing, for the metric
         self._sleep = sleep
         self._tls: ssl.SSLContext | None = None
@@ -222,90 +215,15 @@ class PrometheusReader:
         `namespace` label keeps the target's, so no workload can speak for another namespace. A
         `tenant` label on engine metrics is not evidence of anything and is ignored.
 
-        vLLM: α is the first draft position's acceptance (accepted_tokens_per_pos{position="0"} /
-        drafts) when the per-position counter is there; otherwise it is recovered from accepted /
-        drafted tokens at the mean draft length drafted / drafts. SGLang: α from its accept length
-        and rate (see _sglang_alpha), with the prior's weight (it reports no token counts)."""
+        Each engine's module reads its own counters (`Engine.acceptance`), weighted by the draft
+        tokens they count, or with the prior's weight where an engine reports no token counts."""
         by = "namespace, model_name"
-        w = self.window
         # One evaluation time for every query: increase() extrapolates to the window's edges, so
         # counters read at different instants would not divide into a true ratio.
-        at = time.time()
+        return engines.acceptance(self, by, time.time(), self.engine_options)
 
-        bad: set[tuple[str, str]] = set()
-
-        def totals(metric: str, extra: str = "") -> dict[tuple[str, str], float]:
-            out: dict[tuple[str, str], float] = {}
-            for labels, value, _ in self.query(f"sum by ({by}) (increase({metric}{extra}[{w}]))", at):
-                key = _namespace_model(labels)
-                if not math.isfinite(value) or value < 0 or key in out:
-                    bad.add(key)
-                out[key] = value
-            return out
-
-        drafts = totals("vllm:spec_decode_num_drafts_total")  # vLLM (v1 engine) counters
-        draft_tokens = totals("vllm:spec_decode_num_draft_tokens_total")
-        accepted = totals("vllm:spec_decode_num_accepted_tokens_total")
-        first = totals("vllm:spec_decode_num_accepted_tokens_per_pos_total", '{position="0"}')
-        out: dict[tuple[str, str], tuple[float, float]] = {}
-        for key, tokens in draft_tokens.items():
-            n = drafts.get(key, 0.0)
-            if key in bad or tokens <= 0 or n <= 0:
-                continue
-            # Counters that contradict each other are not evidence: more accepted than drafted,
-            # more first-position acceptances than drafts, fewer draft tokens than drafts.
-            slack = 1.0 + 1e-6  # increase() extrapolates each counter on its own
-            if (
-                accepted.get(key, 0.0) > tokens * slack
-                or first.get(key, 0.0) > n * slack
-                or tokens < n / slack
-            ):
-                self.rejected["inconsistent-counters"] = self.rejected.get("inconsistent-counters", 0) + 1
-                continue
-            if key in first:
-                out[key] = (min(first[key] / n, 1.0), tokens)
-            elif key in accepted:
-                out[key] = (alpha_from_draft_acceptance(accepted[key] / tokens, round(tokens / n)), tokens)
-        if bad:
-            self.rejected["invalid-counters"] = self.rejected.get("invalid-counters", 0) + len(bad)
-        for key, alpha in self._sglang_alpha(by, at).items():
-            out.setdefault(key, (alpha, -1.0))
-        return out
-
-    def _sglang_alpha(self, by: str, at: float) -> dict[tuple[str, str], float]:
-        """SGLang's gauges: spec_accept_length is τ, the tokens a verification step yields (accepted
-        drafts and the bonus token), the same in every version; spec_accept_rate gives γ, with the
-        version's meaning (`sglang_rate`): accepted drafts over proposed drafts, (τ-1)/γ, since
-        SGLang's PR #23530 ("drafts"); τ/(γ+1) before it ("tokens-with-bonus"). τ at that γ inverts
-        to the per-token α. Neither gauge alone is α."""
-        w = self.window
-        length = {
-            _namespace_model(labels): v
-            for labels, v, _ in self.query(
-                f"avg by ({by}) (avg_over_time(sglang:spec_accept_length[{w}]))", at
-            )
-        }
-        out: dict[tuple[str, str], float] = {}
-        for labels, rate, _ in self.query(f"avg by ({by}) (avg_over_time(sglang:spec_accept_rate[{w}]))", at):
-            key = _namespace_model(labels)
-            tau_ = length.get(key)
-            if tau_ is None:
-                continue
-            if not (0.0 <= rate <= 1.0 and tau_ >= 1.0 and math.isfinite(tau_)):  # also false for NaN
-                self.rejected["out-of-range"] = self.rejected.get("out-of-range", 0) + 1
-                continue
-            if self.sglang_rate == "drafts":
-                if tau_ - 1.0 < 1e-9 and rate == 0.0:
-                    out[key] = 0.0  # no draft accepted, at whatever γ
-                    continue
-                gamma = round((tau_ - 1.0) / rate) if rate > 0 else 0
-            else:
-                gamma = round(tau_ / rate) - 1 if rate > 0 else 0
-            if gamma < 1 or tau_ > gamma + 1 + 1e-6:
-                self.rejected["inconsistent-counters"] = self.rejected.get("inconsistent-counters", 0) + 1
-                continue
-            out[key] = alpha_from_draft_acceptance((tau_ - 1.0) / gamma, gamma)
-        return out
+    def reject(self, reason: str, rows: int = 1) -> None:
+        self.rejected[reason] = self.rejected.get(reason, 0) + rows
 
     def tpot(self) -> dict[tuple[str, str], float]:
         """(namespace, owner) -> p90 time per output token over the last two minutes. The owner is
@@ -313,14 +231,12 @@ class PrometheusReader:
         (a StatefulSet's, a LeaderWorkerSet group's) the Workload Kueue built (`workload`); for an
         engine pod of neither (a Deployment's replica, admitted alone), the Pod itself (`pod`).
 
-        The first histogram a workload has, in this order: the engines' per-request TPOT
-        (`vllm:request_time_per_output_token_seconds`; `sglang:request_time_per_output_token_seconds`
-        in SGLang versions that export it), the names older vLLM and SGLang exported, then the
-        per-output-event latencies (`sglang:inter_token_latency_seconds`,
-        `vllm:inter_token_latency_seconds`), which overstate per-token latency under speculation
-        (an event carries τ tokens): conservative for a neighbour's SLO, never optimistic."""
+        The first histogram a workload has, in this order (`engines.tpot_metrics`): the engines'
+        per-request TPOT, the names older versions exported, then the per-output-event latencies,
+        which overstate per-token latency under speculation (an event carries τ tokens):
+        conservative for a neighbour's SLO, never optimistic."""
         out: dict[tuple[str, str], float] = {}
-        for metric in TPOT_METRICS:
+        for metric in engines.tpot_metrics():
             for owner, match in (
                 ("job_name", ""),
                 ("workload", '{job_name=""}'),
@@ -367,7 +283,3 @@ def _sample(row: object) -> tuple[dict[str, str], float, float] | None:
 
 def _key(labels: dict[str, str]) -> tuple[tuple[str, str], ...]:
     return tuple(sorted((k, v) for k, v in labels.items() if k != "__name__"))
-
-
-def _namespace_model(labels: dict[str, str]) -> tuple[str, str]:
-    return (labels.get("namespace", ""), labels.get("model_name", ""))

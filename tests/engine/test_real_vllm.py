@@ -30,6 +30,7 @@ from sovereignspec.telemetry.prometheus import PrometheusReader
 from sovereignspec.telemetry.snapshot import Snapshot
 from tests.engine.env import local_profiles
 from tests.engine_client import SERVED
+from tests.engine_keys import OUT_VLLM
 from tests.scrape_job import discovered
 from tests.unit.builders import CHECK, NOW, STAMP, chat, node, policy, snapshot, world
 from tests.waiting import wait_until
@@ -66,7 +67,7 @@ def decide(
 
 
 def table_of(notes: dict[str, str]) -> list[list[int]]:
-    return list(json.loads(notes[ann.OUT_VLLM]).get(PER_BATCH) or [])
+    return list(json.loads(notes[OUT_VLLM]).get(PER_BATCH) or [])
 
 
 def k_at(table: list[list[int]], batch: int) -> int:
@@ -75,7 +76,7 @@ def k_at(table: list[list[int]], batch: int) -> int:
 
 def test_a_plain_decision_runs_the_engine_with_no_speculation(serve, tmp_path: Path) -> None:
     notes = decide(local_profiles(tmp_path / "p"), "eagle3", BUSY)
-    assert notes[ann.OUT_MODE] == "plain" and ann.OUT_VLLM not in notes
+    assert notes[ann.OUT_MODE] == "plain" and OUT_VLLM not in notes
     served = serve(notes)
     assert "plain decode decided on H100-SXM" in served.text()
     done = served.complete(4)
@@ -170,7 +171,7 @@ def test_each_drafters_decided_config_is_accepted_and_drafts(
     serve, tiny: Path, tmp_path: Path, drafter: str, checkpoint: str
 ) -> None:
     notes = decide(local_profiles(tmp_path / "p"), drafter, IDLE, tiny / checkpoint if checkpoint else None)
-    config: dict[str, Any] = json.loads(notes[ann.OUT_VLLM])
+    config: dict[str, Any] = json.loads(notes[OUT_VLLM])
     assert config["method"] == {"eagle3": "eagle3", "ngram": "ngram"}[drafter]
     served = serve(notes)
     # ngram drafts only where the text repeats: a prompt of one repeated phrase gives it something.
@@ -193,7 +194,7 @@ def test_the_profiler_and_calibrate_against_the_real_engine_report_what_the_data
     writes the report and refuses `measured: true`, saying why. Nothing here is a GPU's number."""
     notes = decide(local_profiles(tmp_path / "p"), "ngram", IDLE)
     served = serve(notes)
-    k = json.loads(notes[ann.OUT_VLLM])["num_speculative_tokens"]
+    k = json.loads(notes[OUT_VLLM])["num_speculative_tokens"]
     csvs = []
     for name in ("fit", "held"):
         out = tmp_path / f"{name}.csv"

@@ -15,6 +15,7 @@ import pytest
 
 from sovereignspec.core.handoff import handoff
 from sovereignspec.engines import engine_config
+from sovereignspec.engines import vllm as vllm_engine
 from sovereignspec.launch import option_name, sets_speculation
 from sovereignspec.profiles import load_profiles
 from tests.engine.env import engine_env
@@ -83,7 +84,7 @@ def test_every_speculative_config_the_operator_emits_is_the_speculative_config_v
                     continue  # no table and γ 0: plain decode, nothing emitted
                 # Hub ids are out of reach here: the local stand-in, as a policy's drafts.checkpoints.
                 config = engine_config(drafter, model.name, gamma, t, checkpoint or None)
-                doc = json.loads(config.vllm)
+                doc = json.loads(config.get(vllm_engine.CONFIG))
                 cases.append(
                     {"model": str(tiny / "target"), "argv": ["--speculative-config", json.dumps(doc)]}
                 )

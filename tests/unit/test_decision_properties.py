@@ -24,6 +24,7 @@ from sovereignspec.operator.policy import DEFAULT_GPU_PRODUCTS, PolicySpec
 from sovereignspec.operator.view import World, build
 from sovereignspec.profiles import load_profiles
 from sovereignspec.telemetry.snapshot import GpuReading, Snapshot
+from tests.engine_keys import OUT_SGLANG_ADAPTIVE, OUT_VLLM
 
 JUR = "node-restriction.kubernetes.io/jurisdiction"
 CHECK = "sovereignspec"
@@ -210,13 +211,11 @@ def _every_tick_keeps_sovereignty_and_capacity(
             if notes.get(ann.PREFIX + "exclusive-node") == "true":
                 exclusive[host].add(tenant)
         if pod[ann.OUT_MODE] == "plain":
-            assert (
-                pod[ann.OUT_BUDGET] == "0" and ann.OUT_VLLM not in pod and ann.OUT_SGLANG_ADAPTIVE not in pod
-            )
+            assert pod[ann.OUT_BUDGET] == "0" and OUT_VLLM not in pod and OUT_SGLANG_ADAPTIVE not in pod
         else:
             # γ* at the declared batch, and what the engine may draft at most: equal, or larger
             # through the per-batch table (light batches speculating where the declared one is 0).
-            config = json.loads(pod[ann.OUT_VLLM])
+            config = json.loads(pod[OUT_VLLM])
             top, budget = config["num_speculative_tokens"], int(pod[ann.OUT_BUDGET])
             assert top >= budget and top > 0
             table = config.get("num_speculative_tokens_per_batch_size")

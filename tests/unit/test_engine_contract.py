@@ -24,10 +24,12 @@ from itertools import pairwise
 import numpy as np
 import pytest
 
-from sovereignspec.core.handoff import BATCH_BREAKPOINTS, budget_by_batch
+from sovereignspec.core.handoff import BATCH_BREAKPOINTS, _budget, _ranges
 from sovereignspec.core.optimiser import SpecRequest, choose, gamma_table
 from sovereignspec.core.roofline import roofline_for
 from sovereignspec.engines import engine_config
+from sovereignspec.engines import sglang as sglang_engine
+from sovereignspec.engines import vllm as vllm_engine
 from sovereignspec.profiles import load_profiles
 
 VLLM_FIELDS = {
@@ -43,6 +45,17 @@ SGLANG_FLAGS = {
 SGLANG_ALGORITHMS = {"EAGLE", "EAGLE3", "NGRAM", "STANDALONE"}
 
 PROFILES = load_profiles()
+# Each engine's annotations (keys after the prefix), from its module.
+VLLM, SGLANG, ADAPTIVE = vllm_engine.CONFIG, sglang_engine.ARGS, sglang_engine.ADAPTIVE
+
+
+def budget_by_batch(gpu, model, drafter, alpha, context, gamma_max, margin, cap=None, caution=0.0):
+    """γ* at each batch breakpoint on an idle GPU, as the table's inclusive ranges: the budget
+    `core.handoff.handoff` builds its table from, without its placement-time bounds."""
+    ks, _ = _budget(
+        gpu, model, drafter, alpha, context, gamma_max, margin, cap, 0.0, math.inf, None, None, caution
+    )
+    return _ranges(ks)
 
 
 def _model(drafter: str) -> str:
@@ -70,9 +83,13 @@ def test_every_drafter_and_mode_hands_each_engine_only_fields_and_flags_it_has(
     table = budget_by_batch(gpu, models[model], d, 0.8, 1024, 8, 0.02, cap=gamma)
     cfg = engine_config(d, model, gamma, table)
     if gamma == 0:
-        assert (cfg.vllm, cfg.sglang, cfg.sglang_adaptive) == ("", "", "")  # plain: nothing at all
+        assert (
+            cfg.get(VLLM),
+            cfg.get(SGLANG),
+            cfg.get(ADAPTIVE),
+        ) == ("", "", "")  # plain: nothing at all
         return
-    vllm = json.loads(cfg.vllm)
+    vllm = json.loads(cfg.get(VLLM))
     assert set(vllm) <= VLLM_FIELDS and vllm["method"] in VLLM_METHODS
     per_batch = vllm.get("num_speculative_tokens_per_batch_size", [[1, 1, vllm["num_speculative_tokens"]]])
     vllm_table_is_valid(per_batch)
@@ -80,7 +97,7 @@ def test_every_drafter_and_mode_hands_each_engine_only_fields_and_flags_it_has(
     assert max(k for _, _, k in per_batch) <= gamma == vllm["num_speculative_tokens"]
     if vllm["method"] == "ngram":
         assert vllm["prompt_lookup_min"] <= vllm["prompt_lookup_max"]
-    words = shlex.split(cfg.sglang)
+    words = shlex.split(cfg.get(SGLANG))
     flags = [w for w in words if w.startswith("--")]
     assert set(flags) <= SGLANG_FLAGS and len(flags) == len(set(flags))
     value = dict(zip(words[::2], words[1::2], strict=True))
@@ -99,14 +116,14 @@ def test_every_drafter_and_mode_hands_each_engine_only_fields_and_flags_it_has(
     else:
         assert value["--speculative-num-steps"] == str(steps) and value["--speculative-eagle-topk"] == "1"
     if value["--speculative-algorithm"] in {"EAGLE", "EAGLE3"}:
-        adaptive = json.loads(cfg.sglang_adaptive)
+        adaptive = json.loads(cfg.get(ADAPTIVE))
         keys = sorted(int(k) for k in adaptive)
         assert keys == [lo for lo, _, _ in table]
         for lo, _, k in table:
             steps = adaptive[str(lo)]["candidate_steps"]
             assert steps and all(isinstance(s, int) and 0 <= s <= k for s in steps) and max(steps) == k
     else:
-        assert cfg.sglang_adaptive == ""  # SGLang's adaptive mode refuses other algorithms
+        assert cfg.get(ADAPTIVE) == ""  # SGLang's adaptive mode refuses other algorithms
 
 
 def gamma_star(
@@ -149,7 +166,7 @@ def test_the_vllm_table_is_monotone_capped_and_the_optimisers_gamma_at_each_brea
         assert k == expected[b], (b, table)
     if cap is None:  # the running minimum never bites: γ* itself already falls with the batch
         assert all(expected[b] == gamma_star(gpu, drafter, alpha, b) for b in BATCH_BREAKPOINTS)
-    config = json.loads(engine_config(d, model.name, cap or 8, table).vllm or "{}")
+    config = json.loads(engine_config(d, model.name, cap or 8, table).get(VLLM) or "{}")
     if config:
         assert all(k <= config["num_speculative_tokens"] for _, _, k in table)
 
@@ -165,10 +182,14 @@ def test_a_declared_batch_that_saturates_hands_a_table_that_speculates_only_at_l
     assert ks[0] > 0 and ks == sorted(ks, reverse=True)
     assert all(k == 0 for lo, hi, k in table if hi >= 256)  # plain at the declared batch and above
     cfg = engine_config(d, model.name, 0, table)
-    assert json.loads(cfg.vllm)["num_speculative_tokens"] == ks[0]
-    assert "--speculative-num-steps" in cfg.sglang and cfg.sglang_adaptive  # EAGLE3 reads it adaptively
+    assert json.loads(cfg.get(VLLM))["num_speculative_tokens"] == ks[0]
+    assert "--speculative-num-steps" in cfg.get(SGLANG) and cfg.get(
+        sglang_engine.ADAPTIVE
+    )  # EAGLE3 reads it adaptively
     ngram = engine_config(PROFILES.drafters["ngram"], model.name, 0, table)
-    assert ngram.vllm and ngram.sglang == ""  # SGLang's NGRAM runs a fixed γ: 0 at the declared batch
+    assert (
+        ngram.get(VLLM) and ngram.get(SGLANG) == ""
+    )  # SGLang's NGRAM runs a fixed γ: 0 at the declared batch
 
 
 def test_a_declared_batch_past_the_last_breakpoint_finds_the_decision_there_not_the_last_ranges_k() -> None:
@@ -313,8 +334,6 @@ def test_an_armed_row_drafts_only_where_that_beats_the_armed_k0_by_the_margin(
 
 
 def test_in_the_hand_off_a_longer_draft_must_beat_a_shorter_one_by_the_margin() -> None:
-    from sovereignspec.core.handoff import budget_by_batch
-
     gpu, model, d = PROFILES.gpus["H100-SXM"], PROFILES.models["llama-3.1-8b"], PROFILES.drafters["eagle3"]
     best = budget_by_batch(gpu, model, d, 0.7, 144.0, 8, 0.02)
     cautious = budget_by_batch(gpu, model, d, 0.7, 144.0, 8, 0.02, caution=0.02)
@@ -346,5 +365,7 @@ def test_below_the_declared_batch_the_table_never_drafts_less_than_the_decision(
                 if table is None:
                     continue
                 assert all(k >= gamma for _, hi, k in table if hi < declared), (alpha, headroom, gamma, table)
-                top = json.loads(engine_config(d, model.name, gamma, table).vllm)["num_speculative_tokens"]
+                top = json.loads(engine_config(d, model.name, gamma, table).get(VLLM))[
+                    "num_speculative_tokens"
+                ]
                 assert top >= gamma

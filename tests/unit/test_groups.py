@@ -9,6 +9,7 @@ from sovereignspec.core.placement import Placer, WorkloadRequest
 from sovereignspec.core.roofline import fits_at, pipeline_stage, roofline_for, tensor_parallel_for
 from sovereignspec.core.sovereignty import DEFAULT_JURISDICTION_LABEL as JUR
 from sovereignspec.operator import annotations as ann
+from tests.engine_keys import OUT_VLLM
 from tests.unit.builders import cached_owners, chat, node, snapshot
 from tests.unit.test_operator_decisions import _decide
 from tests.unit.test_placement import cluster
@@ -140,7 +141,7 @@ def test_a_leaderworkerset_groups_workload_is_decided_as_one_engine_of_stages() 
     # Speculative on idle GPUs, with the per-batch table judged on a stage (the whole model's
     # step would not fit these GPUs at all).
     assert notes[ann.OUT_MODE] == "speculative" and int(notes[ann.OUT_BUDGET]) > 0
-    assert "num_speculative_tokens" in notes[ann.OUT_VLLM], notes
+    assert "num_speculative_tokens" in notes[OUT_VLLM], notes
     whole = seventy("Job")
     job = _decide([whole], nodes, idle, owners=cached_owners(whole))
     assert job.state == "Rejected", job.message

@@ -20,6 +20,7 @@ from sovereignspec.operator.workloads import owner_metadata
 from sovereignspec.operator.writer import KUEUE, MESSAGE_LIMIT, check_entry_apply
 from sovereignspec.profiles import load_profiles
 from sovereignspec.telemetry.snapshot import Snapshot
+from tests.engine_keys import OUT_SGLANG, OUT_VLLM
 from tests.unit.builders import CHECK, NOW, STAMP, chat, node, policy, snapshot, world
 
 IDLE = {("h1", i): 0.0 for i in range(4)}
@@ -166,11 +167,11 @@ def test_a_retry_backs_off_exponentially_from_the_entrys_retry_count_up_to_the_c
 
 def test_a_speculative_decision_hands_the_engine_a_table_it_reads_and_a_plain_one_hands_it_nothing() -> None:
     notes = _decide([chat().obj()], [node("h1")], snapshot(IDLE)).pod_set_updates[0]["annotations"]  # type: ignore[index]
-    vllm = json.loads(notes[ann.OUT_VLLM])
+    vllm = json.loads(notes[OUT_VLLM])
     assert vllm["method"] == "eagle3" and vllm["num_speculative_tokens"] >= int(notes[ann.OUT_BUDGET]) > 0
     assert notes[ann.OUT_DECIDED_AT] == STAMP  # the tick's clock, not the wall's
     plain = _decide([chat().obj()], [node("h1")], snapshot(BUSY)).pod_set_updates[0]["annotations"]  # type: ignore[index]
-    assert ann.OUT_VLLM not in plain and ann.OUT_SGLANG not in plain and plain[ann.OUT_BUDGET] == "0"
+    assert OUT_VLLM not in plain and OUT_SGLANG not in plain and plain[ann.OUT_BUDGET] == "0"
 
 
 # -- the apply body ---------------------------------------------------------------------------------
@@ -290,7 +291,7 @@ def test_an_engine_armed_only_for_its_light_batches_is_handed_its_slowdown_at_th
     heavy = chat().annotate(max_num_seqs="256", acceptance_rate="0.6", context_length="144")
     write = _decide([heavy.obj()], [node("h1")], snapshot(IDLE))
     notes = write.pod_set_updates[0]["annotations"]  # type: ignore[index]
-    table = json.loads(notes[ann.OUT_VLLM])["num_speculative_tokens_per_batch_size"]
+    table = json.loads(notes[OUT_VLLM])["num_speculative_tokens_per_batch_size"]
     assert notes[ann.OUT_MODE] == "speculative" and notes[ann.OUT_BUDGET] == "0"
     assert table[0][2] > 0 and all(k == 0 for _, hi, k in table if hi >= 256)
     p = profiles()
@@ -698,13 +699,13 @@ def test_the_draft_checkpoint_is_the_policys_or_the_workloads_within_the_allowli
     (write,) = plan("default", spec, view, profiles(), STAMP)
     notes = (write.pod_set_updates or [{}])[0]["annotations"]
     if checkpoint is None:
-        assert notes[ann.OUT_MODE] == "plain" and ann.OUT_VLLM not in notes, why
+        assert notes[ann.OUT_MODE] == "plain" and OUT_VLLM not in notes, why
         assert write.bad_fields == ("draft-checkpoint",), why
         bad = next(e for e in write.events if e.reason == "BadAnnotation")
         assert "sovereignspec.io/draft-checkpoint" in bad.message and problem in bad.message, bad.message
         return
-    assert json.loads(notes[ann.OUT_VLLM])["model"] == checkpoint, why
-    assert f"--speculative-draft-model-path {checkpoint}" in notes[ann.OUT_SGLANG], why
+    assert json.loads(notes[OUT_VLLM])["model"] == checkpoint, why
+    assert f"--speculative-draft-model-path {checkpoint}" in notes[OUT_SGLANG], why
 
 
 def test_an_ngram_drafter_loads_no_checkpoint_whatever_is_named() -> None:
@@ -712,5 +713,5 @@ def test_an_ngram_drafter_loads_no_checkpoint_whatever_is_named() -> None:
     workload = chat().annotate(drafter="ngram", draft_checkpoint="/models/y").obj()
     view = build(world([workload], [node("h1")], spec), {CHECK}, spec, profiles(), snapshot(IDLE), NOW)
     (write,) = plan("default", spec, view, profiles(), STAMP)
-    config = json.loads((write.pod_set_updates or [{}])[0]["annotations"][ann.OUT_VLLM])
+    config = json.loads((write.pod_set_updates or [{}])[0]["annotations"][OUT_VLLM])
     assert config["method"] == "ngram" and "model" not in config

@@ -17,6 +17,7 @@ from sovereignspec.operator import annotations as ann
 from sovereignspec.operator.plan import Write, plan
 from sovereignspec.operator.view import build
 from sovereignspec.profiles import load_profiles
+from tests.engine_keys import OUT_VLLM
 from tests.unit.builders import CHECK, NOW, STAMP, cached_owners, chat, node, policy, snapshot, world
 
 # team-a may run in eu and in kr (the policy's tenancy); h-eu and h-kr have 8 idle GPUs each.
@@ -98,7 +99,7 @@ def test_a_sovereignty_problem_on_any_pod_set_rejects_the_group_naming_the_pod_s
 
 @pytest.mark.parametrize(
     ("key", "value"),
-    [(ann.OUT_MODE, "speculative"), (ann.OUT_BUDGET, "4"), (ann.OUT_VLLM, "{}"), (ann.OUT_NODES, "h-kr/0")],
+    [(ann.OUT_MODE, "speculative"), (ann.OUT_BUDGET, "4"), (OUT_VLLM, "{}"), (ann.OUT_NODES, "h-kr/0")],
 )
 def test_our_output_keys_forged_on_the_worker_template_reject_the_group_before_placement(
     key: str, value: str

@@ -47,7 +47,9 @@ def test_sglang_before_the_change_is_read_with_its_own_meaning_when_configured(
     alpha: float, gamma: int
 ) -> None:
     t = tau(alpha, gamma)
-    assert read(t, t / (gamma + 1), sglang_rate="tokens-with-bonus") == pytest.approx(alpha, abs=1e-6)
+    assert read(
+        t, t / (gamma + 1), engine_options={"sglang": {"accept_rate": "tokens-with-bonus"}}
+    ) == pytest.approx(alpha, abs=1e-6)
 
 
 @pytest.mark.parametrize(("alpha", "gamma", "biased"), [(0.8, 4, 0.76), (0.5, 1, 0.37)])
@@ -55,7 +57,9 @@ def test_the_old_meaning_on_todays_gauges_is_the_bias_the_issue_names(
     alpha: float, gamma: int, biased: float
 ) -> None:
     t = tau(alpha, gamma)
-    assert read(t, (t - 1) / gamma, sglang_rate="tokens-with-bonus") == pytest.approx(biased, abs=0.01)
+    assert read(
+        t, (t - 1) / gamma, engine_options={"sglang": {"accept_rate": "tokens-with-bonus"}}
+    ) == pytest.approx(biased, abs=0.01)
 
 
 def test_no_draft_accepted_is_alpha_zero_not_a_division_by_zero() -> None:

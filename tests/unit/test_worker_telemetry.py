@@ -65,7 +65,7 @@ def test_the_dispatcher_reads_a_workers_prometheus_with_the_policys_sglang_meani
     controller._workers(spec)
     (made,) = readers
     assert made["url"] == "http://worker-eu:9090"
-    assert made.get("sglang_rate") == "tokens-with-bonus" and made["window"] == "2m"
+    assert made["engine_options"]["sglang"]["accept_rate"] == "tokens-with-bonus" and made["window"] == "2m"
     assert made["client"] == telemetry_source.client_config(spec.telemetry.prometheus_client)
 
 
