@@ -29,7 +29,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from sovereignspec.core.roofline import Roofline
-from sovereignspec.core.speedup import speculative_step, tau
+from sovereignspec.core.speedup import speculative_step, tau, verify_tokens
 
 Array = NDArray[np.float64]
 
@@ -112,7 +112,7 @@ def _terms(
     ctx = req.context
     g = gammas[:, None]
     rates = roof.step_rates(ctx)
-    verify = roof.step_at(rates, n + (g + 1.0) * b, n + b)
+    verify = roof.step_at(rates, verify_tokens(n, g, b), n + b)
     plain = verify[0]  # γ = 0 verifies one token per sequence: the plain step, T(n + b, n + b, L)
     before = roof.step_at(rates, n, n)
     single = roof.step_at(rates, 1.0, 1.0)  # a draft pass: speedup.py's docstring

@@ -75,6 +75,7 @@ from sovereignspec.core.sovereignty import (
     check_node,
 )
 from sovereignspec.core.specs import ModelSpec, ProfileSet
+from sovereignspec.core.speedup import verify_tokens
 
 LatencyClass = Literal["latency", "throughput"]
 EXPLAIN_LIMIT = 32  # excluded nodes named in one record; the rest are counted
@@ -962,7 +963,7 @@ class Placer:
         # load it reports (not the pessimistic one).
         c = m.coeffs[self._type_of[g]]
         n = c.seqs_for_headroom(float(self.headroom[g]), req.context)
-        self.headroom[g] = c.headroom(n + req.seqs * (gamma + 1.0), n + req.seqs, req.context)
+        self.headroom[g] = c.headroom(verify_tokens(n, gamma, req.seqs), n + req.seqs, req.context)
         # Every neighbour's TPOT grows with the step; the newcomer joins them with its own SLO.
         self.slo_ratio[g] /= step / before
         if w.stage_slo_s is not None:

@@ -4,7 +4,7 @@ Its users: the placer's incremental updates, where one GPU changed and a numpy c
 cost more than the arithmetic, its re-evaluation of running workloads, and the simulator's profile
 world. The step and speculation's price come from their one home (`roofline.step_formula`,
 `speedup.speculative_step`); the rest is written in the same order as its vectorised twin in
-`optimiser`, so both round alike and decide alike. The scalar reference in tests/reference.py is
+`optimiser`, so both round alike and decide alike. The scalar reference in benchmarks/reference.py is
 an independent implementation that both are held to.
 """
 
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from sovereignspec.core.roofline import roofline_for, step_at, step_formula, step_rates
 from sovereignspec.core.specs import GpuSpec, ModelSpec
-from sovereignspec.core.speedup import speculative_step
+from sovereignspec.core.speedup import speculative_step, verify_tokens
 
 TIE_QUANTUM = 1e-9
 
@@ -115,7 +115,7 @@ def best_gamma(
     # γ = 0 first: always feasible; its step is the plain step and the ratio exactly 1.
     best = (quantize((own * taus[0] + others) * (plain / plain)), 0, plain)
     for gamma in range(1, len(taus) if allow_spec else 1):
-        verify = step_at(c, rates, n + (gamma + 1.0) * b, n + b, _smax)
+        verify = step_at(c, rates, verify_tokens(n, gamma, b), n + b, _smax)
         step = speculative_step(verify, single, plain, gamma, draft_cost, spec_overhead)
         t = taus[gamma]
         ratio = plain / step
@@ -144,7 +144,7 @@ def speedup_at(
     b = seqs
     n = c.seqs_for_headroom(judged_headroom, ctx)
     plain = c.step(n + b, n + b, ctx)
-    verify = c.step(n + (gamma + 1.0) * b, n + b, ctx)
+    verify = c.step(verify_tokens(n, gamma, b), n + b, ctx)
     step = speculative_step(verify, c.step(1.0, 1.0, ctx), plain, gamma, draft_cost, spec_overhead)
     ratio = plain / step
     return taus[gamma] * ratio, ((b / (n + b)) * taus[gamma] + n / (n + b)) * ratio

@@ -47,6 +47,13 @@ def tau(alpha: ArrayLike, gamma: ArrayLike) -> Array:
     return np.asarray(np.where(near_one, g + 1.0, geometric), dtype=np.float64)
 
 
+def verify_tokens(background: Any, gamma: Any, seqs: Any) -> Any:
+    """Query tokens of one verification step: n + (γ+1)·b, the background's n sequences (one token
+    each) and γ drafts plus one for each of the workload's b. The one home of the count, over
+    floats or numpy arrays alike (the optimiser, the scalar twin, the placer's bookkeeping)."""
+    return background + (gamma + 1.0) * seqs
+
+
 def speculation_terms(
     gamma: Any, draft_cost: Any, spec_overhead: Any, single: Any, plain: Any, armed: bool = False
 ) -> tuple[Any, Any]:
@@ -150,7 +157,7 @@ def homogeneous_speedup(
     g = np.asarray(gamma, dtype=np.float64)
     plain = roof.step_time(s, s, context)
     single = roof.step_time(1.0, 1.0, context)
-    verify = roof.step_time(s * (g + 1.0), s, context)
+    verify = roof.step_time(verify_tokens(0.0, g, s), s, context)
     spec = speculative_step(verify, single, plain, g, np.asarray(draft_cost), np.asarray(spec_overhead))
     return np.asarray(tau(alpha, g) * plain / spec, dtype=np.float64)
 
