@@ -26,7 +26,7 @@ from kubernetes.client.exceptions import ApiException
 
 from sovereignspec.core.placement import LedgerMemo
 from sovereignspec.core.specs import ProfileSet
-from sovereignspec.operator import metrics
+from sovereignspec.operator import kinds, metrics
 from sovereignspec.operator.informer import ClusterCache, rv_int
 from sovereignspec.operator.plan import EventNote, Write, drift_writes, plan
 from sovereignspec.operator.policy import GROUP, PLURAL, VERSION, PolicySpec
@@ -105,25 +105,21 @@ class Controller(Role):
             )
         }
         owners: dict[tuple[str, str, str], dict[str, dict[str, str]]] = {}
-        sources = {
-            "Job": c.jobs,
-            "Pod": c.queued_pods,
-            "StatefulSet": c.statefulsets,
-            "LeaderWorkerSet": c.leaderworkersets,
-        }
         for namespace, kind, name in wanted:
-            source = sources.get(kind)
+            registered = kinds.BY_NAME.get(kind)
+            source = c.owners(registered) if registered is not None else None
             found = source.get(f"{namespace}/{name}") if source is not None else None
             if found:
                 owners[(namespace, kind, name)] = owner_metadata(found)
-                deployment = deployment_of(found) if kind == "Pod" else None
+                has_parent = registered is not None and registered.parent is not None
+                deployment = deployment_of(found) if has_parent else None
                 parent = c.deployments.get(f"{namespace}/{deployment}") if deployment else None
                 if parent:  # a replica's Deployment: where its keys are misplaced
                     owners[(namespace, kind, name)]["owner_annotations"] = dict(
                         (parent.get("metadata") or {}).get("annotations") or {}
                     )
                 elif deployment:  # not cached yet: decided once it is (workloads.owner_missing)
-                    owners[(namespace, kind, name)]["missing"] = {"Deployment": deployment}
+                    owners[(namespace, kind, name)]["missing"] = {kinds.DEPLOYMENT.name: deployment}
         return World(workloads, nodes, flavors, namespaces, pods, owners, known, tolerations)
 
     def tick(self) -> TickReport:

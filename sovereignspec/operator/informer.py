@@ -29,7 +29,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from sovereignspec.operator import annotations as ann
-from sovereignspec.operator import metrics
+from sovereignspec.operator import kinds, metrics
 from sovereignspec.operator import workloads as wls
 
 log = logging.getLogger(__name__)
@@ -251,7 +251,7 @@ def strip_statefulset(obj: Obj) -> Obj:
     return strip(
         {
             "apiVersion": obj.get("apiVersion", "apps/v1"),
-            "kind": obj.get("kind", "StatefulSet"),
+            "kind": obj.get("kind", kinds.STATEFULSET.name),
             "metadata": {**kept, "annotations": ours(meta.get("annotations"))},
             "spec": {
                 "template": {
@@ -275,14 +275,14 @@ def strip_queued_pod(obj: Obj) -> Obj:
     if isinstance(digest, str) and len(digest) <= 63:  # which Deployment: see workloads.deployment_of
         labels["pod-template-hash"] = digest
     owners = [
-        {"kind": "ReplicaSet", "name": str(r.get("name", ""))[:253]}
+        {"kind": kinds.REPLICASET, "name": str(r.get("name", ""))[:253]}
         for r in meta.get("ownerReferences") or []
-        if isinstance(r, dict) and r.get("kind") == "ReplicaSet"
+        if isinstance(r, dict) and r.get("kind") == kinds.REPLICASET
     ][:1]
     return strip(
         {
             "apiVersion": obj.get("apiVersion", "v1"),
-            "kind": obj.get("kind", "Pod"),
+            "kind": obj.get("kind", kinds.POD.name),
             "metadata": {
                 **kept,
                 "annotations": ours(meta.get("annotations")),
@@ -319,7 +319,7 @@ def strip_pod(obj: Obj) -> Obj:
     return strip(
         {
             "apiVersion": obj.get("apiVersion", "v1"),
-            "kind": obj.get("kind", "Pod"),
+            "kind": obj.get("kind", kinds.POD.name),
             "metadata": {
                 k: meta[k]
                 for k in ("name", "namespace", "uid", "resourceVersion", "ownerReferences")
@@ -701,31 +701,29 @@ class ClusterCache(InformerSet):
             query=[("fieldSelector", "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed")],
             transform=strip_pod,
         )
-        # Only the Jobs' metadata: to tell a user whose keys sit on the Job itself.
-        self.jobs = self.metadata_only("/apis/batch/v1/jobs", "jobs", strip_owner)
-        # The metadata of the Pods Kueue admits one by one (a plain Pod, a Deployment's or a
-        # StatefulSet's replica): their Workloads carry no pod metadata, so our keys are read here.
-        self.queued_pods = self.metadata_only(
-            "/api/v1/pods", "queued-pods", strip_queued_pod, query=[("labelSelector", QUEUE_LABEL)]
-        )
-        # The metadata of Deployments and LeaderWorkerSets: to tell a user whose keys sit on the
-        # object itself rather than its pod template.
-        self.deployments = self.metadata_only("/apis/apps/v1/deployments", "deployments", strip_owner)
-        self.leaderworkersets = self.metadata_only(
-            "/apis/leaderworkerset.x-k8s.io/v1/leaderworkersets",
-            "leaderworkersets",
-            strip_owner,
-            optional=True,
-        )
-        # A StatefulSet's pod template: Kueue makes one Workload for all its replicas and copies
-        # no pod metadata into it, so its keys are read here (whole objects, as the template is in
-        # the spec; cut to our keys as each page arrives, as the Workloads are).
-        self.statefulsets = informer(
-            "/apis/apps/v1/statefulsets",
-            "statefulsets",
-            transform=strip_statefulset,
-            page=TEMPLATE_PAGE,
-        )
+        # Each registered kind's owners (`kinds.KINDS`), cut as its decisions read them: a Job's
+        # and a LeaderWorkerSet's metadata (to tell a user whose keys sit on the object itself);
+        # the metadata of the Pods Kueue admits one by one (a plain Pod, a Deployment's replica):
+        # their Workloads carry no pod metadata, so our keys are read there; a StatefulSet's pod
+        # template, for the same reason (whole objects, as the template is in the spec; cut to our
+        # keys as each page arrives, as the Workloads are).
+        self._owners: dict[str, Informer] = {}
+        for kind in kinds.KINDS:
+            self._owners[kind.name] = self._owner_informer(kind)
+        # Deployments' metadata: where a replica's keys may be misplaced.
+        self.deployments = self.metadata_only(kinds.DEPLOYMENT.path, kinds.DEPLOYMENT.plural, strip_owner)
+
+    def _owner_informer(self, kind: kinds.Kind) -> Informer:
+        if kind.cut == "template":
+            return self.informer(kind.path, kind.plural, transform=strip_statefulset, page=TEMPLATE_PAGE)
+        if kind.cut == "queued-pod":
+            query = [("labelSelector", QUEUE_LABEL)]
+            return self.metadata_only(kind.path, "queued-pods", strip_queued_pod, query=query)
+        return self.metadata_only(kind.path, kind.plural, strip_owner, optional=kind.optional)
+
+    def owners(self, kind: kinds.Kind) -> Informer:
+        """The cache of `kind`'s owner objects."""
+        return self._owners[kind.name]
 
 
 class DispatchCache(InformerSet):

@@ -41,6 +41,7 @@ from sovereignspec.core.roofline import headroom_from_tensor_activity
 from sovereignspec.core.sovereignty import Exclusion, NodeTenancy, check_node
 from sovereignspec.core.specs import ProfileSet
 from sovereignspec.operator import annotations as ann
+from sovereignspec.operator import kinds
 from sovereignspec.operator.nodes import PoolMemo, assigned_pool, node_pool, node_unavailable
 from sovereignspec.operator.policy import PolicySpec
 from sovereignspec.operator.workloads import (
@@ -70,6 +71,9 @@ GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 TENANT_LABEL = "sovereignspec.io/tenant"
 NAMESPACE_JURISDICTION_LABEL = "sovereignspec.io/jurisdiction"
 MAX_GAMMA = 32
+# What the registry (`kinds`) says of kinds, as the view reads them.
+STAGED = frozenset(k.name for k in kinds.KINDS if k.stages_per_pod)  # one engine over its pods
+POD_OWNERS = frozenset(k.name for k in kinds.KINDS if k.pods_owned)  # named by their pods as owner
 # A namespace's tenancy under a policy (memoised per tick in `build`).
 TenancyOf = Callable[[str, PolicySpec], ann.Tenancy]
 
@@ -267,7 +271,7 @@ def declared_request(
         allowed_jurisdictions=declared.allowed_jurisdictions,
         # A LeaderWorkerSet group is one engine over its pods: vLLM's multi-node layout, tensor
         # parallel inside each pod and a pipeline stage per pod (docs/serving-shapes.md).
-        stages=pods if kind == "LeaderWorkerSet" else 1,
+        stages=pods if kind in STAGED else 1,
         pod_sets=pod_set_counts(wl) if pods > 1 else (),
     )
     return declared, request, source
@@ -275,9 +279,12 @@ def declared_request(
 
 def _misplaced_on(kind: str, owner: Mapping[str, Mapping[str, str]] | None) -> str:
     """Whose own annotations misplaced keys were found on, as the user will read it."""
-    if kind in ("Job", "StatefulSet", "LeaderWorkerSet"):
+    registered = kinds.BY_NAME.get(kind)
+    if registered is None:
+        return kinds.WORKLOAD
+    if registered.parent is None:
         return kind
-    return "Deployment" if kind == "Pod" and (owner or {}).get("owner_annotations") else "Workload"
+    return registered.parent.name if (owner or {}).get("owner_annotations") else kinds.WORKLOAD
 
 
 def learned_alpha(prior: float, observed: tuple[float, float] | None, policy: PolicySpec) -> float | None:
@@ -502,7 +509,7 @@ def _pending(
         why = (
             "its keys are read from it" if missing[0] in KEYS_ON_OWNER else "keys misplaced on it fail closed"
         )
-        if missing[0] == "Pod":  # the operator watches only the Pods Kueue's pod integration queues
+        if missing[0] == kinds.POD.name:  # the operator watches only the Pods Kueue's pod integration queues
             why += f"; Pods are read when they carry the {ann.KUEUE_QUEUE} label"
         waiting = f"waiting for its {missing[0]} {missing[1]} to be read ({why}); decided then"
         return _undecided(wl, entry, key_of(wl), waiting=waiting)
@@ -691,8 +698,8 @@ def _foreign_pods(
             owners = [
                 (str(r.get("kind")), str(r.get("name")))
                 for r in meta.get("ownerReferences") or []
-                if r.get("kind") in ("Job", "StatefulSet")
-            ] + [("Pod", str(meta.get("name", "")))]
+                if r.get("kind") in POD_OWNERS
+            ] + [(kinds.POD.name, str(meta.get("name", "")))]
             keys = ([f"{namespace}/{prebuilt}"] if prebuilt else []) + [
                 wl for o in owners for wl in by_owner.get((namespace, *o), [])
             ]

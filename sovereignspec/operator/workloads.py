@@ -11,6 +11,8 @@ from datetime import datetime
 from fractions import Fraction
 from typing import Any
 
+from sovereignspec.operator import kinds
+
 GPU_RESOURCE = "nvidia.com/gpu"
 
 _QUANTITY_RE = re.compile(
@@ -101,25 +103,19 @@ def our_entry(wl: Mapping[str, Any], checks: set[str] | frozenset[str]) -> dict[
     return None
 
 
-# What Kueue makes a Workload for, among its integrations this operator reads: a Job; a StatefulSet
-# (one Workload for all its replicas); a LeaderWorkerSet (one per group; its pod templates carry
-# their metadata, keys and all, as a Job's); a Pod (a plain Pod, or one replica of a Deployment,
-# each admitted alone). Kueue also lists a group's Pods as owners of its Workload: the group's
-# owner comes first.
-OWNER_KINDS = ("Job", "StatefulSet", "LeaderWorkerSet", "Pod")
-
 # Owners whose Workload carries no pod metadata: the keys are read from the owner (every tick).
-KEYS_ON_OWNER = ("Pod", "StatefulSet")
+KEYS_ON_OWNER = tuple(k.name for k in kinds.KINDS if k.keys_on_owner)
 
 
 def owner_of(wl: Mapping[str, Any]) -> tuple[str, str]:
-    """(kind, name) of the object Kueue made `wl` for; ("Workload", its name) for any other."""
+    """(kind, name) of the object Kueue made `wl` for (`kinds.KINDS`, in their order: Kueue also
+    lists a group's Pods as owners of its Workload); ("Workload", its name) for any other."""
     refs = [r for r in wl["metadata"].get("ownerReferences") or [] if isinstance(r, dict)]
-    for kind in OWNER_KINDS:
+    for kind in kinds.KINDS:
         for ref in refs:
-            if ref.get("kind") == kind:
-                return kind, str(ref.get("name", ""))
-    return "Workload", str(wl["metadata"]["name"])
+            if ref.get("kind") == kind.name:
+                return kind.name, str(ref.get("name", ""))
+    return kinds.WORKLOAD, str(wl["metadata"]["name"])
 
 
 def owner_metadata(obj: Mapping[str, Any]) -> dict[str, dict[str, str]]:
@@ -142,7 +138,8 @@ def job_name(wl: Mapping[str, Any]) -> str:
     Workload's own for a group's pods (Kueue's prebuilt-workload name, relabelled `workload`), the
     Pod's for a Pod admitted alone (`pod`)."""
     kind, name = owner_of(wl)
-    return str(wl["metadata"]["name"]) if kind in ("StatefulSet", "LeaderWorkerSet") else name
+    found = kinds.BY_NAME.get(kind)
+    return str(wl["metadata"]["name"]) if found is not None and found.group_of_pods else name
 
 
 def container_gpus(spec: Mapping[str, Any], where: str) -> int:
@@ -220,13 +217,14 @@ def declared_metadata(
     replica's Deployment's: "owner_annotations" of the Pod's entry) are where keys are misplaced."""
     meta = wl["metadata"]
     own = dict(meta.get("annotations") or {})
-    kind = kind or owner_of(wl)[0]
+    registered = kinds.BY_NAME.get(kind or owner_of(wl)[0])
+    where = registered.keys if registered is not None else "pod-sets"
     found = owner or {}
     first = pod_set_names(wl)[:1] or ["main"]
-    if kind == "Pod":  # a Deployment's replica: its Deployment's own annotations are misplaced too
+    if where == "owner":  # a Deployment's replica: its Deployment's own annotations are misplaced too
         misplaced = {**own, **(found.get("owner_annotations") or {})}
         return [(first[0], found.get("annotations") or {}, found.get("labels") or {})], misplaced
-    if kind == "StatefulSet":
+    if where == "owner-template":
         misplaced = {**own, **(found.get("annotations") or {})}
         notes = found.get("template_annotations") or {}
         return [(first[0], notes, found.get("template_labels") or {})], misplaced
@@ -252,12 +250,13 @@ def owner_missing(
     the object Kueue made the Workload for, or a replica's Deployment. Deciding without it would
     read no keys (a Pod's, a StatefulSet's) or miss misplaced ones: fail open. None: nothing missing."""
     kind, name = owner_of(wl)
-    if kind == "Workload":
+    if kind == kinds.WORKLOAD:
         return None
     if owner is None:
         return kind, name
-    deployment = (owner.get("missing") or {}).get("Deployment")
-    return ("Deployment", deployment) if deployment else None
+    parent = kinds.DEPLOYMENT.name
+    deployment = (owner.get("missing") or {}).get(parent)
+    return (parent, deployment) if deployment else None
 
 
 def deployment_of(pod: Mapping[str, Any]) -> str | None:
@@ -267,7 +266,7 @@ def deployment_of(pod: Mapping[str, Any]) -> str | None:
     digest = (meta.get("labels") or {}).get("pod-template-hash")
     for ref in meta.get("ownerReferences") or []:
         name = str(ref.get("name", "")) if isinstance(ref, dict) else ""
-        if ref.get("kind") == "ReplicaSet" and digest and name.endswith(f"-{digest}"):
+        if ref.get("kind") == kinds.REPLICASET and digest and name.endswith(f"-{digest}"):
             return name[: -len(digest) - 1]
     return None
 
