@@ -56,7 +56,6 @@ from sovereignspec.operator.telemetry_source import TelemetryCache
 from sovereignspec.operator.view import (
     declared_request,
     learned_alpha,
-    placer_policy,
     reading_headroom,
     tenancy_of,
 )
@@ -295,7 +294,7 @@ class DispatchController(Role):
         configs: dict[str, list[str]],
         namespaces: dict[str, dict[str, str]],
     ) -> list[_Decision]:
-        policy = placer_policy(spec)
+        policy = spec.placer_settings()
         pending: list[tuple[dict[str, Any], dict[str, Any], list[str]]] = []
         for wl in self.cache.workloads.items():
             entry = our_entry(wl, checks)

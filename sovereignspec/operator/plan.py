@@ -17,7 +17,7 @@ from sovereignspec.core.specs import ProfileSet
 from sovereignspec.engines import engine_config, handed_table
 from sovereignspec.operator import annotations as ann
 from sovereignspec.operator.policy import PolicySpec
-from sovereignspec.operator.view import PendingWorkload, View, placer_policy
+from sovereignspec.operator.view import PendingWorkload, View
 
 MESSAGE_LIMIT = 1024  # admission-check messages; the Event carries the rest
 EVENT_LIMIT = 1000
@@ -69,7 +69,7 @@ EXCLUSIVE_PATIENCE = 5
 
 def plan(policy_name: str, spec: PolicySpec, view: View, profiles: ProfileSet, stamp: str) -> list[Write]:
     """The writes for every pending workload of one policy group, in the core's tick order."""
-    placer = Placer(profiles, view.cluster, placer_policy(spec))
+    placer = Placer(profiles, view.cluster, spec.placer_settings())
     writes: list[Write] = []
     impossible: set[str] = set()
     for p in view.pending:
@@ -181,7 +181,7 @@ def decision_notes(
     table = None
     # The workload's own limits on speculation hold for the table too (a bad annotation's plain, its
     # gamma-max): the optimiser's view of the request already combines them with the policy's.
-    gamma_max = spec_request(profiles, placer_policy(spec), req)[0].gamma_max
+    gamma_max = spec_request(profiles, spec.placer_settings(), req)[0].gamma_max
     if handoff_allowed and record.headroom is not None and gamma_max > 0:
         # The engine's per-batch budget, judged at the chosen GPU's load and neighbours' bound: it
         # may speculate at light batches even where γ* at the declared batch is 0.

@@ -18,6 +18,7 @@ from sovereignspec.core.defaults import (
     NEIGHBOUR_SLO_MARGIN,
     SELF_BENEFIT_MARGIN,
 )
+from sovereignspec.core.placement import PlacerSettings
 from sovereignspec.core.sovereignty import DEFAULT_JURISDICTION_LABEL
 from sovereignspec.errors import describe
 
@@ -222,6 +223,20 @@ class PolicySpec(_Model):
     reevaluation_seconds: float = Field(
         10.0, alias="reevaluationSeconds", gt=0, le=600, description="in (0, 600]"
     )
+
+    def placer_settings(self) -> PlacerSettings:
+        """What the core's placer reads of this policy (the decision's one view of it)."""
+        return PlacerSettings(
+            gamma_max=self.gamma_max,
+            margin=self.self_benefit_margin,
+            headroom_uncertainty=self.telemetry.headroom_uncertainty,
+            externality=self.externality,
+            slo_margin=self.neighbour_slo_margin,
+            jurisdiction_label=self.sovereignty.jurisdiction_label,
+            keep_whole_nodes_free=self.placement.keep_whole_nodes_free,
+            pack=self.placement.pack_shared_work,
+            pack_tolerance=self.placement.pack_tolerance,
+        )
 
 
 def parse_policy(name: str, spec: dict[str, object] | None) -> PolicySpec:

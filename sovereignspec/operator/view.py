@@ -31,7 +31,6 @@ from sovereignspec.core.placement import (
     GpuState,
     LedgerMemo,
     NodeState,
-    PlacerSettings,
     WorkloadRequest,
     neighbour_bound,
     reevaluate,
@@ -310,21 +309,6 @@ def _ms(value: float | None) -> float | None:
     return None if value is None else value / 1e3
 
 
-def placer_policy(spec: PolicySpec) -> PlacerSettings:
-    """The core's policy from a SpeculationPolicy spec."""
-    return PlacerSettings(
-        gamma_max=spec.gamma_max,
-        margin=spec.self_benefit_margin,
-        headroom_uncertainty=spec.telemetry.headroom_uncertainty,
-        externality=spec.externality,
-        slo_margin=spec.neighbour_slo_margin,
-        jurisdiction_label=spec.sovereignty.jurisdiction_label,
-        keep_whole_nodes_free=spec.placement.keep_whole_nodes_free,
-        pack=spec.placement.pack_shared_work,
-        pack_tolerance=spec.placement.pack_tolerance,
-    )
-
-
 @dataclass(frozen=True)
 class Aging:
     """A running speculative workload judged again at its GPU's reading now."""
@@ -352,7 +336,7 @@ def _aging(
         if c.gamma <= 0 or h is None or gpu_type is None:
             continue  # plain, or nothing to judge it by: no claim either way
         spec = world.policies.get(c.check, policy)
-        again = reevaluate(profiles, placer_policy(spec), c.request, gpu_type, c.gamma, h)
+        again = reevaluate(profiles, spec.placer_settings(), c.request, gpu_type, c.gamma, h)
         if again is not None:
             out.append(Aging(c, h, again.gamma_now, again.speedup_in_force, again.aggregate_in_force))
     return out
