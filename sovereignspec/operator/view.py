@@ -354,23 +354,75 @@ def build(
     """The view for one policy group (`checks`): its pending workloads, and the cluster-wide
     ledger (every check this controller serves). `ledger_memo`, kept by the caller from one view
     to the next, spares recomputing the load of GPUs whose placements did not change."""
-    ours = frozenset(world.policies) | frozenset(checks)
     errors: list[str] = []
-    hostnames = {}
+    hostnames, by_host = _hostnames(world.nodes)
+    tenancy = _Tenancies(world)
+    committed, pending, missing_nodes = _read_workloads(
+        world, checks, policy, profiles, snapshot, hostnames, by_host, tenancy, errors
+    )
+    misbound: list[tuple[str, str, str]] = []
+    moved: dict[int, str] = {}
+    pods_by_node = _foreign_pods(world, committed, tenancy, policy, errors, misbound, moved)
+    planned = _planned_nodes(committed)  # before any is counted where bound
+    _count_where_bound(committed, moved)
+    cluster, headroom, stale_reason = _cluster(
+        world.nodes, committed, pods_by_node, policy, profiles, snapshot, now, errors
+    )
+    cluster = with_ledger_load(
+        cluster,
+        [(c.request, c.node, c.gpu_index, c.gamma) for c in committed if c.node in hostnames],
+        profiles,
+        ledger_memo,
+    )
+    drift = _drift(committed, cluster, policy, missing_nodes)
+    elsewhere = _bound_elsewhere(committed, cluster, policy, misbound, drift, planned)
+    drift += [d for d in elsewhere if d.event == "SovereigntyDrift"]
+    bound = [d for d in elsewhere if d.event != "SovereigntyDrift"]
+    aging = _aging(committed, cluster, headroom, world, policy, profiles)
+    return View(cluster, committed, pending, stale_reason, headroom, drift, hostnames, errors, aging, bound)
+
+
+def _hostnames(nodes: list[dict[str, Any]]) -> tuple[dict[str, str], dict[str, str]]:
+    """Node name -> its hostname label (the name where it has none), and hostname -> the first
+    node that carries it."""
+    hostnames: dict[str, str] = {}
     by_host: dict[str, str] = {}
-    for n in world.nodes:
+    for n in nodes:
         name = n["metadata"]["name"]
         host = str((n["metadata"].get("labels") or {}).get(ann.HOSTNAME) or name)
         hostnames[name] = host
         by_host.setdefault(host, name)
-    tenancies: dict[tuple[str, int], ann.Tenancy] = {}
+    return hostnames, by_host
 
-    def tenancy(namespace: str, spec: PolicySpec) -> ann.Tenancy:
+
+class _Tenancies:
+    """A namespace's tenancy under a policy, read once per view."""
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+        self._memo: dict[tuple[str, int], ann.Tenancy] = {}
+
+    def __call__(self, namespace: str, spec: PolicySpec) -> ann.Tenancy:
         key = (namespace, id(spec))
-        if key not in tenancies:
-            tenancies[key] = tenancy_of(namespace, world.namespaces.get(namespace), spec)
-        return tenancies[key]
+        if key not in self._memo:
+            self._memo[key] = tenancy_of(namespace, self.world.namespaces.get(namespace), spec)
+        return self._memo[key]
 
+
+def _read_workloads(
+    world: World,
+    checks: set[str],
+    policy: PolicySpec,
+    profiles: ProfileSet,
+    snapshot: Snapshot,
+    hostnames: dict[str, str],
+    by_host: dict[str, str],
+    tenancy: _Tenancies,
+    errors: list[str],
+) -> tuple[list[Committed], list[PendingWorkload], dict[str, Committed]]:
+    """The ledger (every Ready entry of a check we serve), the group's pending workloads, and the
+    ledger's entries on nodes that no longer exist."""
+    ours = frozenset(world.policies) | frozenset(checks)
     committed: list[Committed] = []
     pending: list[PendingWorkload] = []
     missing_nodes: dict[str, Committed] = {}
@@ -407,38 +459,32 @@ def build(
                 entry = our_entry(wl, frozenset(checks)) or {}
                 if entry.get("state") == "Pending" and condition(wl, "QuotaReserved"):
                     pending.append(_unreadable(wl, entry, f"{type(exc).__name__}: {exc}"))
-    misbound: list[tuple[str, str, str]] = []
-    moved: dict[int, str] = {}
-    pods_by_node = _foreign_pods(world, committed, tenancy, policy, errors, misbound, moved)
+    return committed, pending, missing_nodes
+
+
+def _planned_nodes(committed: list[Committed]) -> dict[str, set[str]]:
+    """Workload key -> the nodes its entries name."""
     planned: dict[str, set[str]] = defaultdict(set)
     for c in committed:
         planned[c.key].add(c.node)
-    if moved:  # counted where bound, on a GPU no other entry there names
-        taken: dict[str, Counter[int]] = defaultdict(Counter)
-        for c in committed:
-            taken[c.node][c.gpu_index] += 1
-        for i, node in moved.items():
-            old = committed[i]
-            taken[old.node][old.gpu_index] -= 1
-            names = {g for g, n in taken[node].items() if n > 0}
-            index = min(set(range(len(names) + 1)) - names)
-            taken[node][index] += 1
-            committed[i] = replace(old, node=node, gpu_index=index)
-    cluster, headroom, stale_reason = _cluster(
-        world.nodes, committed, pods_by_node, policy, profiles, snapshot, now, errors
-    )
-    cluster = with_ledger_load(
-        cluster,
-        [(c.request, c.node, c.gpu_index, c.gamma) for c in committed if c.node in hostnames],
-        profiles,
-        ledger_memo,
-    )
-    drift = _drift(committed, cluster, policy, missing_nodes)
-    elsewhere = _bound_elsewhere(committed, cluster, policy, misbound, drift, planned)
-    drift += [d for d in elsewhere if d.event == "SovereigntyDrift"]
-    bound = [d for d in elsewhere if d.event != "SovereigntyDrift"]
-    aging = _aging(committed, cluster, headroom, world, policy, profiles)
-    return View(cluster, committed, pending, stale_reason, headroom, drift, hostnames, errors, aging, bound)
+    return planned
+
+
+def _count_where_bound(committed: list[Committed], moved: dict[int, str]) -> None:
+    """Entries whose pods were bound elsewhere (`moved`: index -> node) are counted where bound, on
+    a GPU no other entry there names."""
+    if not moved:
+        return
+    taken: dict[str, Counter[int]] = defaultdict(Counter)
+    for c in committed:
+        taken[c.node][c.gpu_index] += 1
+    for i, node in moved.items():
+        old = committed[i]
+        taken[old.node][old.gpu_index] -= 1
+        names = {g for g, n in taken[node].items() if n > 0}
+        index = min(set(range(len(names) + 1)) - names)
+        taken[node][index] += 1
+        committed[i] = replace(old, node=node, gpu_index=index)
 
 
 def _safe_key(wl: object) -> str:
