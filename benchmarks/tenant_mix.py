@@ -28,7 +28,8 @@ from typing import Any
 
 from sovereignspec.operator.plan import plan
 from sovereignspec.operator.policy import PolicySpec
-from sovereignspec.operator.view import World, build
+from sovereignspec.operator.view import build
+from sovereignspec.operator.world import World
 from sovereignspec.profiles import load_profiles
 from sovereignspec.telemetry.snapshot import GpuReading, Snapshot
 

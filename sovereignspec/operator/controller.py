@@ -32,7 +32,7 @@ from sovereignspec.operator.plan import EventNote, Write, drift_writes, plan
 from sovereignspec.operator.policy import GROUP, PLURAL, VERSION, PolicySpec
 from sovereignspec.operator.role import Role, Settings, TickReport
 from sovereignspec.operator.telemetry_source import TelemetryCache
-from sovereignspec.operator.view import View, World, build
+from sovereignspec.operator.view import View, build
 from sovereignspec.operator.workloads import (
     KEYS_ON_OWNER,
     condition,
@@ -41,6 +41,7 @@ from sovereignspec.operator.workloads import (
     owner_metadata,
     owner_of,
 )
+from sovereignspec.operator.world import World
 from sovereignspec.operator.writer import TRANSPORT_ERRORS, ConflictError, now_rfc3339
 
 log = logging.getLogger(__name__)

@@ -51,14 +51,10 @@ from sovereignspec.operator import annotations as ann
 from sovereignspec.operator import metrics
 from sovereignspec.operator.informer import DispatchCache, rv_int
 from sovereignspec.operator.policy import GROUP, PLURAL, VERSION, PolicySpec
+from sovereignspec.operator.requests import declared_request, learned_alpha
 from sovereignspec.operator.role import Role, Settings, TickReport
 from sovereignspec.operator.telemetry_source import TelemetryCache
-from sovereignspec.operator.view import (
-    declared_request,
-    learned_alpha,
-    reading_headroom,
-    tenancy_of,
-)
+from sovereignspec.operator.view import reading_headroom
 from sovereignspec.operator.workloads import (
     UnreadableFieldError,
     condition,
@@ -66,6 +62,7 @@ from sovereignspec.operator.workloads import (
     our_entry,
     requested_gpus,
 )
+from sovereignspec.operator.world import tenancy_of
 from sovereignspec.operator.writer import TRANSPORT_ERRORS, ConflictError
 from sovereignspec.telemetry.snapshot import Snapshot
 

@@ -17,7 +17,8 @@ from sovereignspec.core.specs import ProfileSet
 from sovereignspec.engines import engine_config, handed_table
 from sovereignspec.operator import annotations as ann
 from sovereignspec.operator.policy import PolicySpec
-from sovereignspec.operator.view import PendingWorkload, View
+from sovereignspec.operator.requests import PendingWorkload
+from sovereignspec.operator.view import View
 
 MESSAGE_LIMIT = 1024  # admission-check messages; the Event carries the rest
 EVENT_LIMIT = 1000

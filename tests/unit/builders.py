@@ -8,7 +8,7 @@ from typing import Any
 
 from sovereignspec.operator import annotations as ann
 from sovereignspec.operator.policy import PolicySpec
-from sovereignspec.operator.view import World
+from sovereignspec.operator.world import World
 from sovereignspec.telemetry.snapshot import GpuReading, Snapshot
 
 CHECK = "sovereignspec"

@@ -18,7 +18,8 @@ from sovereignspec.operator.informer import (
     strip_statefulset,
 )
 from sovereignspec.operator.policy import PolicySpec
-from sovereignspec.operator.view import World, build
+from sovereignspec.operator.view import build
+from sovereignspec.operator.world import World
 from sovereignspec.profiles import load_profiles
 from sovereignspec.telemetry.snapshot import Snapshot
 

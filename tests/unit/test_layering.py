@@ -56,6 +56,8 @@ def test_the_tree_keeps_every_layer_contract(tree: Path) -> None:
         ("operator/view.py", "from sovereignspec.operator import writer", "decision layer"),
         ("operator/workloads.py", "import os", "decision layer"),
         ("operator/nodes.py", "from sovereignspec.operator import informer", "decision layer"),
+        ("operator/world.py", "from sovereignspec.operator import ledger", "The decision's rooms"),
+        ("operator/ledger.py", "from sovereignspec.operator.view import View", "The decision's rooms"),
     ],
 )
 def test_a_wrong_import_breaks_its_contract(tree: Path, module: str, line: str, contract: str) -> None:
