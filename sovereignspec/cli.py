@@ -12,7 +12,7 @@ import math
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import NoReturn
+from typing import NoReturn, TypeAlias
 
 from sovereignspec.core.defaults import GAMMA_LIMIT, GAMMA_MAX, HEADROOM_UNCERTAINTY, SELF_BENEFIT_MARGIN
 from sovereignspec.errors import ConfigError
@@ -24,6 +24,10 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
         self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+# The subcommands' parsers (argparse keeps the type of `add_subparsers` private).
+Subparsers: TypeAlias = "argparse._SubParsersAction[_Parser]"
 
 
 def _bounded_float(name: str, low: float | None, high: float | None) -> Callable[[str], float]:
@@ -101,7 +105,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="sovereignspec", description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--profiles", help="profiles directory (default: the shipped profiles)")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for add in (
+        _regimes_parser,
+        _predict_parser,
+        _calibrate_parser,
+        _profile_parser,
+        _simulate_parser,
+        _passthrough_parsers,
+        _operator_parser,
+    ):
+        add(sub)
+    return parser
 
+
+def _regimes_parser(sub: Subparsers) -> None:
+    """The regime analysis."""
     reg = sub.add_parser("regimes", help="the regime analysis: speed-up against headroom, per policy")
     reg.add_argument("--format", choices=("table", "json"), default="table")
     reg.add_argument("--plot", metavar="FILE.png", help="draw speed-up against headroom per policy")
@@ -133,6 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="the row workload's TPOT SLO as slack over its plain TPOT",
     )
 
+
+def _predict_parser(sub: Subparsers) -> None:
+    """One point of the model."""
     pre = sub.add_parser("predict", help="the model's prediction for one point, with every term")
     pre.add_argument("--gpu", required=True)
     pre.add_argument("--model", required=True)
@@ -144,6 +165,9 @@ def build_parser() -> argparse.ArgumentParser:
     pre.add_argument("--gamma-max", type=_bounded_int("--gamma-max", 0, GAMMA_LIMIT), default=8)
     pre.add_argument("--format", choices=("table", "json"), default="table")
 
+
+def _calibrate_parser(sub: Subparsers) -> None:
+    """Fitting a profile."""
     cal = sub.add_parser("calibrate", help="fit a GPU profile's coefficients to measured step times")
     cal.add_argument(
         "measurements",
@@ -167,6 +191,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cal.add_argument("--out", help="write the fitted profile here (default: print it)")
 
+
+def _profile_parser(sub: Subparsers) -> None:
+    """Measuring an engine."""
     prof = sub.add_parser("profile", help="measure a running engine's step times into a calibrate CSV")
     prof.add_argument(
         "--url", required=True, help="the engine's OpenAI-compatible API, e.g. http://vllm:8000"
@@ -205,6 +232,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     prof.add_argument("--out", help="write the CSV here (default: print it)")
 
+
+def _simulate_parser(sub: Subparsers) -> None:
+    """The simulator."""
     sim = sub.add_parser("simulate", help="simulate a multi-tenant cluster under every policy")
     sim.add_argument("scenario", help="a SCENARIO.yaml, or the name of a shipped one")
     sim.add_argument("--policy", action="append", help="only this policy (repeatable; never is always run)")
@@ -222,6 +252,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sim.add_argument("--check", action="store_true", help="verify sovereignty after every event")
 
+
+def _passthrough_parsers(sub: Subparsers) -> None:
+    """Launch and agent parse their own arguments (standard library only in an engine image)."""
     sub.add_parser(
         "launch",
         help="serving container entrypoint: the decision's engine arguments, then exec the engine "
@@ -233,6 +266,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="node agent: GPU telemetry from NVML for Prometheus (sovereignspec agent --help)",
         add_help=False,
     )
+
+
+def _operator_parser(sub: Subparsers) -> None:
+    """The controller."""
     op = sub.add_parser("operator", help="run the Kueue AdmissionCheck controller (kopf)")
     op.add_argument(
         "--kubeconfig", help="kubeconfig file (default: in-cluster, then $KUBECONFIG / ~/.kube/config)"
@@ -290,7 +327,6 @@ def build_parser() -> argparse.ArgumentParser:
             default=default,
             help=f"seconds {what} (default {default:g})",
         )
-    return parser
 
 
 def _operator(args: argparse.Namespace) -> int:
