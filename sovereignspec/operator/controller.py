@@ -31,6 +31,7 @@ from sovereignspec.operator.informer import ClusterCache, rv_int
 from sovereignspec.operator.plan import EventNote, Write, drift_writes, plan
 from sovereignspec.operator.policy import GROUP, PLURAL, VERSION, PolicySpec
 from sovereignspec.operator.role import Role, Settings, TickReport
+from sovereignspec.operator.scoring import score
 from sovereignspec.operator.telemetry_source import TelemetryCache
 from sovereignspec.operator.view import View, build
 from sovereignspec.operator.workloads import (
@@ -71,6 +72,7 @@ class Controller(Role):
         self.telemetry = TelemetryCache(self.settings.telemetry_cache_seconds, clock)
         self._drift_reported: dict[str, str] = {}
         self._loss_reported: set[str] = set()  # workloads told that their speculation is a net loss
+        self._off_reported: set[str] = set()  # workloads told that their profile mispredicts them
         self._events_checked = False  # decisions' Events re-posted once after start-up
         self._unsynced_since: float | None = None
         self._ledger_memo: LedgerMemo = {}  # GPUs' implied load, from one tick to the next
@@ -163,6 +165,7 @@ class Controller(Role):
                 if not aging_seen:  # the ledger, and so its aging, is the same in every group's view
                     aging_seen = True
                     self._age(view)
+                    self._score(view, snapshot.tpot, {c: s for c, (_, s) in active.items()}, spec)
                 if not self._events_checked:  # once: the ledger is the same in every group's view
                     self._events_checked = True
                     self._repost_events(view)
@@ -247,6 +250,48 @@ class Controller(Role):
                 log.warning("could not post the net-loss Event of %s: %s", c.key, exc.reason)
         self._loss_reported &= losing  # a workload that recovers is told again if it loses again
         metrics.NET_LOSS.set(len(losing))
+
+    def _score(
+        self,
+        view: View,
+        measured: dict[tuple[str, str], float],
+        policies: dict[str, PolicySpec],
+        default: PolicySpec,
+    ) -> None:
+        """Score every running decision: the TPOT predicted when it was decided against what its
+        engine reports (`scoring`), exported per profile, and a Warning Event, once per workload
+        until it is back within its policy's bound, where a profile prices its GPU wrongly. The
+        decision stands: a model's error is the administrator's to fix (profile + calibrate)."""
+        types = {(g.node, g.index): g.gpu_type for g in view.cluster.gpus}
+        scored, profiles = score(view.committed, measured, types)
+        metrics.PREDICTION_ERROR.clear()
+        metrics.PREDICTION_SCORED.clear()
+        for p in profiles:
+            metrics.PREDICTION_ERROR.labels(gpu_type=p.gpu_type, model=p.model).set(p.median_error)
+            metrics.PREDICTION_SCORED.labels(gpu_type=p.gpu_type, model=p.model).set(p.workloads)
+        off = set()
+        for s in scored:
+            c = s.committed
+            bound = policies.get(c.check, default).telemetry.prediction_error_bound
+            if abs(s.error) <= bound:
+                continue
+            off.add(c.key)
+            if c.key in self._off_reported:
+                continue
+            self._off_reported.add(c.key)
+            message = (
+                f"its engine reports TPOT {s.measured_s * 1e3:.1f} ms where the {s.gpu_type} profile "
+                f"predicted {s.predicted_s * 1e3:.1f} ms for {c.request.model} when it was decided "
+                f"({s.error:+.0%}, beyond the policy's {bound:.0%}): decisions on {s.gpu_type} for this "
+                "model are priced by a profile this far off (measure it: sovereignspec profile, then "
+                "calibrate). The decision stands."
+            )
+            log.warning("%s: %s", c.key, message)
+            try:
+                self.writer.event(dict(c.workload), "Workload", "PredictionOffProfile", message, warning=True)
+            except ApiException as exc:
+                log.warning("could not post the prediction Event of %s: %s", c.key, exc.reason)
+        self._off_reported &= off  # told again if it leaves the bound again
 
     def _repost_events(self, view: View) -> None:
         """A decision's Event can be lost to a crash between the status write and the Event; after a

@@ -68,6 +68,17 @@ NET_LOSS = Gauge(
     "sovereignspec_speculation_net_loss_workloads",
     "Running workloads whose speculation has become a net loss for their GPU at today's load",
 )
+# Every decision scored (scoring.py): the TPOT predicted at decision time against the engine's.
+PREDICTION_ERROR = Gauge(
+    "sovereignspec_prediction_error",
+    "Median of measured / predicted TPOT - 1 over running decisions, per profile (+0.3: engines 30 % slower)",
+    ["gpu_type", "model"],
+)
+PREDICTION_SCORED = Gauge(
+    "sovereignspec_prediction_scored_workloads",
+    "Running decisions with both a predicted and an engine-reported TPOT, per profile",
+    ["gpu_type", "model"],
+)
 # The watch-fed caches the ticks read from (informer.py).
 CACHE_OBJECTS = Gauge("sovereignspec_cache_objects", "Objects in the watch-fed cache", ["resource"])
 CACHE_LISTS = Counter(

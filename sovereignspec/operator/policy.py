@@ -16,6 +16,7 @@ from sovereignspec.core.defaults import (
     GAMMA_MAX,
     HEADROOM_UNCERTAINTY,
     NEIGHBOUR_SLO_MARGIN,
+    PREDICTION_ERROR_BOUND,
     SELF_BENEFIT_MARGIN,
 )
 from sovereignspec.core.placement import PlacerSettings
@@ -110,6 +111,9 @@ class Telemetry(_Model):
     )
     headroom_uncertainty: float = Field(
         HEADROOM_UNCERTAINTY, alias="headroomUncertainty", ge=0, le=1, description="in [0, 1]"
+    )
+    prediction_error_bound: float = Field(
+        PREDICTION_ERROR_BOUND, alias="predictionErrorBound", gt=0, le=10, description="in (0, 10]"
     )
     acceptance: Acceptance = Field(default_factory=Acceptance)
 

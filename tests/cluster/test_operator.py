@@ -357,6 +357,30 @@ def test_a_speculative_workload_whose_gpu_saturates_is_told_it_became_a_net_loss
     assert our_entry(pool, workload_of(pool, "aging"))["state"] == "Ready"
 
 
+def test_a_running_decision_is_scored_against_its_engines_tpot_and_a_profile_far_off_is_named(
+    env, operator, namespace
+):
+    pool = make_pool(env, namespace, [("H100-SXM", "eu", 1, [0.95])])
+    submit(pool, "scored", **CHAT)
+    notes = _notes(admitted_job(pool, "scored"))
+    predicted = float(notes["sovereignspec.io/predicted-tpot-ms"]) / 1e3
+    wl = workload_of(pool, "scored")
+    assert wl is not None
+    env.telemetry.set_tpot(namespace, "scored", 2 * predicted)  # its engine runs twice as slow
+    warning = event(pool, "PredictionOffProfile", wl["metadata"]["name"], timeout=60)
+    assert warning.type == "Warning" and "+100%" in warning.message and "stands" in warning.message
+
+    def exported() -> float | None:
+        for line in operator.metrics().splitlines():
+            if line.startswith("sovereignspec_prediction_error{") and 'gpu_type="H100-SXM"' in line:
+                return float(line.rsplit(" ", 1)[1])
+        return None
+
+    error = wait_until(exported, timeout=30, what="the profile's prediction error")
+    assert 0.9 < error < 1.1  # the engine's histogram, read through Prometheus
+    assert our_entry(pool, workload_of(pool, "scored"))["state"] == "Ready"  # the decision stands
+
+
 def test_a_policy_deleted_and_made_again_at_once_never_turns_its_check_inactive(env, unique):
     """What `helm upgrade` does to the chart's policy (a hook object: deleted, then created) must not
     flap the AdmissionCheck inactive; a policy that stays gone does, after the grace period."""
