@@ -147,7 +147,12 @@ def main(argv: list[str] | None = None) -> int:
     # below what the flood writes.
     os.environ.setdefault("SOVEREIGNSPEC_APISERVER_FLAGS", "--watch-cache=false")
     os.environ.setdefault("SOVEREIGNSPEC_ETCD_FLAGS", f"--quota-backend-bytes={8 * 2**30}")
-    controlplane.up()
+    # Stopped either way: one that was up before was restarted with these flags (and holds GBs).
+    with controlplane.session("bench-flood", stop=True):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     api = controlplane.api_client()
     install(api)
     telemetry = SyntheticTelemetry()

@@ -200,7 +200,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.jobs < 1 or args.gpus < 1:
         parser.error("--jobs and --gpus: accepted: positive integers")
     jobs, nodes = args.jobs, math.ceil(args.gpus / GPUS_PER_NODE)
-    controlplane.up()
+    with controlplane.session("bench-operator"):
+        return _run(args, jobs, nodes)
+
+
+def _run(args: argparse.Namespace, jobs: int, nodes: int) -> int:
     api = controlplane.api_client()
     install(api)
     token = secrets.token_hex(3)

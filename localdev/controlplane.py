@@ -8,7 +8,8 @@ import ssl
 import subprocess
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,6 +78,27 @@ def down() -> None:
     proc = subprocess.run([str(HACK / "cluster-down.sh")], capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"hack/cluster-down.sh failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+
+
+@contextmanager
+def session(what: str, stop: bool | None = None) -> Iterator[None]:
+    """The control plane for one benchmark, and the machine left as the benchmark found it: stopped
+    again where `what` started it, left running where it was up already (a developer's `make
+    cluster-up`), and the last line printed says which. `stop` overrides (True: a control plane
+    restarted with the benchmark's own flags is stopped either way)."""
+    started_here = not is_ready()
+    up()
+    try:
+        yield
+    finally:
+        if stop if stop is not None else started_here:
+            down()
+            print(f"{what}: stopped the control plane it ran (hack/cluster-down.sh)", flush=True)
+        else:
+            print(
+                f"{what}: left running the control plane that was up before it (stop it: make cluster-down)",
+                flush=True,
+            )
 
 
 # Which pin of hack/versions.env names each binary's version (`make binaries` caches NAME-VERSION).

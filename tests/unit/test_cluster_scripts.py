@@ -124,3 +124,48 @@ echo ok
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "ok" in proc.stdout
+
+
+def _session_calls(monkeypatch, ready: bool, stop: bool | None, fail: bool = False) -> tuple[list[str], str]:
+    """What `controlplane.session` did (up/down) around a benchmark, with the scripts stood in."""
+    import contextlib
+    import io
+
+    from localdev import controlplane
+
+    calls: list[str] = []
+    monkeypatch.setattr(controlplane, "is_ready", lambda: ready)
+    monkeypatch.setattr(controlplane, "up", lambda: calls.append("up"))
+    monkeypatch.setattr(controlplane, "down", lambda: calls.append("down"))
+    out = io.StringIO()
+    with (
+        contextlib.redirect_stdout(out),
+        contextlib.suppress(RuntimeError),
+        controlplane.session("bench-x", stop=stop),
+    ):
+        calls.append("bench")
+        if fail:
+            raise RuntimeError("the benchmark broke")
+    return calls, out.getvalue().strip().splitlines()[-1]
+
+
+def test_a_benchmark_stops_the_control_plane_it_started_and_says_so_last(monkeypatch) -> None:
+    calls, last = _session_calls(monkeypatch, ready=False, stop=None)
+    assert calls == ["up", "bench", "down"] and "stopped" in last
+
+
+def test_a_benchmark_leaves_a_control_plane_that_was_up_before_and_says_how_to_stop_it(monkeypatch) -> None:
+    calls, last = _session_calls(monkeypatch, ready=True, stop=None)
+    assert calls == ["up", "bench"] and "make cluster-down" in last
+
+
+def test_a_benchmark_that_breaks_still_stops_what_it_started(monkeypatch) -> None:
+    calls, _ = _session_calls(monkeypatch, ready=False, stop=None, fail=True)
+    assert calls == ["up", "bench", "down"]
+
+
+def test_a_benchmark_that_restarted_the_control_plane_with_its_own_flags_stops_it_either_way(
+    monkeypatch,
+) -> None:
+    calls, _ = _session_calls(monkeypatch, ready=True, stop=True)
+    assert calls == ["up", "bench", "down"]
