@@ -9,14 +9,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from sovereignspec.operator.informer import (
-    GoneError,
-    Informer,
-    _lines,
-    strip_pod,
-    strip_queued_pod,
-    strip_statefulset,
-)
+from sovereignspec.operator.cuts import strip_pod, strip_queued_pod, strip_statefulset
+from sovereignspec.operator.informer import GoneError, Informer, _lines
 from sovereignspec.operator.policy import PolicySpec
 from sovereignspec.operator.view import build
 from sovereignspec.operator.world import World
@@ -157,7 +151,7 @@ def _flooded(w: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_a_stripped_workload_is_decided_as_the_whole_one_and_holds_none_of_the_flood():
-    from sovereignspec.operator.informer import strip_workload
+    from sovereignspec.operator.cuts import strip_workload
     from sovereignspec.operator.plan import plan
     from tests.unit.builders import CHECK, NOW, STAMP, chat, node, policy, snapshot, world
 
@@ -195,7 +189,7 @@ def test_a_stripped_workload_is_decided_as_the_whole_one_and_holds_none_of_the_f
 
 def test_a_template_with_more_of_our_keys_than_the_bound_is_refused_by_name():
     from sovereignspec.operator import annotations as ann
-    from sovereignspec.operator.informer import ours
+    from sovereignspec.operator.cuts import ours
 
     notes = {f"sovereignspec.io/k{i}": "v" for i in range(ann.MAX_OUR_KEYS + 6)}
     kept = ours({**notes, "other.io/x": "y"})

@@ -14,7 +14,7 @@ import pytest
 
 from sovereignspec.core.specs import ProfileSet
 from sovereignspec.operator import workloads as wls
-from sovereignspec.operator.informer import strip_workload
+from sovereignspec.operator.cuts import strip_workload
 from sovereignspec.operator.nodes import node_pool
 from sovereignspec.operator.plan import Write, plan
 from sovereignspec.operator.view import build
