@@ -6,7 +6,7 @@ import math
 import random
 from typing import Any
 
-from sovereignspec.core.placement import ClusterView, GpuState, NodeState, WorkloadRequest
+from sovereignspec.core.cluster import ClusterView, GpuState, NodeState, WorkloadRequest
 from sovereignspec.core.sovereignty import DEFAULT_JURISDICTION_LABEL
 
 GPU_MIX = (("A100-80G-SXM", 0.3), ("H100-SXM", 0.3), ("H200", 0.1), ("L40S", 0.15), ("RTX-4090", 0.15))

@@ -14,7 +14,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from sovereignspec.core.placement import ClusterView, PlacerSettings, WorkloadRequest, tick_order
+from sovereignspec.core.cluster import ClusterView, PlacerSettings, WorkloadRequest
+from sovereignspec.core.placement import tick_order
 from sovereignspec.core.roofline import tensor_parallel_for
 from sovereignspec.core.sovereignty import NodeTenancy, check_node
 from sovereignspec.core.specs import GpuSpec, ModelSpec, ProfileSet

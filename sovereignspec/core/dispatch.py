@@ -27,14 +27,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from sovereignspec.core.placement import (
-    ClusterView,
-    GpuState,
-    NodeState,
-    Placer,
-    PlacerSettings,
-    WorkloadRequest,
-)
+from sovereignspec.core.cluster import ClusterView, GpuState, NodeState, PlacerSettings, WorkloadRequest
+from sovereignspec.core.placement import Placer
 from sovereignspec.core.sovereignty import Exclusion, NodeTenancy, check_node
 from sovereignspec.core.specs import ProfileSet
 

@@ -24,7 +24,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from sovereignspec.core.placement import LedgerMemo
+from sovereignspec.core.running import LedgerMemo
 from sovereignspec.core.specs import ProfileSet
 from sovereignspec.operator import kinds, metrics
 from sovereignspec.operator.informer import ClusterCache, rv_int

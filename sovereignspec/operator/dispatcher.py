@@ -36,6 +36,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from sovereignspec.core.cluster import WorkloadRequest
 from sovereignspec.core.dispatch import (
     Dispatch,
     Dispatcher,
@@ -44,7 +45,6 @@ from sovereignspec.core.dispatch import (
     admissible_nomination,
     dispatch_order,
 )
-from sovereignspec.core.placement import WorkloadRequest
 from sovereignspec.core.specs import ProfileSet
 from sovereignspec.errors import describe
 from sovereignspec.operator import annotations as ann

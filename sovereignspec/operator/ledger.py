@@ -21,7 +21,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from sovereignspec.core.placement import ClusterView, NodeState, WorkloadRequest, reevaluate
+from sovereignspec.core.cluster import ClusterView, NodeState, WorkloadRequest
+from sovereignspec.core.running import reevaluate
 from sovereignspec.core.sovereignty import Exclusion, NodeTenancy, check_node
 from sovereignspec.core.specs import ProfileSet
 from sovereignspec.operator import annotations as ann

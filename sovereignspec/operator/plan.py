@@ -10,9 +10,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
+from sovereignspec.core.cluster import Placement
 from sovereignspec.core.decision import DecisionRecord
 from sovereignspec.core.handoff import armed_at_declared, handoff
-from sovereignspec.core.placement import Placement, Placer, spec_request
+from sovereignspec.core.placement import Placer, spec_request
 from sovereignspec.core.specs import ProfileSet
 from sovereignspec.engines import engine_config, handed_table
 from sovereignspec.operator import annotations as ann

@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
 
+from sovereignspec.core.cluster import PlacerSettings
 from sovereignspec.core.defaults import (
     GAMMA_LIMIT,
     GAMMA_MAX,
@@ -19,7 +20,6 @@ from sovereignspec.core.defaults import (
     PREDICTION_ERROR_BOUND,
     SELF_BENEFIT_MARGIN,
 )
-from sovereignspec.core.placement import PlacerSettings
 from sovereignspec.core.sovereignty import DEFAULT_JURISDICTION_LABEL
 from sovereignspec.errors import describe
 

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from sovereignspec.core.placement import WorkloadRequest
+from sovereignspec.core.cluster import WorkloadRequest
 from sovereignspec.core.specs import ProfileSet
 from sovereignspec.operator import annotations as ann
 from sovereignspec.operator import kinds

@@ -15,15 +15,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sovereignspec.core.placement import (
-    ClusterView,
-    GpuState,
-    LedgerMemo,
-    NodeState,
-    neighbour_bound,
-    with_ledger_load,
-)
+from sovereignspec.core.cluster import ClusterView, GpuState, NodeState
 from sovereignspec.core.roofline import headroom_from_tensor_activity
+from sovereignspec.core.running import LedgerMemo, neighbour_bound, with_ledger_load
 from sovereignspec.core.specs import ProfileSet
 from sovereignspec.operator import annotations as ann
 from sovereignspec.operator.ledger import (

@@ -28,18 +28,11 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Protocol
 
+from sovereignspec.core.cluster import ClusterView, GpuState, NodeState, PlacerSettings, WorkloadRequest
 from sovereignspec.core.defaults import HEADROOM_UNCERTAINTY
 from sovereignspec.core.handoff import handoff
-from sovereignspec.core.placement import (
-    ClusterView,
-    GpuState,
-    NodeState,
-    Placer,
-    PlacerSettings,
-    WorkloadRequest,
-    neighbour_bound,
-    with_ledger_load,
-)
+from sovereignspec.core.placement import Placer
+from sovereignspec.core.running import neighbour_bound, with_ledger_load
 from sovereignspec.core.sovereignty import DEFAULT_JURISDICTION_LABEL
 from sovereignspec.core.speedup import tau
 

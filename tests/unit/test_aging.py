@@ -6,8 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sovereignspec.core.placement import PlacerSettings, WorkloadRequest, reevaluate
+from sovereignspec.core.cluster import PlacerSettings, WorkloadRequest
 from sovereignspec.core.roofline import tensor_parallel_for
+from sovereignspec.core.running import reevaluate
 from sovereignspec.core.scalar import Coeffs, best_gamma, speedup_at, tau
 from sovereignspec.profiles import load_profiles
 

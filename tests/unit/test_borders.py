@@ -236,7 +236,7 @@ def test_liveness_says_only_ok_or_not_and_fails_once_ticks_keep_failing(
 
 
 def test_drift_is_reported_once_and_evicts_only_when_the_policy_says_so() -> None:
-    from sovereignspec.core.placement import ClusterView, WorkloadRequest
+    from sovereignspec.core.cluster import ClusterView, WorkloadRequest
     from sovereignspec.operator.ledger import Committed, Drift
     from sovereignspec.operator.plan import drift_writes
     from sovereignspec.operator.view import View

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from sovereignspec.core import defaults
-from sovereignspec.core.placement import PlacerSettings
+from sovereignspec.core.cluster import PlacerSettings
 from sovereignspec.operator.policy import PolicySpec
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sovereignspec.core.cluster import PlacerSettings, WorkloadRequest
 from sovereignspec.core.dispatch import (
     Dispatch,
     Dispatcher,
@@ -17,7 +18,6 @@ from sovereignspec.core.dispatch import (
     check_worker,
     dispatch_order,
 )
-from sovereignspec.core.placement import PlacerSettings, WorkloadRequest
 from sovereignspec.core.specs import ProfileSet
 from sovereignspec.operator.dispatcher import connected, describe_worker
 from sovereignspec.profiles import load_profiles

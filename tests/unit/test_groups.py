@@ -5,7 +5,8 @@ from dataclasses import replace
 
 import pytest
 
-from sovereignspec.core.placement import Placer, WorkloadRequest
+from sovereignspec.core.cluster import WorkloadRequest
+from sovereignspec.core.placement import Placer
 from sovereignspec.core.roofline import fits_at, pipeline_stage, roofline_for, tensor_parallel_for
 from sovereignspec.core.sovereignty import DEFAULT_JURISDICTION_LABEL as JUR
 from sovereignspec.operator import annotations as ann

@@ -9,14 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from benchmarks.reference import reference_tick
-from sovereignspec.core.placement import (
-    ClusterView,
-    GpuState,
-    NodeState,
-    Placer,
-    PlacerSettings,
-    WorkloadRequest,
-)
+from sovereignspec.core.cluster import ClusterView, GpuState, NodeState, PlacerSettings, WorkloadRequest
+from sovereignspec.core.placement import Placer
 from sovereignspec.core.sovereignty import DEFAULT_JURISDICTION_LABEL as JUR
 
 
@@ -411,7 +405,7 @@ def test_a_draft_limit_of_zero_switches_speculation_off_and_says_so(profiles, ga
 def test_a_running_workload_is_judged_again_as_a_placement_at_that_reading_would_be(
     profiles, headroom, gamma_max
 ):
-    from sovereignspec.core.placement import reevaluate
+    from sovereignspec.core.running import reevaluate
 
     w = wl(alpha=0.7, seqs=32, context=1024, gamma_max=gamma_max)
     placed = Placer(profiles, cluster(("n", "H100-SXM", [headroom], "eu"))).place(w)
@@ -470,7 +464,7 @@ def test_shared_work_facing_only_the_nodes_kept_free_is_told_to_retry(profiles):
 
 
 def test_the_tightest_neighbour_binds_and_of_two_as_tight_the_first_named():
-    from sovereignspec.core.placement import neighbour_bound
+    from sovereignspec.core.running import neighbour_bound
 
     assert neighbour_bound([("a", 0.1, 0.05), ("b", 0.2, 0.1), ("c", 0.3, 0.1)]) == (2.0, "a")
     assert neighbour_bound([("a", None, 0.05), ("b", 0.2, None), ("c", 0.25, 0.125)]) == (2.0, "c")
@@ -478,7 +472,7 @@ def test_the_tightest_neighbour_binds_and_of_two_as_tight_the_first_named():
 
 
 def test_the_ledger_memo_is_filled_and_reused_and_optional(profiles):
-    from sovereignspec.core.placement import with_ledger_load
+    from sovereignspec.core.running import with_ledger_load
 
     view = cluster(("n", "H100-SXM", [1.0, 1.0], "eu"))
     placed = [(wl("a", seqs=64), "n", 0, 0)]
@@ -614,7 +608,7 @@ def test_a_workload_that_cannot_draft_is_priced_with_no_draft_cost_or_overhead(p
 
 
 def test_without_telemetry_a_gpu_is_estimated_from_its_placements_on_an_idle_gpu(profiles):
-    from sovereignspec.core.placement import with_ledger_load
+    from sovereignspec.core.running import with_ledger_load
 
     # No reading on either GPU; one placement on gpu0. gpu0's estimate is what an idle GPU
     # (headroom 1) has left after taking that placement in; gpu1, with none, is estimated idle.

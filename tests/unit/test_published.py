@@ -14,8 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from sovereignspec.core.cluster import PlacerSettings, WorkloadRequest
 from sovereignspec.core.optimiser import gamma_table
-from sovereignspec.core.placement import PlacerSettings, WorkloadRequest, spec_request
+from sovereignspec.core.placement import spec_request
 from sovereignspec.core.roofline import roofline_for
 from sovereignspec.core.speedup import speculative_step
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from sovereignspec.core.placement import ClusterView, GpuState, WorkloadRequest
+from sovereignspec.core.cluster import ClusterView, GpuState, WorkloadRequest
 from sovereignspec.operator import metrics
 from sovereignspec.operator.controller import Controller
 from sovereignspec.operator.ledger import Committed
