@@ -28,6 +28,7 @@ from sovereignspec.core.running import LedgerMemo
 from sovereignspec.core.specs import ProfileSet
 from sovereignspec.operator import kinds, metrics
 from sovereignspec.operator.informer import ClusterCache, rv_int
+from sovereignspec.operator.ledger import Committed
 from sovereignspec.operator.plan import EventNote, Write, drift_writes, plan
 from sovereignspec.operator.policy import GROUP, PLURAL, VERSION, PolicySpec
 from sovereignspec.operator.role import Role, Settings, TickReport
@@ -233,9 +234,6 @@ class Controller(Role):
             if a.aggregate_in_force >= 1.0:
                 continue
             losing.add(c.key)
-            if c.key in self._loss_reported:
-                continue
-            self._loss_reported.add(c.key)
             message = (
                 f"speculation is now a net loss for its GPU: γ={c.gamma} on {c.node}/gpu{c.gpu_index} at "
                 f"headroom {a.headroom:.2f} gives this workload S_real={a.speedup_in_force:.2f} but the "
@@ -243,11 +241,7 @@ class Controller(Role):
                 f"γ={a.gamma_now} now); restart the workload to be decided again. It is not evicted for "
                 "speed."
             )
-            log.warning("%s: %s", c.key, message)
-            try:
-                self.writer.event(dict(c.workload), "Workload", "SpeculationNetLoss", message, warning=True)
-            except ApiException as exc:
-                log.warning("could not post the net-loss Event of %s: %s", c.key, exc.reason)
+            self._warn_once(self._loss_reported, c, "SpeculationNetLoss", message)
         self._loss_reported &= losing  # a workload that recovers is told again if it loses again
         metrics.NET_LOSS.set(len(losing))
 
@@ -276,9 +270,6 @@ class Controller(Role):
             if abs(s.error) <= bound:
                 continue
             off.add(c.key)
-            if c.key in self._off_reported:
-                continue
-            self._off_reported.add(c.key)
             message = (
                 f"its engine reports TPOT {s.measured_s * 1e3:.1f} ms where the {s.gpu_type} profile "
                 f"predicted {s.predicted_s * 1e3:.1f} ms for {c.request.model} when it was decided "
@@ -286,12 +277,20 @@ class Controller(Role):
                 "model are priced by a profile this far off (measure it: sovereignspec profile, then "
                 "calibrate). The decision stands."
             )
-            log.warning("%s: %s", c.key, message)
-            try:
-                self.writer.event(dict(c.workload), "Workload", "PredictionOffProfile", message, warning=True)
-            except ApiException as exc:
-                log.warning("could not post the prediction Event of %s: %s", c.key, exc.reason)
+            self._warn_once(self._off_reported, c, "PredictionOffProfile", message)
         self._off_reported &= off  # told again if it leaves the bound again
+
+    def _warn_once(self, told: set[str], c: Committed, reason: str, message: str) -> None:
+        """A Warning Event on a running workload, once while `told` holds its key (the caller drops
+        the keys that recovered, so a workload that goes wrong again is told again)."""
+        if c.key in told:
+            return
+        told.add(c.key)
+        log.warning("%s: %s", c.key, message)
+        try:
+            self.writer.event(dict(c.workload), "Workload", reason, message, warning=True)
+        except ApiException as exc:
+            log.warning("could not post the %s Event of %s: %s", reason, c.key, exc.reason)
 
     def _repost_events(self, view: View) -> None:
         """A decision's Event can be lost to a crash between the status write and the Event; after a
