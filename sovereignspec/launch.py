@@ -25,7 +25,20 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-PREFIX = "sovereignspec.io/"
+# The keys the operator writes (sovereignspec/keys.py). `--install` replaces this import by that
+# module's definitions, so the installed file needs nothing but the standard library.
+from sovereignspec.keys import (  # inline: sovereignspec/keys.py
+    BUDGET,
+    DECIDED_AT,
+    GPU_TYPE,
+    MODE,
+    PREFIX,
+    SGLANG_ADAPTIVE,
+    SGLANG_ARGS,
+    VLLM_CONFIG,
+    VLLM_PER_BATCH,
+)
+
 DEFAULT_ANNOTATIONS = "/etc/podinfo/annotations"
 # Every spelling that sets speculation. vLLM 0.32 (vllm/engine/arg_utils.py): --speculative-config
 # and its short -sc, the top-level --spec-method/--spec-model/--spec-tokens, the pre-0.7 flags; its
@@ -43,9 +56,9 @@ VLLM_SPECULATIVE = (
 )
 SGLANG_SPECULATIVE = ("--speculative-",)
 VLLM_DATA_PARALLEL = ("--data-parallel-size", "-dp")
-PER_BATCH = "num_speculative_tokens_per_batch_size"
+PER_BATCH = VLLM_PER_BATCH
 MODES = ("speculative", "plain")
-# What the operator writes (sovereignspec/engines.py), and nothing else: a rewritten annotation
+# What the operator writes (sovereignspec/engines/), and nothing else: a rewritten annotation
 # cannot smuggle another engine argument or setting through the launcher.
 VLLM_KEYS = ("method", "model", "num_speculative_tokens", PER_BATCH, "prompt_lookup_min", "prompt_lookup_max")
 SGLANG_FLAGS = (
@@ -57,6 +70,17 @@ SGLANG_FLAGS = (
     "--speculative-ngram-min-bfs-breadth",
     "--speculative-ngram-max-bfs-breadth",
 )
+
+
+def standalone() -> str:
+    """This module as one file for an engine image: the import of `sovereignspec.keys` replaced
+    by that module's definitions."""
+    source = Path(__file__).read_text(encoding="utf-8")
+    keys = (Path(__file__).parent / "keys.py").read_text(encoding="utf-8")
+    definitions = keys.split('"""', 2)[2].strip()  # after its docstring
+    start = source.index("from sovereignspec.keys import (")
+    end = source.index(")", start) + 1
+    return source[:start] + definitions + source[end:]
 
 
 class LaunchError(Exception):
@@ -241,21 +265,21 @@ def plan(
     notes: dict[str, str], engine: str, command: list[str], config_dir: Path, vllm_legacy: bool = False
 ) -> tuple[list[str], str, dict[str, str]]:
     """(command to run, the line to log, files to write) for this decision."""
-    mode = notes.get(PREFIX + "mode")
+    mode = notes.get(PREFIX + MODE)
     if mode is None:
         return command, "no SovereignSpec decision on this pod: running the command as given", {}
     if mode not in MODES:
-        raise LaunchError(f"{PREFIX}mode annotation: got {mode!r}; accepted: {', '.join(MODES)}")
-    gamma = notes.get(PREFIX + "draft-budget", "0")
-    where = f"{notes.get(PREFIX + 'gpu-type', '?')} ({notes.get(PREFIX + 'decided-at', '?')})"
+        raise LaunchError(f"{PREFIX}{MODE} annotation: got {mode!r}; accepted: {', '.join(MODES)}")
+    gamma = notes.get(PREFIX + BUDGET, "0")
+    where = f"{notes.get(PREFIX + GPU_TYPE, '?')} ({notes.get(PREFIX + DECIDED_AT, '?')})"
     if mode != "speculative":
         return _plain(command, engine, f"plain decode decided on {where}")
     files: dict[str, str] = {}
     warning = ""
     if engine == "vllm":
-        config = notes.get(PREFIX + "vllm-speculative-config")
+        config = notes.get(PREFIX + VLLM_CONFIG)
         if not config:
-            raise LaunchError("the decision is speculative but carries no vllm-speculative-config annotation")
+            raise LaunchError(f"the decision is speculative but carries no {VLLM_CONFIG} annotation")
         conflicts = _conflicts(command, "vllm")
         if conflicts:
             raise LaunchError(_refusal(conflicts))
@@ -281,17 +305,17 @@ def plan(
         if fixed:
             table = f" (fixed: {fixed})"
     else:
-        args = notes.get(PREFIX + "sglang-args")
+        args = notes.get(PREFIX + SGLANG_ARGS)
         if not args and _int(gamma) <= 0:
             why = "SGLang runs this drafter at a fixed γ, which is 0 at the declared batch"
             return _plain(command, engine, f"plain decode decided on {where} ({why})")
         if not args:
-            raise LaunchError("the decision is speculative but carries no sglang-args annotation")
+            raise LaunchError(f"the decision is speculative but carries no {SGLANG_ARGS} annotation")
         conflicts = _conflicts(command, "sglang")
         if conflicts:
             raise LaunchError(_refusal(conflicts))
         extra = _sglang_args(args)
-        adaptive = notes.get(PREFIX + "sglang-adaptive-config")
+        adaptive = notes.get(PREFIX + SGLANG_ADAPTIVE)
         table = ""
         if adaptive and any(option_name(w) == "--enable-dp-attention" for w in command):
             # SGLang refuses its adaptive mode with DP attention (adaptive_spec_params.py:
@@ -335,7 +359,7 @@ def _plain(command: list[str], engine: str, decided: str) -> tuple[list[str], st
 
 
 def _vllm_config(text: str) -> dict[str, Any]:
-    key = PREFIX + "vllm-speculative-config"
+    key = PREFIX + VLLM_CONFIG
     try:
         doc = json.loads(text)
     except ValueError:
@@ -359,7 +383,7 @@ def _vllm_config(text: str) -> dict[str, Any]:
 
 
 def _sglang_args(text: str) -> list[str]:
-    key = PREFIX + "sglang-args"
+    key = PREFIX + SGLANG_ARGS
     try:
         words = shlex.split(text)
     except ValueError as exc:
@@ -387,7 +411,7 @@ def _with_steps(words: list[str], gamma: int) -> list[str]:
 
 
 def _adaptive_ranges(text: str) -> int:
-    key = PREFIX + "sglang-adaptive-config"
+    key = PREFIX + SGLANG_ADAPTIVE
     try:
         doc = json.loads(text)
     except ValueError:
@@ -424,7 +448,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- the engine's command line")
     args = parser.parse_args(argv)
     if args.install:
-        Path(args.install).write_text(Path(__file__).read_text(encoding="utf-8"), encoding="utf-8")
+        Path(args.install).write_text(standalone(), encoding="utf-8")
         Path(args.install).chmod(0o755)
         log(f"installed at {args.install}")
         return 0

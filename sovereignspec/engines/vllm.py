@@ -17,12 +17,13 @@ import math
 from collections.abc import Mapping
 from typing import cast
 
+from sovereignspec import keys
 from sovereignspec.core.handoff import Table
 from sovereignspec.core.speedup import alpha_from_draft_acceptance
 from sovereignspec.engines.base import Key, Metrics, MetricsReader
 
-CONFIG = "vllm-speculative-config"  # the annotation `launch` turns into --speculative-config
-PER_BATCH = "num_speculative_tokens_per_batch_size"
+CONFIG = keys.VLLM_CONFIG  # the annotation `launch` turns into --speculative-config
+PER_BATCH = keys.VLLM_PER_BATCH
 SPEC_COUNTERS = (
     "vllm:spec_decode_num_drafts",
     "vllm:spec_decode_num_draft_tokens",

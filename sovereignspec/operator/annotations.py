@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from sovereignspec import engines
+from sovereignspec import engines, keys
 
 # Kueue's key (a label, or an annotation under a feature gate) naming the Workload it built for a
 # Pod's group: a StatefulSet's, a LeaderWorkerSet group's.
@@ -30,7 +30,7 @@ KUEUE_PREBUILT = "kueue.x-k8s.io/prebuilt-workload-name"
 # The label a Pod carries for Kueue's pod integration to queue it (the operator's Pod cache holds
 # only Pods that carry it: operator/informer.py).
 KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
-PREFIX = "sovereignspec.io/"
+PREFIX = keys.PREFIX
 JURISDICTION_RE = re.compile(r"[a-z]{2}(-[a-z0-9]{1,16})?", re.ASCII)
 TENANT_RE = re.compile(r"[a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?", re.ASCII)
 DECIMAL_RE = re.compile(r"[0-9]{1,12}(\.[0-9]{1,12})?", re.ASCII)
@@ -78,15 +78,15 @@ SOVEREIGNTY_KEYS = tuple(k for k, f in INPUTS.items() if f.sovereignty)
 
 # What the controller writes into podSetUpdates. Reserved: a template that sets one of them is
 # steering the engine around the decision (see controller.pod_set_annotations).
-OUT_MODE = PREFIX + "mode"
-OUT_BUDGET = PREFIX + "draft-budget"
+OUT_MODE = PREFIX + keys.MODE
+OUT_BUDGET = PREFIX + keys.BUDGET
 # Each engine's configuration, in the annotations its module names (`sovereignspec.engines`).
 OUT_ENGINES = frozenset(PREFIX + key for key in engines.OUTPUTS)
-OUT_GPU_TYPE = PREFIX + "gpu-type"
+OUT_GPU_TYPE = PREFIX + keys.GPU_TYPE
 OUT_GPU_INDEX = PREFIX + "gpu-index"
 OUT_SPEEDUP = PREFIX + "predicted-speedup"
 OUT_TPOT = PREFIX + "predicted-tpot-ms"
-OUT_DECIDED_AT = PREFIX + "decided-at"
+OUT_DECIDED_AT = PREFIX + keys.DECIDED_AT
 OUT_POLICY = PREFIX + "policy"
 # Pods spread over several nodes: where each was counted, "host/gpu-index" comma-separated.
 OUT_NODES = PREFIX + "nodes"
