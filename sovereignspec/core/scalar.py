@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from sovereignspec.core.roofline import roofline_for, step_at, step_formula, step_rates
 from sovereignspec.core.specs import GpuSpec, ModelSpec
-from sovereignspec.core.speedup import speculative_step, verify_tokens
+from sovereignspec.core.speedup import NEAR_ONE, speculative_step, tau_geometric, verify_tokens
 
 TIE_QUANTUM = 1e-9
 
@@ -72,9 +72,10 @@ def _smax(a: float, b: float, p: float) -> float:
 
 
 def tau(alpha: float, gamma: float) -> float:
-    if abs(1.0 - alpha) < 1e-12:
+    """`speedup.tau` for one α and γ, as plain floats (the same formula and limit)."""
+    if abs(1.0 - alpha) < NEAR_ONE:
         return gamma + 1.0
-    return float((1.0 - alpha ** (gamma + 1.0)) / (1.0 - alpha))
+    return float(tau_geometric(alpha, gamma))
 
 
 def quantize(x: float) -> float:

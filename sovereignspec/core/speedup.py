@@ -37,13 +37,22 @@ from sovereignspec.core.roofline import Roofline
 Array = NDArray[np.float64]
 
 
+NEAR_ONE = 1e-12  # |1 − α| below this: τ is its limit γ + 1 (the geometric sum divides by 1 − α)
+
+
+def tau_geometric(alpha: Any, gamma: Any) -> Any:
+    """τ(α, γ) = (1 − α^(γ+1)) / (1 − α) away from α = 1: the one formula, over floats (the scalar
+    path, `scalar.tau`) or numpy arrays (`tau`) alike."""
+    return (1.0 - alpha ** (gamma + 1.0)) / (1.0 - alpha)
+
+
 def tau(alpha: ArrayLike, gamma: ArrayLike) -> Array:
     """Expected tokens per verification step, τ(α, γ); vectorised, exact at α = 1."""
     a = np.asarray(alpha, dtype=np.float64)
     g = np.asarray(gamma, dtype=np.float64)
-    near_one = np.abs(1.0 - a) < 1e-12
+    near_one = np.abs(1.0 - a) < NEAR_ONE
     with np.errstate(divide="ignore", invalid="ignore"):  # near 1 the geometric sum is discarded
-        geometric = (1.0 - a ** (g + 1.0)) / (1.0 - a)
+        geometric = tau_geometric(a, g)
     return np.asarray(np.where(near_one, g + 1.0, geometric), dtype=np.float64)
 
 
