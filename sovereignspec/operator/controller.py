@@ -35,6 +35,7 @@ from sovereignspec.operator.role import Role, Settings, TickReport
 from sovereignspec.operator.scoring import score
 from sovereignspec.operator.telemetry_source import TelemetryCache
 from sovereignspec.operator.view import View, build
+from sovereignspec.operator.violations import violations
 from sovereignspec.operator.workloads import (
     KEYS_ON_OWNER,
     condition,
@@ -74,6 +75,7 @@ class Controller(Role):
         self._drift_reported: dict[str, str] = {}
         self._loss_reported: set[str] = set()  # workloads told that their speculation is a net loss
         self._off_reported: set[str] = set()  # workloads told that their profile mispredicts them
+        self._violations: set[tuple[str, str]] = set()  # (pod, node) found outside its jurisdictions
         self._events_checked = False  # decisions' Events re-posted once after start-up
         self._unsynced_since: float | None = None
         self._ledger_memo: LedgerMemo = {}  # GPUs' implied load, from one tick to the next
@@ -167,6 +169,7 @@ class Controller(Role):
                     aging_seen = True
                     self._age(view)
                     self._score(view, snapshot.tpot, {c: s for c, (_, s) in active.items()}, spec)
+                    self._watch_sovereignty(world, spec)
                 if not self._events_checked:  # once: the ledger is the same in every group's view
                     self._events_checked = True
                     self._repost_events(view)
@@ -279,6 +282,28 @@ class Controller(Role):
             )
             self._warn_once(self._off_reported, c, "PredictionOffProfile", message)
         self._off_reported &= off  # told again if it leaves the bound again
+
+    def _watch_sovereignty(self, world: World, default: PolicySpec) -> None:
+        """Every running GPU pod against its namespace's jurisdictions (`violations`): each one
+        outside them is counted once, logged and told on the Pod (a Warning Event), and the gauge
+        says how many run so now. Nothing is evicted: the pod may not be ours to stop."""
+        errors: list[str] = []
+        found = violations(world, default, errors)
+        for text in errors:
+            log.warning("skipped a pod that cannot be read: %s", text)
+        now = {v.key for v in found}
+        for v in found:
+            if v.key in self._violations:
+                continue
+            self._violations.add(v.key)
+            metrics.VIOLATIONS_TOTAL.inc()
+            log.error("sovereignty violation: %s", v.message)
+            try:
+                self.writer.event(dict(v.obj), "Pod", "SovereigntyViolation", v.message, warning=True)
+            except ApiException as exc:
+                log.warning("could not post the violation Event of %s/%s: %s", v.namespace, v.pod, exc.reason)
+        self._violations &= now
+        metrics.VIOLATIONS.set(len(now))
 
     def _warn_once(self, told: set[str], c: Committed, reason: str, message: str) -> None:
         """A Warning Event on a running workload, once while `told` holds its key (the caller drops

@@ -238,7 +238,7 @@ def _spread_pods(text: object) -> list[tuple[str, int]]:
     return out
 
 
-def _pod_gpus(pod: Mapping[str, Any]) -> int:
+def pod_gpus(pod: Mapping[str, Any]) -> int:
     return container_gpus(pod.get("spec") or {}, "spec")
 
 
@@ -279,7 +279,7 @@ def foreign_pods(
             phase = (pod.get("status") or {}).get("phase")
             if not node or phase in ("Succeeded", "Failed"):
                 continue
-            gpus = _pod_gpus(pod)
+            gpus = pod_gpus(pod)
             if gpus <= 0:
                 continue
             namespace = str(meta.get("namespace", ""))

@@ -79,6 +79,15 @@ PREDICTION_SCORED = Gauge(
     "Running decisions with both a predicted and an engine-reported TPOT, per profile",
     ["gpu_type", "model"],
 )
+# What actually runs, against where it may (violations.py).
+VIOLATIONS_TOTAL = Counter(
+    "sovereignspec_sovereignty_violations_total",
+    "GPU pods found running on a node outside their namespace's jurisdictions (once per pod and node)",
+)
+VIOLATIONS = Gauge(
+    "sovereignspec_sovereignty_violating_pods",
+    "GPU pods running now on a node outside their namespace's jurisdictions",
+)
 # The watch-fed caches the ticks read from (informer.py).
 CACHE_OBJECTS = Gauge("sovereignspec_cache_objects", "Objects in the watch-fed cache", ["resource"])
 CACHE_LISTS = Counter(

@@ -406,6 +406,39 @@ def test_a_node_moved_to_another_jurisdiction_under_running_work_is_reported(env
     assert "sovereignspec_sovereignty_drift_workloads" in operator.metrics()
 
 
+def test_a_gpu_pod_that_bypassed_the_queue_onto_a_node_outside_its_namespaces_jurisdiction_is_reported(
+    env, namespace, operator
+):
+    pool = make_pool(env, namespace, [("H100-SXM", "eu", 2, [0.9, 0.9])])
+    (node,) = pool.nodes
+    korea = add_namespace(pool, "kr", {"sovereignspec.io/jurisdiction": "kr"})
+    # No queue name (Kueue never sees it) and bound by whoever made it: no decision of ours.
+    body = {
+        "metadata": {"name": "bypass", "namespace": korea},
+        "spec": {
+            "nodeName": node,
+            "containers": [
+                {"name": "engine", "image": "example.invalid/engine",
+                 "resources": {"limits": {"nvidia.com/gpu": "1"}, "requests": {"nvidia.com/gpu": "1"}}}
+            ],
+        },
+    }  # fmt: skip
+    client.CoreV1Api(env.api).create_namespaced_pod(korea, body)
+    warning = event(in_namespace(pool, korea), "SovereigntyViolation", "bypass", timeout=60)
+    assert warning.type == "Warning" and warning.involved_object.kind == "Pod"
+    assert f"{node}, in eu" in warning.message and "only in kr" in warning.message, warning.message
+
+    def counted() -> float | None:
+        for line in operator.metrics().splitlines():
+            if line.startswith("sovereignspec_sovereignty_violating_pods "):
+                return float(line.split()[1]) or None
+        return None
+
+    assert wait_until(counted, timeout=30, what="the violating pods gauge") >= 1
+    assert "sovereignspec_sovereignty_violations_total" in operator.metrics()
+    client.CoreV1Api(env.api).delete_namespaced_pod("bypass", korea, grace_period_seconds=0)
+
+
 # 12. Smaller: reasons that name the real cause -----------------------------------------------------
 
 

@@ -1,0 +1,118 @@
+"""What actually runs, against where it may run: every GPU pod bound to a node, under Kueue or not,
+checked against its namespace's jurisdictions (`world.tenancy_of`: what the namespace's
+administrators set, never what a workload claims) at every tick while it runs.
+
+A decision only controls what passes through our admission check. A pod created without a queue
+name (Kueue never sees it), a node relabelled under running work, a scheduler's or an operator's
+own binding: each can put a tenant's work where its namespace may not run. This finds them after
+the fact; it prevents nothing (the chart's admission policies and the decision do that).
+
+No I/O: plain dicts in, plain data out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from sovereignspec.operator.ledger import pod_gpus
+from sovereignspec.operator.policy import PolicySpec
+from sovereignspec.operator.world import NAMESPACE_JURISDICTION_LABEL, World, safe_key, tenancy_of
+
+
+@dataclass(frozen=True)
+class Violation:
+    namespace: str
+    pod: str
+    uid: str
+    node: str
+    jurisdiction: str | None  # the node's label now (None: it has none)
+    label: str  # the node label read (the policy's sovereignty.jurisdictionLabel)
+    allowed: frozenset[str]
+    source: str  # where the namespace's jurisdictions come from
+    check: str  # the AdmissionCheck whose policy's tenancy found it ("" for the default)
+    obj: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """One violation per pod and node: a pod is bound once, so this is one per binding."""
+        return (self.uid or f"{self.namespace}/{self.pod}", self.node)
+
+    @property
+    def message(self) -> str:
+        where = f"in {self.jurisdiction}"
+        if self.jurisdiction is None:
+            where = f"without a {self.label} label"
+        return (
+            f"pod {self.namespace}/{self.pod} runs on node {self.node}, {where}; its namespace may run "
+            f"only in {', '.join(sorted(self.allowed)) or 'no jurisdiction'} ({self.source}). SovereignSpec "
+            "did not place it there: it came by a path the admission check does not control (no "
+            "queue name, a node relabelled under it, a binding made elsewhere)."
+        )
+
+
+def violations(world: World, default: PolicySpec, errors: list[str] | None = None) -> list[Violation]:
+    """Every bound, running GPU pod on a node outside its namespace's jurisdictions, under each
+    policy a check of ours uses (the first that finds it names it); namespaces that declare no
+    jurisdiction are not checked. A pod on a node no longer in the cluster is the ledger's drift,
+    not this. A pod that cannot be read is named in `errors` and skipped alone."""
+    labels = {str(n["metadata"]["name"]): n["metadata"].get("labels") or {} for n in world.nodes}
+    policies: list[tuple[str, PolicySpec]] = []
+    for check, given in sorted(world.policies.items()):
+        if all(given is not seen for _, seen in policies):
+            policies.append((check, given))
+    policies = policies or [("", default)]
+    out: list[Violation] = []
+    for pod in world.pods:
+        try:
+            found = _violation(pod, world, policies, labels)
+        except Exception as exc:
+            if errors is not None:
+                errors.append(f"Pod {safe_key(pod)}: {type(exc).__name__}: {exc}")
+            continue
+        if found is not None:
+            out.append(found)
+    return out
+
+
+def _violation(
+    pod: Mapping[str, Any],
+    world: World,
+    policies: list[tuple[str, PolicySpec]],
+    labels: Mapping[str, Mapping[str, str]],
+) -> Violation | None:
+    """`pod`'s violation, if it is a running GPU pod on a known node outside its namespace's
+    jurisdictions under one of `policies`."""
+    meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+    node = spec.get("nodeName")
+    if not node or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+        return None
+    if str(node) not in labels or pod_gpus(pod) <= 0:
+        return None
+    namespace = str(meta.get("namespace", ""))
+    for check, policy in policies:
+        tenancy = tenancy_of(namespace, world.namespaces.get(namespace), policy)
+        if tenancy.jurisdictions is None:
+            continue
+        label = policy.sovereignty.jurisdiction_label
+        actual = labels[str(node)].get(label)
+        if actual in tenancy.jurisdictions:
+            continue
+        return Violation(
+            namespace, str(meta.get("name", "")), str(meta.get("uid", "")), str(node),
+            None if actual is None else str(actual), label, tenancy.jurisdictions,
+            _jurisdictions_from(namespace, world.namespaces.get(namespace), policy), check, pod,
+        )  # fmt: skip
+    return None
+
+
+def _jurisdictions_from(namespace: str, labels: Mapping[str, str] | None, policy: PolicySpec) -> str:
+    """Where a namespace's jurisdictions were set, as `tenancy_of` reads them."""
+    said = []
+    if NAMESPACE_JURISDICTION_LABEL in (labels or {}):
+        said.append(f"namespace label {NAMESPACE_JURISDICTION_LABEL}")
+    mapped = policy.tenancy.namespaces.get(namespace)
+    if mapped is not None and mapped.jurisdictions is not None:
+        said.append("the SpeculationPolicy's tenancy.namespaces")
+    return " and ".join(said)

@@ -1,0 +1,132 @@
+"""What actually runs against where it may run: every bound GPU pod against its namespace's
+jurisdictions, under Kueue or not."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from sovereignspec.operator import metrics
+from sovereignspec.operator.controller import Controller
+from sovereignspec.operator.policy import PolicySpec
+from sovereignspec.operator.violations import violations
+from sovereignspec.operator.world import World
+from sovereignspec.profiles import load_profiles
+from tests.unit.builders import CHECK, JURISDICTION, node, policy
+
+EU_ONLY = {"team-a": {"sovereignspec.io/jurisdiction": "eu"}}
+
+
+def pod(
+    name: str = "p",
+    on: str | None = "h-kr",
+    gpus: str = "1",
+    namespace: str = "team-a",
+    phase: str = "Running",
+    uid: str | None = None,
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "uid": uid or f"uid-{name}"},
+        "spec": {"nodeName": on, "containers": [{"resources": {"requests": {"nvidia.com/gpu": gpus}}}]},
+        "status": {"phase": phase},
+    }
+
+
+NODES = [node("h-eu", "eu"), node("h-kr", "kr"), node("h-bare", None)]
+
+
+def found(
+    pods: list[dict[str, Any]],
+    namespaces: dict[str, dict[str, str]] | None = None,
+    policies: dict[str, PolicySpec] | None = None,
+    nodes: list[dict[str, Any]] | None = None,
+) -> list[tuple[str, str, str | None]]:
+    world = World(
+        [], NODES if nodes is None else nodes, {}, EU_ONLY if namespaces is None else namespaces, pods, {},
+        {CHECK: policy()} if policies is None else policies,
+    )  # fmt: skip
+    return [(v.pod, v.node, v.jurisdiction) for v in violations(world, policy())]
+
+
+@pytest.mark.parametrize(
+    ("why", "pods", "expected"),
+    [
+        ("a GPU pod of an eu-only namespace on a kr node", [pod()], [("p", "h-kr", "kr")]),
+        ("the same on an eu node", [pod(on="h-eu")], []),
+        ("on a node with no jurisdiction label (fails closed)", [pod(on="h-bare")], [("p", "h-bare", None)]),
+        ("a pod asking for no GPU", [pod(gpus="0")], []),
+        ("a pod that has finished", [pod(phase="Succeeded")], []),
+        ("a pod that failed", [pod(phase="Failed")], []),
+        ("a pod not bound yet", [pod(on=None)], []),
+        ("a pod on a node no longer in the cluster (the ledger's drift)", [pod(on="gone")], []),
+        ("a namespace that declares no jurisdiction", [pod(namespace="team-b")], []),
+    ],
+)
+def test_a_gpu_pod_outside_its_namespaces_jurisdictions_is_a_violation(
+    why: str, pods: list[dict[str, Any]], expected: list[tuple[str, str, str | None]]
+) -> None:
+    assert found(pods) == expected, why
+
+
+def test_the_policys_tenancy_binds_a_namespace_too_and_is_named_as_the_source() -> None:
+    spec = policy(tenancy={"namespaces": {"team-b": {"jurisdictions": ["kr"]}}})
+    world = World([], NODES, {}, {}, [pod(namespace="team-b", on="h-eu")], {}, {CHECK: spec})
+    (v,) = violations(world, policy())
+    assert (v.namespace, v.node, v.jurisdiction, v.allowed) == ("team-b", "h-eu", "eu", frozenset({"kr"}))
+    assert "tenancy.namespaces" in v.source and v.check == CHECK
+    assert "h-eu, in eu" in v.message and "only in kr" in v.message
+
+
+def test_the_node_label_read_is_the_policys_jurisdiction_label() -> None:
+    spec = policy(sovereignty={"jurisdictionLabel": "example.com/country"})
+    nodes = [{"metadata": {"name": "h-x", "labels": {JURISDICTION: "eu", "example.com/country": "kr"}}}]
+    assert found([pod(on="h-x")], policies={CHECK: spec}, nodes=nodes) == [("p", "h-x", "kr")]
+
+
+def test_with_no_policy_of_ours_the_default_policy_is_used() -> None:
+    assert found([pod()], policies={}) == [("p", "h-kr", "kr")]
+
+
+def test_a_pod_that_cannot_be_read_fails_alone_and_is_named() -> None:
+    broken = {
+        "metadata": {"name": "bad", "namespace": "team-a"},
+        "spec": {"nodeName": "h-kr", "containers": 7},
+    }
+    world = World([], NODES, {}, EU_ONLY, [broken, pod("good")], {}, {CHECK: policy()})
+    errors: list[str] = []
+    assert [v.pod for v in violations(world, policy(), errors)] == ["good"]
+    assert len(errors) == 1 and "team-a/bad" in errors[0]
+
+
+class Events:
+    def __init__(self) -> None:
+        self.posted: list[tuple[str, str, str]] = []
+
+    def event(self, obj: dict[str, Any], kind: str, reason: str, message: str, warning: bool = False) -> None:
+        assert warning
+        self.posted.append((kind, obj["metadata"]["name"], reason))
+
+
+def _total() -> float:
+    return float(metrics.VIOLATIONS_TOTAL._value.get())
+
+
+def test_the_controller_counts_and_tells_each_violation_once_while_it_lasts() -> None:
+    controller = Controller(client.ApiClient(client.Configuration()), load_profiles())
+    events = Events()
+    controller.writer = events  # type: ignore[assignment]
+    running = World([], NODES, {}, EU_ONLY, [pod("a"), pod("b", on="h-eu")], {}, {CHECK: policy()})
+    before = _total()
+    for _ in range(3):  # every tick looks; each violation is counted and told once
+        controller._watch_sovereignty(running, policy())
+    assert _total() == before + 1 and events.posted == [("Pod", "a", "SovereigntyViolation")]
+    assert metrics.VIOLATIONS._value.get() == 1
+    gone = World([], NODES, {}, EU_ONLY, [pod("b", on="h-eu")], {}, {CHECK: policy()})
+    controller._watch_sovereignty(gone, policy())
+    assert metrics.VIOLATIONS._value.get() == 0
+    controller._watch_sovereignty(running, policy())  # bound again (a new binding): counted again
+    assert _total() == before + 2 and len(events.posted) == 2
