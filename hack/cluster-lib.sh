@@ -31,6 +31,15 @@ KUEUE_METRICS_CERT_DIR=/etc/kueue/metrics/certs
 
 log() { printf '[cluster] %s\n' "$*" >&2; }
 
+# Whether the bridge cni0 of this network namespace carries ADDRESS. The output is read whole before
+# it is matched: `ip ... | grep -q` under pipefail fails at random once the bridge has an IPv6
+# address too (grep leaves at the first match and ip, still writing, dies of SIGPIPE).
+bridge_has() { # ADDRESS
+  local addrs
+  addrs=$(ip -4 addr show dev cni0 2>/dev/null) || return 1
+  [[ $addrs == *"inet $1/"* ]]
+}
+
 port_in_use() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
 pid_of() { cat "$STATE_DIR/pids/$1.pid" 2>/dev/null || true; }

@@ -112,7 +112,7 @@ issue() {
 # their bridge's address: there it listens on every address of that namespace (lo and the bridge).
 bind=127.0.0.1 advertise=127.0.0.1 extra_san=""
 if [[ -n ${SOVEREIGNSPEC_POD_GATEWAY:-} ]]; then
-  ip addr show dev cni0 2>/dev/null | grep -qF "inet $SOVEREIGNSPEC_POD_GATEWAY/" ||
+  bridge_has "$SOVEREIGNSPEC_POD_GATEWAY" ||
     { log "SOVEREIGNSPEC_POD_GATEWAY=$SOVEREIGNSPEC_POD_GATEWAY is not this network namespace's bridge (cni0): run inside hack/pod-e2e/netns.sh"; exit 1; }
   bind=0.0.0.0 advertise=$SOVEREIGNSPEC_POD_GATEWAY extra_san=",IP:$SOVEREIGNSPEC_POD_GATEWAY"
 fi

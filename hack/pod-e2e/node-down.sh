@@ -64,7 +64,8 @@ for port in "$KUBELET_PORT" "$KUBELET_HEALTHZ_PORT" "$SCHEDULER_PORT" "$CONTROLL
   port_in_use "$port" && left+=("port $port listening")
 done
 pgrep -f "containerd-shim-runc-v2 .*-address $SOCK" >/dev/null && left+=("containerd shims")
-findmnt -rn -o TARGET | grep -qF "$STATE_DIR/" && left+=("mounts under $STATE_DIR")
+mounts=$(findmnt -rn -o TARGET) # read whole: a `| grep -q` under pipefail can miss a match
+[[ $mounts == *"$STATE_DIR/"* ]] && left+=("mounts under $STATE_DIR")
 for ctl in /sys/fs/cgroup/*/kubepods /sys/fs/cgroup/kubepods; do [[ -d $ctl ]] && left+=("cgroup $ctl"); done
 if ((${#left[@]})); then
   log "left behind after node-down: ${left[*]}"

@@ -10,7 +10,7 @@
 set -euo pipefail
 source "$(dirname "$0")/../cluster-lib.sh"
 : "${SOVEREIGNSPEC_POD_GATEWAY:?run inside hack/pod-e2e/netns.sh: the pod network needs its namespace}"
-ip addr show dev cni0 2>/dev/null | grep -qF "inet $SOVEREIGNSPEC_POD_GATEWAY/" ||
+bridge_has "$SOVEREIGNSPEC_POD_GATEWAY" ||
   { log "no bridge cni0 with $SOVEREIGNSPEC_POD_GATEWAY in this network namespace: run inside hack/pod-e2e/netns.sh"; exit 1; }
 
 KUBELET_PORT=${SOVEREIGNSPEC_KUBELET_PORT:-20250}
