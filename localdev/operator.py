@@ -28,14 +28,16 @@ from localdev.prometheus import LocalPrometheus
 
 REPO = controlplane.REPO
 CRD = REPO / "crds" / "sovereignspec.io_speculationpolicies.yaml"
+CRDS = sorted((REPO / "crds").glob("*.yaml"))  # every one the chart installs
 RULES = REPO / "charts" / "sovereignspec" / "files" / "clusterrole-rules.yaml"
 OPERATOR_USER = "sovereignspec-operator"
 MANAGER = "sovereignspec-localdev"
 
 
 def install(api: client.ApiClient) -> None:
-    """The SpeculationPolicy CRD and the operator's ClusterRole bound to its user."""
-    server_side_apply(api, yaml.safe_load(CRD.read_text()), MANAGER)
+    """Our CRDs and the operator's ClusterRole bound to its user."""
+    for crd_file in CRDS:
+        server_side_apply(api, yaml.safe_load(crd_file.read_text()), MANAGER)
     rules = yaml.safe_load(RULES.read_text())
     role = {
         "apiVersion": "rbac.authorization.k8s.io/v1",
@@ -54,13 +56,17 @@ def install(api: client.ApiClient) -> None:
     server_side_apply(api, binding, MANAGER)
     ext = client.ApiextensionsV1Api(api)
     deadline = time.monotonic() + 30
+    names = [yaml.safe_load(f.read_text())["metadata"]["name"] for f in CRDS]
     while time.monotonic() < deadline:
-        crd = ext.read_custom_resource_definition("speculationpolicies.sovereignspec.io")
-        conditions = crd.status.conditions if crd.status else None
-        if any(c.type == "Established" and c.status == "True" for c in conditions or []):
+        crds = [ext.read_custom_resource_definition(name) for name in names]
+        if all(
+            any(c.type == "Established" and c.status == "True" for c in (crd.status.conditions or []))
+            for crd in crds
+            if crd.status is not None
+        ) and all(crd.status is not None for crd in crds):
             return
         time.sleep(0.2)
-    raise RuntimeError("the SpeculationPolicy CRD was not established")
+    raise RuntimeError(f"our CRDs were not established: {names}")
 
 
 class OperatorProcess:

@@ -337,6 +337,20 @@ def errors_on(
     return float(np.sqrt(np.mean(rel**2))), float(rel.max())
 
 
+def errors_of_spec(
+    gpu: GpuSpec, model: ModelSpec, tp: int, rows: Sequence[Measurement]
+) -> tuple[float, float]:
+    """(RMS, largest) relative error of `gpu`'s own coefficients and fixed cost on `rows`: the
+    profile as it stands, against data, nothing fitted."""
+    models = _row_models(model, rows, None, "the data")
+    terms = _Terms(gpu, models, tp, rows)
+    fixed = float(roofline_for(gpu, model, tp).fixed_s)
+    coefficients = (gpu.bandwidth_efficiency, gpu.compute_efficiency, gpu.serial_fraction, gpu.overlap)
+    predicted = terms.predict(coefficients, np.array([fixed, 0.0]))
+    rel = np.abs(predicted - terms.measured) / terms.measured
+    return float(np.sqrt(np.mean(rel**2))), float(rel.max())
+
+
 # -- what the data identifies ------------------------------------------------------------------
 
 COEFFICIENTS = ("bandwidth_efficiency", "compute_efficiency", "serial_fraction", "overlap")

@@ -119,7 +119,9 @@ def spec_request(
         draft_cost=cost,
         spec_overhead=overhead,
         gamma_max=0 if off else gamma_max,
-        margin=policy.margin,
+        # Where the shipped profile prices this model against engines that report otherwise, its
+        # observed error widens the margin (core.learning.choose); never narrows it.
+        margin=policy.margin + max(profiles.extra_margin.get(w.model, 0.0), 0.0),
     )
     return req, off
 
@@ -185,7 +187,7 @@ class Placer:
             tps: list[int] = []
             fits: list[bool] = []
             for t in self.gpu_types:
-                gpu = self.profiles.gpus[t]
+                gpu = self.profiles.gpu_for(t, name)
                 if given is not None:  # a group's stage runs on the GPUs its pod asks for
                     tp, fit = given, fits_at(gpu, model, given)
                 else:

@@ -146,7 +146,7 @@ def record(
             f"no γ raises the GPU's token rate at headroom {float(p.headroom[g]):.2f} "
             "(the drafts cost more than they save at this load): plain decode"
         )
-    gpu = p.profiles.gpus[where["gpu_type"]]  # type: ignore[index]
+    gpu = p.profiles.gpu_for(where["gpu_type"], w.model)  # type: ignore[arg-type]
     tp = int(p._model(w.model_key).tp[g])
     low, high = gpu.compute_range
     model = w.stage_of(p.profiles.models[w.model])

@@ -50,7 +50,8 @@ def reevaluate(
     worse, as decisions are). The reading includes the workload's own load, so the background it
     implies is an over-estimate: a pessimistic judgement, which is the side to err on when the
     question is whether speculation still pays. None when the model does not fit the GPU type."""
-    model, gpu = profiles.models.get(w.model), profiles.gpus.get(gpu_type)
+    model = profiles.models.get(w.model)
+    gpu = profiles.gpu_for(gpu_type, w.model) if gpu_type in profiles.gpus else None
     if model is None or gpu is None:
         return None
     model = w.stage_of(model)

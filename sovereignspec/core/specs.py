@@ -113,3 +113,13 @@ class ProfileSet:
     gpus: dict[str, GpuSpec]
     models: dict[str, ModelSpec]
     drafters: dict[str, DrafterSpec]
+    # What the engines taught (core.learning): per (GPU type, model), the GPU as decisions on that
+    # model price it where a learned profile is in force; per model, the margin its observed error
+    # adds to the self-benefit margin where the shipped profile prices it.
+    learned: dict[tuple[str, str], GpuSpec] = field(default_factory=dict)
+    extra_margin: dict[str, float] = field(default_factory=dict)
+    pricing: dict[tuple[str, str], str] = field(default_factory=dict)  # why, for a check message
+
+    def gpu_for(self, gpu_type: str, model: str) -> GpuSpec:
+        """The GPU `gpu_type` as decisions on `model` price it (KeyError for an unknown type)."""
+        return self.learned.get((gpu_type, model)) or self.gpus[gpu_type]

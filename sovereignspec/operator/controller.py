@@ -28,6 +28,7 @@ from sovereignspec.core.running import LedgerMemo
 from sovereignspec.core.specs import ProfileSet
 from sovereignspec.operator import kinds, metrics
 from sovereignspec.operator.informer import ClusterCache, rv_int
+from sovereignspec.operator.learning import Learner, readings
 from sovereignspec.operator.ledger import Committed
 from sovereignspec.operator.plan import EventNote, Write, drift_writes, plan
 from sovereignspec.operator.policy import GROUP, PLURAL, VERSION, PolicySpec
@@ -45,7 +46,7 @@ from sovereignspec.operator.workloads import (
     owner_of,
 )
 from sovereignspec.operator.world import World
-from sovereignspec.operator.writer import TRANSPORT_ERRORS, ConflictError, now_rfc3339
+from sovereignspec.operator.writer import TRANSPORT_ERRORS, WRITE_ERRORS, ConflictError, now_rfc3339
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +78,7 @@ class Controller(Role):
         self._off_reported: set[str] = set()  # workloads told that their profile mispredicts them
         self._violations: set[tuple[str, str]] = set()  # (pod, node) found outside its jurisdictions
         self._events_checked = False  # decisions' Events re-posted once after start-up
+        self.learner = Learner(profiles)  # what the engines taught: the profiles decisions price with
         self._unsynced_since: float | None = None
         self._ledger_memo: LedgerMemo = {}  # GPUs' implied load, from one tick to the next
 
@@ -158,10 +160,11 @@ class Controller(Role):
         now = self.clock()
         pending_total = 0
         aging_seen = False
+        profiles = self.learner.profiles()  # the shipped profiles, with what the engines taught
         for policy_name, (spec, checks) in sorted(groups.items()):
             try:
                 snapshot = self.telemetry.get(spec)
-                view = build(world, checks, spec, self.profiles, snapshot, now, self._ledger_memo)
+                view = build(world, checks, spec, profiles, snapshot, now, self._ledger_memo)
                 self._observe(view, spec, checks)
                 pending_total += len(view.pending)
                 self._carry_out(drift_writes(_only(view, checks), spec, self._drift_reported), report)
@@ -170,6 +173,7 @@ class Controller(Role):
                     self._age(view)
                     self._score(view, snapshot.tpot, {c: s for c, (_, s) in active.items()}, spec)
                     self._watch_sovereignty(world, spec)
+                    self._learn(view, snapshot.steps, now)
                 if not self._events_checked:  # once: the ledger is the same in every group's view
                     self._events_checked = True
                     self._repost_events(view)
@@ -181,7 +185,7 @@ class Controller(Role):
                 if report.decided:  # the previous policy group wrote decisions this tick: re-read first
                     report.more = True
                     break
-                self._carry_out(plan(policy_name, spec, view, self.profiles, now_rfc3339()), report)
+                self._carry_out(plan(policy_name, spec, view, profiles, now_rfc3339()), report)
             except Exception as exc:  # one policy group fails alone; the others are still decided
                 report.failures.append(f"policy {policy_name}: {type(exc).__name__}: {exc}")
                 metrics.TICK_FAILURES.labels(part="policy").inc()
@@ -282,6 +286,30 @@ class Controller(Role):
             )
             self._warn_once(self._off_reported, c, "PredictionOffProfile", message)
         self._off_reported &= off  # told again if it leaves the bound again
+
+    def _learn(self, view: View, steps: dict[tuple[str, str], tuple[float, float]], now: float) -> None:
+        """Online calibration (operator/learning.py): this tick's readings from plain engines, the
+        LearnedProfiles' specs, a refit where one is due, and its status written. What it learns
+        prices the next tick's decisions. A write that fails is tried at the next refit; a spec or
+        status refused is logged (once while it lasts) and steers nothing."""
+        types = {(g.node, g.index): g.gpu_type for g in view.cluster.gpus}
+        new = readings(view.committed, types, steps, now)
+        writes, messages = self.learner.step(self.cache.learned.items(), new, now)
+        for text in messages:
+            log.warning("online calibration: %s", text)
+        for w in writes:
+            f = self.learner.in_force[w.key]
+            labels = {"gpu_type": w.key[0], "model": w.key[1]}
+            metrics.LEARNED_POINTS.labels(**labels).set(w.status["pointCount"])
+            metrics.LEARNED_IN_FORCE.labels(**labels).set(1 if f.learned else 0)
+            metrics.LEARNED_EXTRA_MARGIN.labels(**labels).set(f.extra_margin)
+            log.info("learned profile %s: %s", w.name, f.why)
+            try:
+                self.writer.learned_profile(w.name, w.key[0], w.key[1], w.create, w.status)
+            except WRITE_ERRORS as exc:
+                self.learner.fitted_at.pop(w.key, None)  # written again at the next tick
+                metrics.TICK_FAILURES.labels(part="learning").inc()
+                log.warning("could not write LearnedProfile %s: %s", w.name, exc)
 
     def _watch_sovereignty(self, world: World, default: PolicySpec) -> None:
         """Every running GPU pod against its namespace's jurisdictions (`violations`): each one

@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
 PAGE = 500  # objects per LIST page: bounds the memory of one response
+LEARNED_PATH = "/apis/sovereignspec.io/v1alpha1/learnedprofiles"  # operator.learning.PATH
 ABSENT_RECHECK = 60.0  # seconds between LISTs of an optional resource the server does not serve
 # Workloads and Jobs carry tenants' pod templates (up to etcd's 1.5 MB each): a page of them is
 # held whole while it is read and stripped, so it is smaller.
@@ -429,6 +430,9 @@ class ClusterCache(InformerSet):
         )
         self.checks = informer(f"{KUEUE}/admissionchecks", "admissionchecks", wake=always)
         self.policies = informer(policies_path, "speculationpolicies", wake=always)
+        # What the engines taught (operator/learning.py); optional: a cluster whose CRDs predate it
+        # still decides, with the shipped profiles.
+        self.learned = informer(LEARNED_PATH, "learnedprofiles", optional=True)
         self.flavors = informer(f"{KUEUE}/resourceflavors", "resourceflavors", wake=always)
         self.nodes = informer(
             "/api/v1/nodes", "nodes", transform=strip_node, wake=lambda k, _o: k in ("ADDED", "DELETED")

@@ -74,6 +74,21 @@ PREDICTION_ERROR = Gauge(
     "Median of measured / predicted TPOT - 1 over running decisions, per profile (+0.3: engines 30 % slower)",
     ["gpu_type", "model"],
 )
+LEARNED_POINTS = Gauge(
+    "sovereignspec_learned_profile_points",
+    "Plain-decode step readings in a LearnedProfile's window, per profile",
+    ["gpu_type", "model"],
+)
+LEARNED_IN_FORCE = Gauge(
+    "sovereignspec_learned_profile_in_force",
+    "1 where decisions price a GPU type and model with the learned profile, 0 with the shipped one",
+    ["gpu_type", "model"],
+)
+LEARNED_EXTRA_MARGIN = Gauge(
+    "sovereignspec_learned_extra_margin",
+    "What a shipped profile's observed error adds to the self-benefit margin, per profile",
+    ["gpu_type", "model"],
+)
 PREDICTION_SCORED = Gauge(
     "sovereignspec_prediction_scored_workloads",
     "Running decisions with both a predicted and an engine-reported TPOT, per profile",

@@ -183,18 +183,19 @@ def decision_notes(
     table = None
     # The workload's own limits on speculation hold for the table too (a bad annotation's plain, its
     # gamma-max): the optimiser's view of the request already combines them with the policy's.
-    gamma_max = spec_request(profiles, spec.placer_settings(), req)[0].gamma_max
+    wanted = spec_request(profiles, spec.placer_settings(), req)[0]
+    gamma_max = wanted.gamma_max
     if handoff_allowed and record.headroom is not None and gamma_max > 0:
         # The engine's per-batch budget, judged at the chosen GPU's load and neighbours' bound: it
         # may speculate at light batches even where γ* at the declared batch is 0.
         table = handoff(
-            profiles.gpus[record.gpu_type],
+            profiles.gpu_for(record.gpu_type, req.model),
             req.stage_of(profiles.models[req.model]),
             drafter,
             req.alpha,
             float(req.context),
             gamma_max,
-            spec.self_benefit_margin,
+            wanted.margin,  # the policy's, widened where the profile is observed off
             record.headroom,
             record.step_limit_s,
             (float(req.seqs), record.gamma),
@@ -210,7 +211,7 @@ def decision_notes(
         # Armed at its declared batch with K = 0 there: slower than plain by a draft pass and the
         # machinery; what it is handed says so.
         speedup, step = armed_at_declared(
-            profiles.gpus[record.gpu_type],
+            profiles.gpu_for(record.gpu_type, req.model),
             req.stage_of(profiles.models[req.model]),
             drafter,
             float(req.seqs),
@@ -334,6 +335,9 @@ def _placed(
         )
     mode = "speculative" if record.gamma > 0 else "light-batch speculative" if light else "plain"
     message = f"{mode} γ={record.gamma} on {where}; α {req.alpha:.2f} ({p.alpha_source}); {reason}{light}"
+    priced = profiles.pricing.get((record.gpu_type or "", req.model))
+    if priced:  # what the engines taught about this GPU type and model, when they taught something
+        message = f"{message}; priced with the {priced}"
     events.insert(
         0,
         EventNote(

@@ -86,6 +86,9 @@ class ConflictError(Exception):
     """The object changed since it was read; the caller decides again next tick."""
 
 
+WRITE_ERRORS: tuple[type[Exception], ...] = (ConflictError, *API_ERRORS)
+
+
 class Writer:
     def __init__(self, api: client.ApiClient, field_manager: str, component: str = "sovereignspec") -> None:
         self.api = api
@@ -194,6 +197,18 @@ class Writer:
             },
         }
         return self._apply(f"/apis/{KUEUE}/admissionchecks/{name}/status", body)
+
+    def learned_profile(
+        self, name: str, gpu_type: str, model: str, create: bool, status: dict[str, Any]
+    ) -> None:
+        """A LearnedProfile's status (and, `create`, the object first: only its spec's gpuType and
+        model are ours; `use` and `frozen` stay the administrator's)."""
+        path = f"/apis/sovereignspec.io/v1alpha1/learnedprofiles/{name}"
+        head: dict[str, Any] = {"apiVersion": "sovereignspec.io/v1alpha1", "kind": "LearnedProfile"}
+        head["metadata"] = {"name": name}
+        if create:
+            self._apply(path, {**head, "spec": {"gpuType": gpu_type, "model": model}})
+        self._apply(f"{path}/status", {**head, "status": status})
 
     def event(self, obj: dict[str, Any], kind: str, reason: str, message: str, warning: bool = False) -> None:
         """A core/v1 Event on `obj`; failures are logged, never raised (an Event is a courtesy)."""

@@ -250,6 +250,42 @@ class PrometheusReader:
                         out[key] = value
         return out
 
+    def steps(self) -> dict[tuple[str, str], tuple[float, float]]:
+        """(namespace, owner) -> (mean requests running, mean seconds per output event) over the
+        last two minutes, for each workload whose engine reports both: in plain decode an output
+        event is one step, so this is a measurement of the GPU's step time at that batch.
+
+        Owners as `tpot` reads them. A workload with more than one engine's running gauge (two
+        engines with the same labels, or a workload of several engines) is left out and counted
+        as rejected: one mean over several engines is no engine's step. Rates are of counters, so
+        an engine restarted inside the window (its counters reset) reads as Prometheus's rate()
+        makes of it: the increase it saw, not a negative step."""
+        owners = (("job_name", ""), ("workload", '{job_name=""}'), ("pod", '{job_name="",workload=""}'))
+        step_s: dict[tuple[str, str], float] = {}
+        for metric in reversed(engines.tpot_metrics()):  # per event first: one event, one step
+            for owner, match in owners:
+                by = f"namespace, {owner}"
+                q = (f"sum by ({by}) (rate({metric}_sum{match}[2m])) "
+                     f"/ sum by ({by}) (rate({metric}_count{match}[2m]))")  # fmt: skip
+                for labels, value, _ in self.query(q):
+                    key = (labels.get("namespace", ""), labels.get(owner, ""))
+                    if math.isfinite(value) and value > 0 and key[1] and key not in step_s:
+                        step_s[key] = value
+        running: dict[tuple[str, str], list[float]] = {}
+        for metric in engines.gauges("running"):
+            for owner, match in owners:
+                for labels, value, _ in self.query(f"avg_over_time({metric}{match}[2m])"):
+                    key = (labels.get("namespace", ""), labels.get(owner, ""))
+                    if key[1] and math.isfinite(value):
+                        running.setdefault(key, []).append(value)
+        out = {}
+        for key, values in running.items():
+            if len(values) > 1:
+                self.reject("several engines for one workload", len(values))
+            elif key in step_s and values[0] >= 1.0:
+                out[key] = (values[0], step_s[key])
+        return out
+
     def snapshot(self) -> Snapshot:
         now = time.time()
         try:
@@ -264,7 +300,12 @@ class PrometheusReader:
             tpot = self.tpot()
         except PrometheusError as exc:
             errors.append(str(exc))
-        return Snapshot(gpus, acceptance, tpot, now, "; ".join(errors) or None, dict(self.rejected))
+        steps: dict[tuple[str, str], tuple[float, float]] = {}
+        try:
+            steps = self.steps()
+        except PrometheusError as exc:
+            errors.append(str(exc))
+        return Snapshot(gpus, acceptance, tpot, now, "; ".join(errors) or None, dict(self.rejected), steps)
 
 
 def _sample(row: object) -> tuple[dict[str, str], float, float] | None:

@@ -52,7 +52,8 @@ def test_the_chart_lints(helm):
 def test_the_default_render_has_crd_rbac_controller_policy_and_check(helm):
     kinds = sorted(d["kind"] for d in render(helm))
     assert kinds == sorted([
-        "CustomResourceDefinition", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Deployment",
+        "CustomResourceDefinition", "CustomResourceDefinition",  # SpeculationPolicy, LearnedProfile
+        "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Deployment",
         "Service", "SpeculationPolicy", "AdmissionCheck", "Role", "RoleBinding", "PodDisruptionBudget",
         "ClusterRole",  # RELEASE-metrics-reader, for Prometheus
         "Secret",  # RELEASE-metrics-cert: the metrics endpoint's certificate and its CA
@@ -364,13 +365,20 @@ def test_prometheus_credentials_are_mounted_from_secrets_and_named_by_path_in_th
     assert parse_policy("default", policy["spec"]).telemetry.prometheus_client.authorization is not None
 
 
-def test_the_crd_is_a_template_that_upgrades_and_is_kept_on_uninstall_unless_told(helm):
-    crd = next(d for d in render(helm) if d["kind"] == "CustomResourceDefinition")
-    source = yaml.safe_load((REPO / "crds" / "sovereignspec.io_speculationpolicies.yaml").read_text())
-    assert crd["spec"] == source["spec"] and crd["metadata"]["name"] == source["metadata"]["name"]
+@pytest.mark.parametrize("source_file", sorted(p.name for p in (REPO / "crds").glob("*.yaml")))
+def test_each_crd_is_a_template_that_upgrades_and_is_kept_on_uninstall_unless_told(helm, source_file):
+    source = yaml.safe_load((REPO / "crds" / source_file).read_text())
+    name = source["metadata"]["name"]
+    crd = next(
+        d for d in render(helm) if d["kind"] == "CustomResourceDefinition" and d["metadata"]["name"] == name
+    )
+    assert crd["spec"] == source["spec"]
     assert crd["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
     assert crd["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm"
-    unkept = next(d for d in render(helm, "crds.keep=false") if d["kind"] == "CustomResourceDefinition")
+    unkept = next(
+        d for d in render(helm, "crds.keep=false")
+        if d["kind"] == "CustomResourceDefinition" and d["metadata"]["name"] == name
+    )  # fmt: skip
     assert "annotations" not in unkept["metadata"]
     assert not [d for d in render(helm, "crds.enabled=false") if d["kind"] == "CustomResourceDefinition"]
     assert not (CHART / "crds").exists()  # Helm would install it once from there and never upgrade it
