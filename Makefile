@@ -134,7 +134,7 @@ bench-sim: venv sim-native
 
 # Every shipped scenario under every policy, with figures in out/sim/.
 simulate: venv sim-native
-	for s in idle mixed saturated sovereign-split heterogeneous shared-engine; do $(BIN)/sovereignspec simulate $$s --plot $(OUT)/sim || exit 1; done
+	for s in idle mixed saturated sovereign-split heterogeneous shared-engine; do $(BIN)/sovereignspec simulate $$s --learning --plot $(OUT)/sim || exit 1; done
 
 # Admission latency (500 Jobs, SovereignSpec vs a trivial check) and operator memory, on the local
 # control plane with 2,000 simulated GPUs.

@@ -222,6 +222,16 @@ class SyntheticTelemetry:
             registry=self.registry,
             buckets=(0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.5, 1.0),
         )  # fmt: skip
+        # A plain engine's batch and time per output event (its step), for online calibration.
+        self.running = Gauge(
+            "vllm:num_requests_running", "requests in the batch", ["namespace", "job_name"],
+            registry=self.registry,
+        )  # fmt: skip
+        self.itl = Histogram(
+            "vllm:inter_token_latency_seconds", "time per output event", ["namespace", "job_name"],
+            registry=self.registry, buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
+        )  # fmt: skip
+        self._steps: dict[tuple[str, str], tuple[float, float]] = {}
         self._tpot: dict[tuple[str, str], float] = {}
         self._acceptance: dict[tuple[str, str, str], tuple[float, int]] = {}
         # A scrape sees each tick's counter updates all or not at all, so ratios of counters hold.
@@ -247,6 +257,18 @@ class SyntheticTelemetry:
     def set_tpot(self, namespace: str, job: str, seconds: float) -> None:
         self._tpot[(namespace, job)] = seconds
 
+    def set_step(self, namespace: str, job: str, batch: float, seconds: float) -> None:
+        """A plain engine of `job` running `batch` requests, each step taking `seconds`."""
+        with self._lock:
+            self._steps[(namespace, job)] = (batch, seconds)
+
+    def clear_step(self, namespace: str, job: str) -> None:
+        """That engine gone: its series leave the endpoint."""
+        with self._lock:
+            if self._steps.pop((namespace, job), None) is not None:
+                self.running.remove(namespace, job)
+                self.itl.remove(namespace, job)
+
     def _feed(self) -> None:
         # Counters and histograms only mean something as rates: keep them moving.
         while not self._stop.wait(0.25):
@@ -254,6 +276,10 @@ class SyntheticTelemetry:
                 self._tick()
 
     def _tick(self) -> None:
+        for (ns, job), (batch, seconds) in list(self._steps.items()):
+            self.running.labels(ns, job).set(batch)
+            for _ in range(20):
+                self.itl.labels(ns, job).observe(seconds)
         for (ns, job), seconds in list(self._tpot.items()):
             for _ in range(20):
                 self.tpot_hist.labels(ns, job).observe(seconds)

@@ -243,6 +243,12 @@ def _simulate_parser(sub: Subparsers) -> None:
         "--duration", type=_bounded_float("--duration", 1.0, 86400.0), help="override duration_s"
     )
     sim.add_argument("--format", choices=("table", "json"), default="table")
+    sim.add_argument(
+        "--learning",
+        action="store_true",
+        help="also run SovereignSpec from profiles 30%% off, without (sovereignspec-off30) and after "
+        "learning from a plain pilot run (sovereignspec-learned), as the operator learns its GPUs",
+    )
     sim.add_argument("--plot", metavar="DIR", help="write PNG figures (runs a load sweep too)")
     sim.add_argument(
         "--world",
@@ -309,6 +315,19 @@ def _operator_parser(sub: Subparsers) -> None:
     )
     op.add_argument("--liveness-port", type=_bounded_int("--liveness-port", 0, 65535), default=8081)
     op.add_argument("--write-workers", type=_bounded_int("--write-workers", 1, 64), default=8)
+    learn = op.add_argument_group("online calibration (LearnedProfiles, from the engines' metrics)")
+    learn.add_argument(
+        "--learn-refit-seconds",
+        type=_bounded_float("--learn-refit-seconds", 1, 86400),
+        default=60.0,
+        help="seconds between a profile's refits; each takes the engines' readings once (default 60)",
+    )
+    learn.add_argument(
+        "--learn-window-seconds",
+        type=_bounded_float("--learn-window-seconds", 60, 7 * 86400),
+        default=3600.0,
+        help="readings older than this leave the fit (default 3600)",
+    )
     op.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
     elect = op.add_argument_group("leader election (several replicas: only the Lease's holder decides)")
     elect.add_argument("--leader-elect", action="store_true", help="compete for a coordination.k8s.io Lease")
@@ -350,12 +369,19 @@ def _simulate(args: argparse.Namespace) -> int:
         updates["duration_s"] = args.duration
     if updates:
         scenario = scenario.model_copy(update=updates)
+    known = {**sim_policies.POLICIES, **sim_policies.LEARNING}
     for name in args.policy or []:
-        if name not in sim_policies.POLICIES:
-            raise ConfigError(f"--policy: got {name!r}; accepted: {', '.join(sim_policies.POLICIES)}")
+        if name not in known:
+            raise ConfigError(f"--policy: got {name!r}; accepted: {', '.join(known)}")
+    names = args.policy
+    if args.learning:
+        names = [
+            *(args.policy or sim_policies.POLICIES),
+            *(n for n in sim_policies.LEARNING if n not in (args.policy or [])),
+        ]
     profiles = load_profiles(args.profiles)
     try:
-        results = run_all(scenario, profiles, args.policy, check=args.check, world=args.world)
+        results = run_all(scenario, profiles, names, check=args.check, world=args.world)
         model = profiles.models[scenario.tenants[0].model]
         errors = (
             {g.gpu: model_error(profiles.gpus[g.gpu], model) for g in scenario.cluster}
@@ -367,7 +393,7 @@ def _simulate(args: argparse.Namespace) -> int:
     if args.plot:
         from sovereignspec.analysis.plots import plot_simulation
 
-        written = plot_simulation(scenario, profiles, results, args.plot, args.policy, world=args.world)
+        written = plot_simulation(scenario, profiles, results, args.plot, names, world=args.world)
     if args.format == "json":
         print(json.dumps(report.to_json(scenario, results, args.world, errors), indent=1))
     else:

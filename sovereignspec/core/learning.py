@@ -45,6 +45,9 @@ MIN_POINTS = 12
 MAX_POINTS = 240
 # Every HOLD_OUT-th point (in batch order) is held out of the fit to judge it.
 HOLD_OUT = 4
+# Readings from one narrow band of batches pin a profile there and nowhere else: the largest batch
+# read must be at least this many times the smallest for what was learned to price decisions.
+MIN_BATCH_SPAN = 16.0
 # The observed error widens the margin by at most this much: past it the profile is not
 # mispricing a GPU, it is pricing another one, and plain decode is what the margin then gives.
 MAX_EXTRA_MARGIN = 0.5
@@ -124,15 +127,20 @@ def learn(shipped: GpuSpec, model: ModelSpec, tp: int, points: Sequence[Point]) 
     intervals = {name: (i.low, i.high) for name, i in ident.coefficients.items()}
     pinned = [n for n in ("bandwidth_efficiency", "compute_efficiency")
               if ident.coefficients[n].pinned(RIDGE_IDENTIFIED_RATIO)]  # fmt: skip
-    identified = ident.ridge_identified or len(pinned) == 2
-    if ident.ridge_identified:
+    batches = [p.batch for p in points]
+    narrow = max(batches) < MIN_BATCH_SPAN * min(batches)
+    identified = (ident.ridge_identified or len(pinned) == 2) and not narrow
+    if narrow:
+        # Pinned where the readings are, and extrapolated everywhere else: a table prices every
+        # batch from 1 to the declared one, which readings from one narrow band do not measure.
+        why = f"not identified: batches {_span(batches)} span less than {MIN_BATCH_SPAN:g}x"
+    elif ident.ridge_identified:
         why = "the compute ridge is pinned"
     elif identified:
         why = "bandwidth and compute efficiency pinned"
     else:
         open_ = [n for n in ("bandwidth_efficiency", "compute_efficiency") if n not in pinned]
-        span = _span(p.batch for p in points)
-        why = f"not identified: {', '.join(open_)} left open by batches {span}"
+        why = f"not identified: {', '.join(open_)} left open by batches {_span(batches)}"
     return Learned(len(rows), result, held_rms, shipped_rms, shipped_all, identified, intervals, why)
 
 
@@ -168,7 +176,7 @@ def choose(shipped: GpuSpec, learned: Learned | None, use: Use = "auto") -> InFo
         how = "pinned by its LearnedProfile" if use == "learned" else learned.why
         errors = _pct(learned.held_out_rms), _pct(learned.shipped_rms)
         why = f"learned profile ({how}; held-out error {errors[0]} against the shipped {errors[1]})"
-        return InForce(fitted.apply(shipped), True, 0.0, why)
+        return InForce(_with_interval(fitted.apply(shipped), learned), True, 0.0, why)
     extra = min(max(learned.shipped_rms_all or 0.0, 0.0), MAX_EXTRA_MARGIN)
     reason = learned.why if not learned.identified else (
         f"fits no better than the shipped profile on held-out points "
@@ -178,18 +186,28 @@ def choose(shipped: GpuSpec, learned: Learned | None, use: Use = "auto") -> InFo
     return InForce(shipped, False, extra, why)
 
 
+def _with_interval(gpu: GpuSpec, learned: Learned) -> GpuSpec:
+    """`gpu` with the learned compute efficiency's 95 % interval, as a shipped profile carries its
+    calibration's (`profiles.GpuProfile.compute_efficiency_range`): decisions near the ridge take
+    its low end. An open side is the estimate itself (nothing the data show to be cautious about)."""
+    ce = gpu.compute_efficiency
+    low, high = learned.intervals.get("compute_efficiency", (None, None))
+    return replace(
+        gpu,
+        compute_efficiency_low=ce if low is None else min(low, ce),
+        compute_efficiency_high=ce if high is None else max(high, ce),
+    )
+
+
 def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.0%}"
 
 
 def with_learning(profiles: ProfileSet, in_force: Mapping[tuple[str, str], InForce]) -> ProfileSet:
-    """`profiles` as decisions price with them: learned GPUs where in force, and per model the
-    largest margin any GPU type's observed error asks for (a workload's margin is one number,
-    judged before its GPU is chosen: the cautious side)."""
+    """`profiles` as decisions price with them, per (GPU type, model): the learned GPU where in
+    force, the margin the shipped profile's observed error adds where not."""
     learned = {key: f.gpu for key, f in in_force.items() if f.learned}
-    extra: dict[str, float] = {}
-    for (_, model), f in in_force.items():
-        extra[model] = max(extra.get(model, 0.0), f.extra_margin)
+    extra = {key: f.extra_margin for key, f in in_force.items() if f.extra_margin > 0.0}
     # A check message says how a profile priced only where the engines changed something.
     pricing = {key: f.why for key, f in in_force.items() if f.learned or f.extra_margin > 0.0}
     return replace(profiles, learned=learned, extra_margin=extra, pricing=pricing)

@@ -119,9 +119,8 @@ def spec_request(
         draft_cost=cost,
         spec_overhead=overhead,
         gamma_max=0 if off else gamma_max,
-        # Where the shipped profile prices this model against engines that report otherwise, its
-        # observed error widens the margin (core.learning.choose); never narrows it.
-        margin=policy.margin + max(profiles.extra_margin.get(w.model, 0.0), 0.0),
+        # Per GPU type, an observed error widens it (`Placer.for_gpu_type`, core.learning).
+        margin=policy.margin,
     )
     return req, off
 
@@ -228,12 +227,32 @@ class Placer:
             cached.arrays = {f: np.zeros(len(self.gpus), dtype=np.float64) for f in _SCORE_FIELDS}
             self._scores[key] = cached
         stale = np.nonzero((cached.version != self.version) & mask)[0]
-        if stale.size > SCALAR_UPDATE_LIMIT:
-            self._evaluate(w.model_key, req, stale, cached)
-        elif stale.size:
-            self._evaluate_scalar(w.model_key, req, stale, cached)
+        for idx, r in self._by_margin(w.model, req, stale):
+            if idx.size > SCALAR_UPDATE_LIMIT:
+                self._evaluate(w.model_key, r, idx, cached)
+            elif idx.size:
+                self._evaluate_scalar(w.model_key, r, idx, cached)
         cached.version[stale] = self.version[stale]
         return cached
+
+    def for_gpu_type(self, req: SpecRequest, model: str, gpu_type: str) -> SpecRequest:
+        """`req` as judged on a GPU of `gpu_type`: its margin widened by what the engines observed of
+        that GPU type's profile for `model` (`ProfileSet.margin_for`; the same request without any)."""
+        extra = self.profiles.margin_for(gpu_type, model)
+        return replace(req, margin=req.margin + extra) if extra > 0.0 else req
+
+    def _by_margin(
+        self, model: str, req: SpecRequest, idx: NDArray[np.int64]
+    ) -> list[tuple[NDArray[np.int64], SpecRequest]]:
+        """`idx` split by the request each GPU is judged with: one group unless an observed error
+        widens some GPU type's margin. A GPU's type never changes, so a signature's cached
+        choices stay per GPU what its own type's margin gives."""
+        if not self.profiles.extra_margin or not idx.size:
+            return [(idx, req)]
+        types = self.gpu_type[idx]
+        return [
+            (idx[types == t], self.for_gpu_type(req, model, self.gpu_types[int(t)])) for t in np.unique(types)
+        ]
 
     def _table(
         self, model: ModelKey, req: SpecRequest, idx: NDArray[np.int64], cautious: bool = False

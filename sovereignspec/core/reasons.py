@@ -122,6 +122,7 @@ def record(
     if not explain:  # a tick's bulk decisions: where and how, without the breakdown
         return DecisionRecord(reason="speculative" if gamma > 0 else "plain", **where)  # type: ignore[arg-type]
     cautious = bool(s["cautious"][g])
+    req = p.for_gpu_type(req, w.model, where["gpu_type"])  # type: ignore[arg-type]
     table, _ = p._table(w.model_key, req, np.array([g]), cautious=cautious)
     why_not = blocker(table)
     stale = bool(p.stale[g])

@@ -60,6 +60,7 @@ def reevaluate(
     except ValueError:
         return None
     req, _ = spec_request(profiles, policy, w)
+    req = replace(req, margin=req.margin + profiles.margin_for(gpu_type, w.model))
     judged = max(headroom - policy.headroom_uncertainty, 0.0)
     taus = [tau_scalar(req.alpha, g) for g in range(max(req.gamma_max, gamma) + 1)]
     now = best_gamma(c, taus[: req.gamma_max + 1], req.seqs, req.context, req.draft_cost,

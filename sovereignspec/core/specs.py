@@ -113,13 +113,17 @@ class ProfileSet:
     gpus: dict[str, GpuSpec]
     models: dict[str, ModelSpec]
     drafters: dict[str, DrafterSpec]
-    # What the engines taught (core.learning): per (GPU type, model), the GPU as decisions on that
-    # model price it where a learned profile is in force; per model, the margin its observed error
-    # adds to the self-benefit margin where the shipped profile prices it.
+    # What the engines taught (core.learning), per (GPU type, model): the GPU as decisions on that
+    # model price it where a learned profile is in force, and the margin the shipped profile's
+    # observed error adds to the self-benefit margin where it prices.
     learned: dict[tuple[str, str], GpuSpec] = field(default_factory=dict)
-    extra_margin: dict[str, float] = field(default_factory=dict)
+    extra_margin: dict[tuple[str, str], float] = field(default_factory=dict)
     pricing: dict[tuple[str, str], str] = field(default_factory=dict)  # why, for a check message
 
     def gpu_for(self, gpu_type: str, model: str) -> GpuSpec:
         """The GPU `gpu_type` as decisions on `model` price it (KeyError for an unknown type)."""
         return self.learned.get((gpu_type, model)) or self.gpus[gpu_type]
+
+    def margin_for(self, gpu_type: str, model: str) -> float:
+        """What decisions on `model` add to the self-benefit margin on `gpu_type` (never < 0)."""
+        return max(self.extra_margin.get((gpu_type, model), 0.0), 0.0)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
@@ -78,7 +79,13 @@ class Controller(Role):
         self._off_reported: set[str] = set()  # workloads told that their profile mispredicts them
         self._violations: set[tuple[str, str]] = set()  # (pod, node) found outside its jurisdictions
         self._events_checked = False  # decisions' Events re-posted once after start-up
-        self.learner = Learner(profiles)  # what the engines taught: the profiles decisions price with
+        # What the engines taught: the profiles decisions price with. Fits on a thread of their own.
+        self.learner = Learner(
+            profiles,
+            window_s=self.settings.learn_window_seconds,
+            refit_s=self.settings.learn_refit_seconds,
+            executor=ThreadPoolExecutor(1, thread_name_prefix="sovereignspec-learn"),
+        )
         self._unsynced_since: float | None = None
         self._ledger_memo: LedgerMemo = {}  # GPUs' implied load, from one tick to the next
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable, Mapping
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -123,6 +124,10 @@ class Learner:
     seen: set[Key] = field(default_factory=set)  # in the cache at least once
     refused: dict[str, str] = field(default_factory=dict)  # resource name -> why (told once)
     uses: dict[Key, str] = field(default_factory=dict)  # the spec's `use` at the last write
+    # Where fits run: None, in `step` itself (tests); the operator gives one worker thread, so
+    # that a fit and its identification (about a second each) never hold a tick up.
+    executor: Executor | None = None
+    running: dict[Key, Future[Learned]] = field(default_factory=dict)
 
     def profiles(self) -> ProfileSet:
         """The profiles decisions price with now."""
@@ -142,6 +147,7 @@ class Learner:
             self.in_force.pop(key, None)
             self.fitted_at.pop(key, None)
             self.uses.pop(key, None)
+        done = self._collect()
         writes: list[Write] = []
         for key in sorted(set(new) | set(specs) | set(self.points)):
             if key[0] not in self.base.gpus or key[1] not in self.base.models:
@@ -159,8 +165,7 @@ class Learner:
             # New readings are taken at refits only: each is a two-minute mean, and one per tick
             # would be the same reading many times over.
             due = now - self.fitted_at.get(key, -math.inf) >= self.refit_s
-            if not due and self.uses.get(key) == use:
-                continue
+            fitted = False
             if due:
                 if not frozen:
                     old = self.points.get(key, ())
@@ -168,20 +173,44 @@ class Learner:
                     if refused:
                         messages.append(f"{KIND} {resource_name(key)}: {refused} readings refused")
                 if not (frozen and key in self.learned):
-                    self.learned[key] = self._learn(key)
+                    fitted = self._fit(key)
                 self.fitted_at[key] = now
+            if not (fitted or key in done or self.uses.get(key) != use):
+                continue
             self.uses[key] = use
             self.in_force[key] = choose(self.base.gpus[key[0]], self.learned.get(key), use)
             writes.append(Write(key, resource_name(key), spec is None, self._status(key, now)))
         return writes, messages
 
-    def _learn(self, key: Key) -> Learned:
+    def _fit(self, key: Key) -> bool:
+        """Refit `key` on its points now (no executor: True) or in the background (False: its
+        result is taken by a later step, if none is in flight already)."""
+        points = self.points.get(key, ())
+        if self.executor is None:
+            self.learned[key] = self._learn(key, points)
+            return True
+        if key not in self.running:
+            self.running[key] = self.executor.submit(self._learn, key, points)
+        return False
+
+    def _collect(self) -> set[Key]:
+        """The background fits that finished: their results taken, unless the key was reset since."""
+        done = set()
+        for key, future in list(self.running.items()):
+            if not future.done():
+                continue
+            del self.running[key]
+            if key in self.points:
+                self.learned[key] = future.result()
+                done.add(key)
+        return done
+
+    def _learn(self, key: Key, points: tuple[Point, ...]) -> Learned:
         gpu, model = self.base.gpus[key[0]], self.base.models[key[1]]
         try:
-            tp = tensor_parallel_for(gpu, model)
-        except ValueError as exc:
-            return Learned(len(self.points.get(key, ())), None, None, None, None, False, {}, str(exc))
-        return learn(gpu, model, tp, self.points.get(key, ()))
+            return learn(gpu, model, tensor_parallel_for(gpu, model), points)
+        except (ValueError, ArithmeticError) as exc:  # a fit that fails says so; nothing is priced by it
+            return Learned(len(points), None, None, None, None, False, {}, f"fit failed: {exc}")
 
     def _specs(
         self, resources: Iterable[Mapping[str, Any]]

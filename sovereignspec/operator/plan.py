@@ -195,7 +195,7 @@ def decision_notes(
             req.alpha,
             float(req.context),
             gamma_max,
-            wanted.margin,  # the policy's, widened where the profile is observed off
+            wanted.margin + profiles.margin_for(record.gpu_type, req.model),  # widened where observed off
             record.headroom,
             record.step_limit_s,
             (float(req.seqs), record.gamma),

@@ -81,6 +81,8 @@ def run(args: argparse.Namespace) -> int:
         or ("sovereignspec-dispatcher" if dispatcher else "sovereignspec-controller"),
         write_workers=args.write_workers,
         nominate=getattr(args, "nominate", 1),
+        learn_refit_seconds=getattr(args, "learn_refit_seconds", 60.0),
+        learn_window_seconds=getattr(args, "learn_window_seconds", 3600.0),
     )
     kind = DispatchController if dispatcher else Controller
     api = api_client(args.kubeconfig)

@@ -36,6 +36,9 @@ class Settings:
     # liveness probe); shorter gaps (an API server restart) only pause the decisions.
     unsynced_grace_seconds: float = 60.0
     nominate: int = 1  # dispatcher role: worker clusters nominated per workload (the best first)
+    # Online calibration (operator/learning.py): how often a profile is refitted, over how long.
+    learn_refit_seconds: float = 60.0
+    learn_window_seconds: float = 3600.0
 
 
 @dataclass

@@ -88,6 +88,9 @@ class Simulator:
         # Acceptance draws come from one stream per run; arrivals, lengths and each request's α
         # come from per-tenant streams, so every policy serves exactly the same requests.
         self.acceptance_rng = np.random.default_rng([scenario.seed, 1_000_003])
+        # Set to a list to record, at each telemetry sample, every busy GPU's (type, time, batch,
+        # mean context, decode step): what its engine's metrics would say (sim/learning.py).
+        self.step_readings: list[tuple[str, float, float, float, float]] | None = None
 
     # -- setup -------------------------------------------------------------------------------
 
@@ -168,8 +171,12 @@ class Simulator:
             elif kind == PLACE:
                 self._place(a, t)
             elif kind == SAMPLE:
+                readings = self.step_readings
                 for g in gpus:
                     g.samples.append((t, self.true_headroom(g)))
+                    if readings is not None and g.seqs and g.step > 0.0:
+                        n = len(g.seqs)
+                        readings.append((g.gpu_type, t, float(n), g.ctx_sum / n, g.step))
                 if t + period <= self.scenario.duration_s:
                     self._push(t + period, SAMPLE, 0)
             if check:

@@ -60,6 +60,8 @@ class SimView(Protocol):
     def replicas(self) -> Sequence[Replica]: ...
     @property
     def now(self) -> float: ...
+    @property
+    def world(self) -> str: ...
     def admissible(self, tenant: int) -> list[Gpu]: ...
     def tenancy(self, node: str) -> NodeTenancy: ...
     def reading(self, g: Gpu, t: float) -> float | None: ...
@@ -273,7 +275,7 @@ class SovereignSpec(SimPolicy):
             (self._request(sim, r.tenant, f"r{r.id}"), sim.gpus[r.gpu].node, sim.gpus[r.gpu].index, r.gamma)
             for r in sim.replicas
         ] + [(w, g.node, g.index, gamma) for g, w, gamma in pending]
-        return with_ledger_load(ClusterView(nodes, gpus), placed, sim.profiles)
+        return with_ledger_load(ClusterView(nodes, gpus), placed, self._priced(sim))
 
     def _profiles(self, sim: SimView) -> ProfileSet:
         """What the core places with. Knowing the truth, nothing is uncertain: no interval around a
@@ -285,6 +287,11 @@ class SovereignSpec(SimPolicy):
             for name, g in sim.profiles.gpus.items()
         }
         return replace(sim.profiles, gpus=gpus)
+
+    def _priced(self, sim: SimView) -> ProfileSet:
+        """What its engines' tables and the ledger's load are priced with: the profiles (a
+        learning policy's own, `SovereignSpecLearned`)."""
+        return sim.profiles
 
     def place(self, sim: SimView, tenant: int, count: int) -> list[tuple[int, int, float | None]]:
         policy = PlacerSettings(
@@ -311,13 +318,13 @@ class SovereignSpec(SimPolicy):
             table = None
             if rec.headroom is not None:  # telemetry was read
                 table = handoff(
-                    sim.profiles.gpus[g.gpu_type],
+                    self._priced(sim).gpu_for(g.gpu_type, sim.model.name),
                     sim.model,
                     drafter,
                     request.alpha,
                     float(request.context),
                     policy.gamma_max,
-                    policy.margin,
+                    policy.margin + self._profiles(sim).margin_for(g.gpu_type, sim.model.name),
                     rec.headroom,
                     rec.step_limit_s if self.externality else math.inf,
                     (float(request.seqs), p.gamma),
@@ -397,6 +404,43 @@ class Oracle(SovereignSpec):
         return met, good, rate
 
 
+class SovereignSpecOff(SovereignSpec):
+    """SovereignSpec deciding with profiles 30 % off (`sim.learning.off_profiles`), never learning."""
+
+    name = "sovereignspec-off30"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._mine: ProfileSet | None = None
+
+    def _start(self, sim: SimView) -> ProfileSet:
+        from sovereignspec.sim.learning import off_profiles
+
+        return off_profiles(sim.profiles)
+
+    def _profiles(self, sim: SimView) -> ProfileSet:
+        if self._mine is None:
+            self._mine = self._start(sim)
+        return self._mine
+
+    def _priced(self, sim: SimView) -> ProfileSet:
+        return self._profiles(sim)
+
+
+class SovereignSpecLearned(SovereignSpecOff):
+    """SovereignSpec starting from profiles 30 % off, after learning each GPU type from a plain
+    pilot run of the same scenario in the same world (`sim.learning`), as the operator does."""
+
+    name = "sovereignspec-learned"
+
+    def _start(self, sim: SimView) -> ProfileSet:
+        from sovereignspec.sim.learning import learned_profiles, off_profiles
+
+        learned, self.in_force = learned_profiles(sim.scenario, sim.profiles, off_profiles(sim.profiles),
+                                                  sim.world)  # fmt: skip
+        return learned
+
+
 POLICIES: dict[str, type[SimPolicy] | tuple[type[SimPolicy], int]] = {
     "never": Never,
     "always-2": (AlwaysK, 2),
@@ -410,8 +454,15 @@ POLICIES: dict[str, type[SimPolicy] | tuple[type[SimPolicy], int]] = {
 }
 
 
+# Starting from profiles 30 % off, without and with online calibration (`simulate --learning`).
+LEARNING: dict[str, type[SimPolicy] | tuple[type[SimPolicy], int]] = {
+    "sovereignspec-off30": SovereignSpecOff,
+    "sovereignspec-learned": SovereignSpecLearned,
+}
+
+
 def make(name: str) -> SimPolicy:
-    entry = POLICIES[name]
+    entry = POLICIES.get(name) or LEARNING[name]
     if isinstance(entry, tuple):
         cls, k = entry
         return cls(k)  # type: ignore[call-arg]

@@ -76,11 +76,13 @@ class PrometheusReader:
         engine_options: Mapping[str, Mapping[str, str]] | None = None,
         client: ClientConfig | None = None,
         sleep: Any = time.sleep,
+        step_window_s: int = 120,
     ) -> None:
         self.url = url.rstrip("/")
         self.client = client or ClientConfig()
         self.timeout = self.client.timeout if timeout is None else timeout
         self.window = window
+        self.step_window_s = step_window_s  # what one step reading averages over (`steps`)
         # Per engine, what the policy says its metrics mean (`Engine.acceptance`).
         self.engine_options = dict(engine_options or {})
         self.rejected: dict[str, int] = {}  # reason -> rows treated as missing, for the metric
@@ -251,9 +253,11 @@ class PrometheusReader:
         return out
 
     def steps(self) -> dict[tuple[str, str], tuple[float, float]]:
-        """(namespace, owner) -> (mean requests running, mean seconds per output event) over the
-        last two minutes, for each workload whose engine reports both: in plain decode an output
-        event is one step, so this is a measurement of the GPU's step time at that batch.
+        """(namespace, owner) -> (mean requests running while it ran any, mean seconds per output
+        event) over the last `step_window_s` (two minutes), for each workload whose engine reports
+        both: in plain decode an output event is one step, so this is a measurement of the GPU's
+        step time at that batch. Idle samples (no request running) are left out of the batch's
+        mean, as an idle engine records no output events either.
 
         Owners as `tpot` reads them. A workload with more than one engine's running gauge (two
         engines with the same labels, or a workload of several engines) is left out and counted
@@ -261,12 +265,14 @@ class PrometheusReader:
         an engine restarted inside the window (its counters reset) reads as Prometheus's rate()
         makes of it: the increase it saw, not a negative step."""
         owners = (("job_name", ""), ("workload", '{job_name=""}'), ("pod", '{job_name="",workload=""}'))
+        w = f"{self.step_window_s}s"
+        resolution = f"{max(self.step_window_s // 24, 1)}s"
         step_s: dict[tuple[str, str], float] = {}
         for metric in reversed(engines.tpot_metrics()):  # per event first: one event, one step
             for owner, match in owners:
                 by = f"namespace, {owner}"
-                q = (f"sum by ({by}) (rate({metric}_sum{match}[2m])) "
-                     f"/ sum by ({by}) (rate({metric}_count{match}[2m]))")  # fmt: skip
+                q = (f"sum by ({by}) (rate({metric}_sum{match}[{w}])) "
+                     f"/ sum by ({by}) (rate({metric}_count{match}[{w}]))")  # fmt: skip
                 for labels, value, _ in self.query(q):
                     key = (labels.get("namespace", ""), labels.get(owner, ""))
                     if math.isfinite(value) and value > 0 and key[1] and key not in step_s:
@@ -274,7 +280,8 @@ class PrometheusReader:
         running: dict[tuple[str, str], list[float]] = {}
         for metric in engines.gauges("running"):
             for owner, match in owners:
-                for labels, value, _ in self.query(f"avg_over_time({metric}{match}[2m])"):
+                busy = f"avg_over_time(({metric}{match} > 0)[{w}:{resolution}])"
+                for labels, value, _ in self.query(busy):
                     key = (labels.get("namespace", ""), labels.get(owner, ""))
                     if key[1] and math.isfinite(value):
                         running.setdefault(key, []).append(value)

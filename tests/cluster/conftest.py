@@ -92,7 +92,8 @@ def operator_env(api: client.ApiClient) -> Iterator[tuple[Any, Any]]:
             check, controller, {"apiGroup": "sovereignspec.io", "kind": "SpeculationPolicy", "name": "e2e"}
         ),
     )
-    operator = OperatorProcess(controller).start()
+    # Profiles refitted every 2 s, not every minute: test_learning.py's readings in seconds.
+    operator = OperatorProcess(controller, extra=["--learn-refit-seconds", "2"]).start()
 
     def active() -> bool:
         ac = client.CustomObjectsApi(api).get_cluster_custom_object(

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from sovereignspec.core import learning
-from sovereignspec.core.cluster import PlacerSettings, WorkloadRequest
+from sovereignspec.core.cluster import ClusterView, GpuState, NodeState, PlacerSettings, WorkloadRequest
 from sovereignspec.core.learning import MAX_EXTRA_MARGIN, Point, choose, learn, windowed, with_learning
-from sovereignspec.core.placement import spec_request
+from sovereignspec.core.placement import Placer, spec_request
 from sovereignspec.core.roofline import roofline_for, tensor_parallel_for
 from sovereignspec.operator import annotations as ann
 from sovereignspec.operator.learning import Learner, readings, resource_name
@@ -118,7 +118,7 @@ def test_the_window_drops_old_readings_and_keeps_the_newest_up_to_its_limit() ->
     assert [p.at for p in kept] == [95.0, 99.0]
 
 
-def test_decisions_price_a_model_with_its_learned_gpu_and_widen_its_margin_by_the_largest_error() -> None:
+def test_decisions_price_a_model_with_its_learned_gpu_and_widen_the_margin_of_that_gpu_type_only() -> None:
     learned_gpu = replace(GPU, compute_efficiency=0.1)
     in_force = {
         KEY: learning.InForce(learned_gpu, True, 0.0, "learned"),
@@ -128,10 +128,34 @@ def test_decisions_price_a_model_with_its_learned_gpu_and_widen_its_margin_by_th
     profiles = with_learning(PROFILES, in_force)
     assert profiles.gpu_for(*KEY) is learned_gpu
     assert profiles.gpu_for("H100-SXM", "llama-2-7b-32k") is GPU  # another model: the shipped GPU
-    settings = PlacerSettings(margin=0.05)
+    assert profiles.margin_for("A100-80G-SXM", "llama-3.1-8b") == 0.2
+    assert profiles.margin_for(*KEY) == 0.0 and profiles.margin_for("H100-SXM", "llama-3.3-70b") == 0.1
+    # The request itself carries the policy's margin; each GPU type's is added where it is judged.
     w = WorkloadRequest("ns/a", "ns", "llama-3.1-8b", "eagle3", 0.8)
-    assert spec_request(profiles, settings, w)[0].margin == pytest.approx(0.25)
-    assert spec_request(PROFILES, settings, w)[0].margin == pytest.approx(0.05)  # nothing learned
+    assert spec_request(profiles, PlacerSettings(margin=0.05), w)[0].margin == pytest.approx(0.05)
+
+
+def two_gpu_types() -> ClusterView:
+    nodes = [NodeState("h", {"j": "eu"}, 1), NodeState("a", {"j": "eu"}, 1)]
+    return ClusterView(nodes, [GpuState("h", 0, "H100-SXM", 1.0), GpuState("a", 0, "A100-80G-SXM", 1.0)])
+
+
+@pytest.mark.parametrize(("extra_on", "speculates_on"), [(None, {"h", "a"}), ("A100-80G-SXM", {"h"}),
+                                                       ("H100-SXM", {"a"})])  # fmt: skip
+def test_an_observed_error_widens_the_margin_on_its_gpu_type_and_nowhere_else(
+    extra_on, speculates_on
+) -> None:
+    """A workload whose speculation pays ~1.4x on an idle GPU: plain on the GPU type whose profile
+    is observed 50 % off, speculative on the other, both judged in one signature's table."""
+    extra = {} if extra_on is None else {(extra_on, "llama-3.1-8b"): MAX_EXTRA_MARGIN}
+    profiles = replace(PROFILES, extra_margin=extra)
+    w = WorkloadRequest("ns/a", "ns", "llama-3.1-8b", "eagle3", 0.45)
+    placer = Placer(profiles, two_gpu_types(), PlacerSettings(jurisdiction_label="j"))
+    gammas = {}
+    for node in ("h", "a"):
+        p = placer.place(replace(w, name=f"ns/{node}", node_pool=frozenset({node})))
+        gammas[p.node] = p.gamma
+    assert {n for n, g in gammas.items() if g > 0} == speculates_on, gammas
 
 
 # -- the operator's shell ---------------------------------------------------------------------
@@ -203,3 +227,31 @@ def test_a_resource_whose_name_is_not_its_spec_is_ignored() -> None:
     learner = Learner(PROFILES)
     _, messages = learner.step([resource(SPEC, name="other")], {}, now=100.0)
     assert messages and "other" in messages[0]
+
+
+def test_a_fit_in_the_background_is_taken_by_a_later_step_and_never_holds_one_up() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        learner = Learner(PROFILES, executor=pool)
+        (first,), _ = learner.step([], {KEY: world(COMPUTE_BOUND, WIDE)}, now=100.0)
+        # Written at once (the resource and its points), priced by the shipped profile meanwhile.
+        assert first.create and first.status["inForce"] == "shipped" and first.status["pointCount"] == 24
+        learner.running[KEY].result(timeout=60)
+        (taken,), _ = learner.step([resource(SPEC, first.status)], {}, now=101.0)
+        assert taken.status["inForce"] == "learned" and not learner.running
+        assert learner.profiles().gpu_for(*KEY).compute_efficiency == pytest.approx(0.08, rel=0.1)
+
+
+def test_a_fit_finished_after_its_resource_was_deleted_is_dropped() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        learner = Learner(PROFILES, executor=pool)
+        (first,), _ = learner.step([], {KEY: world(COMPUTE_BOUND, WIDE)}, now=100.0)
+        learner.step([resource(SPEC, first.status)], {}, now=100.5)  # seen in the cache
+        future = learner.running.get(KEY)
+        learner.step([], {}, now=101.0)  # deleted: start over
+        if future is not None:
+            future.result(timeout=60)
+        assert learner.step([], {}, now=102.0) == ([], []) and KEY not in learner.learned
