@@ -16,6 +16,7 @@ fails, fails alone: the tick goes on with the rest and says what failed.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -80,6 +81,7 @@ class Controller(Role):
         self._violations: set[tuple[str, str]] = set()  # (pod, node) found outside its jurisdictions
         self._events_checked = False  # decisions' Events re-posted once after start-up
         # What the engines taught: the profiles decisions price with. Fits on a thread of their own.
+        self._steps_read_at = -math.inf
         self.learner = Learner(
             profiles,
             window_s=self.settings.learn_window_seconds,
@@ -180,7 +182,7 @@ class Controller(Role):
                     self._age(view)
                     self._score(view, snapshot.tpot, {c: s for c, (_, s) in active.items()}, spec)
                     self._watch_sovereignty(world, spec)
-                    self._learn(view, snapshot.steps, now)
+                    self._learn(view, spec, now)
                 if not self._events_checked:  # once: the ledger is the same in every group's view
                     self._events_checked = True
                     self._repost_events(view)
@@ -274,6 +276,7 @@ class Controller(Role):
         scored, profiles = score(view.committed, measured, types)
         metrics.PREDICTION_ERROR.clear()
         metrics.PREDICTION_SCORED.clear()
+        self.learner.scores = {(p.gpu_type, p.model): (p.median_error, p.workloads) for p in profiles}
         for p in profiles:
             metrics.PREDICTION_ERROR.labels(gpu_type=p.gpu_type, model=p.model).set(p.median_error)
             metrics.PREDICTION_SCORED.labels(gpu_type=p.gpu_type, model=p.model).set(p.workloads)
@@ -294,13 +297,17 @@ class Controller(Role):
             self._warn_once(self._off_reported, c, "PredictionOffProfile", message)
         self._off_reported &= off  # told again if it leaves the bound again
 
-    def _learn(self, view: View, steps: dict[tuple[str, str], tuple[float, float]], now: float) -> None:
-        """Online calibration (operator/learning.py): this tick's readings from plain engines, the
-        LearnedProfiles' specs, a refit where one is due, and its status written. What it learns
-        prices the next tick's decisions. A write that fails is tried at the next refit; a spec or
-        status refused is logged (once while it lasts) and steers nothing."""
-        types = {(g.node, g.index): g.gpu_type for g in view.cluster.gpus}
-        new = readings(view.committed, types, steps, now)
+    def _learn(self, view: View, spec: PolicySpec, now: float) -> None:
+        """Online calibration (operator/learning.py): the plain engines' readings (read from
+        Prometheus once per refit interval), the LearnedProfiles' specs, a refit where one is due,
+        and its status written. What it learns prices the next tick's decisions. A write that
+        fails is tried at the next refit; a spec or status refused is logged (once while it
+        lasts) and steers nothing."""
+        new = {}
+        if now - self._steps_read_at >= self.learner.refit_s:
+            self._steps_read_at = now
+            types = {(g.node, g.index): g.gpu_type for g in view.cluster.gpus}
+            new = readings(view.committed, types, self.telemetry.steps(spec), now)
         writes, messages = self.learner.step(self.cache.learned.items(), new, now)
         for text in messages:
             log.warning("online calibration: %s", text)

@@ -5,7 +5,8 @@ cache and Prometheus and writes what `Learner.step` returns).
 A running workload is a measurement of its GPU type's step time when it was decided plain (its
 check entry's mode annotation: a light-batch speculative one runs γ = 0 at its declared batch but
 drafts below it), runs its whole model on its GPUs (no pipeline stages), and its engine reports
-both its running batch and its time per output event through Prometheus (`Snapshot.steps`).
+both its running batch and its time per output event through Prometheus (`PrometheusReader.steps`,
+read once per refit interval).
 
 Administrators steer each (GPU type, model) with its LearnedProfile's spec (`use`, `frozen`); a
 spec that does not parse is refused with a message and steers nothing, and a LearnedProfile that
@@ -124,6 +125,9 @@ class Learner:
     seen: set[Key] = field(default_factory=set)  # in the cache at least once
     refused: dict[str, str] = field(default_factory=dict)  # resource name -> why (told once)
     uses: dict[Key, str] = field(default_factory=dict)  # the spec's `use` at the last write
+    # Every decision scored (operator/scoring.py): per profile, the median of measured / predicted
+    # TPOT - 1 over running decisions and how many, written into the status at each refit.
+    scores: dict[Key, tuple[float, int]] = field(default_factory=dict)
     # Where fits run: None, in `step` itself (tests); the operator gives one worker thread, so
     # that a fit and its identification (about a second each) never hold a tick up.
     executor: Executor | None = None
@@ -162,16 +166,17 @@ class Learner:
                         messages.append(f"{KIND} {resource_name(key)}: {bad} of its status points refused")
             use = spec.use if spec is not None else "auto"
             frozen = spec is not None and spec.frozen
-            # New readings are taken at refits only: each is a two-minute mean, and one per tick
-            # would be the same reading many times over.
+            # Readings are kept whenever they come (the controller reads them once per refit
+            # interval: each is a two-minute mean, one per tick would repeat it); the fit is redone
+            # at most once per interval. Frozen: neither.
             due = now - self.fitted_at.get(key, -math.inf) >= self.refit_s
+            if not frozen and (due or key in new):
+                old = self.points.get(key, ())
+                self.points[key], refused = windowed(old, new.get(key, ()), now, self.window_s)
+                if refused:
+                    messages.append(f"{KIND} {resource_name(key)}: {refused} readings refused")
             fitted = False
             if due:
-                if not frozen:
-                    old = self.points.get(key, ())
-                    self.points[key], refused = windowed(old, new.get(key, ()), now, self.window_s)
-                    if refused:
-                        messages.append(f"{KIND} {resource_name(key)}: {refused} readings refused")
                 if not (frozen and key in self.learned):
                     fitted = self._fit(key)
                 self.fitted_at[key] = now
@@ -258,6 +263,9 @@ class Learner:
             "extraMargin": round(in_force.extra_margin, 4),
             "updatedAt": _rfc3339(now),
         }
+        if key in self.scores:
+            median, workloads = self.scores[key]
+            status["predictionError"] = {"median": round(median, 4), "workloads": workloads}
         if learned is not None and learned.fitted is not None:
             f = learned.fitted
             status["fit"] = {

@@ -84,3 +84,21 @@ class TelemetryCache:
         for reason, count in snap.rejected.items():
             metrics.TELEMETRY_REJECTED.labels(source=label, reason=reason).inc(count)
         return snap
+
+    def steps(self, spec: PolicySpec) -> dict[tuple[str, str], tuple[float, float]]:
+        """The engines' step readings through the policy's Prometheus (`PrometheusReader.steps`),
+        read when online calibration asks (once per refit, not per tick); none without a
+        Prometheus, or when it fails (logged and counted: the learner then takes no reading)."""
+        t = spec.telemetry
+        if t.source != "prometheus" or not t.prometheus_url:
+            return {}
+        reader = PrometheusReader(t.prometheus_url, client=client_config(t.prometheus_client))
+        try:
+            steps = reader.steps()
+        except Exception as exc:  # a source that answers nonsense is a source that is down
+            log.warning("step readings from %s failed: %s: %s", t.prometheus_url, type(exc).__name__, exc)
+            metrics.TELEMETRY_ERRORS.labels(source=t.source).inc()
+            return {}
+        for reason, count in reader.rejected.items():
+            metrics.TELEMETRY_REJECTED.labels(source=t.source, reason=reason).inc(count)
+        return steps

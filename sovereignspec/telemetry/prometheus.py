@@ -307,12 +307,7 @@ class PrometheusReader:
             tpot = self.tpot()
         except PrometheusError as exc:
             errors.append(str(exc))
-        steps: dict[tuple[str, str], tuple[float, float]] = {}
-        try:
-            steps = self.steps()
-        except PrometheusError as exc:
-            errors.append(str(exc))
-        return Snapshot(gpus, acceptance, tpot, now, "; ".join(errors) or None, dict(self.rejected), steps)
+        return Snapshot(gpus, acceptance, tpot, now, "; ".join(errors) or None, dict(self.rejected))
 
 
 def _sample(row: object) -> tuple[dict[str, str], float, float] | None:

@@ -46,9 +46,6 @@ class Snapshot:
     fetched_at: float = 0.0
     error: str | None = None  # why nothing (or not everything) could be read
     rejected: dict[str, int] = field(default_factory=dict)  # reason -> series/counters treated as missing
-    # (namespace, owner) -> (mean requests running, mean seconds per output step): what one engine
-    # did over the window, for online calibration (core.learning)
-    steps: dict[tuple[str, str], tuple[float, float]] = field(default_factory=dict)
 
 
 def normalise_activity(name: str, values: list[float]) -> list[float]:

@@ -21,8 +21,9 @@ PRODUCTS = {
     "A100-80G-SXM": "NVIDIA-A100-SXM4-80GB",
     "RTX-4090": "NVIDIA-GeForce-RTX-4090",
     "H200": "NVIDIA-H200",
+    "L40S": "NVIDIA-L40S",
 }
-EFFICIENCY = {"H100-SXM": 0.7, "A100-80G-SXM": 0.7, "RTX-4090": 0.65, "H200": 0.7}
+EFFICIENCY = {"H100-SXM": 0.7, "A100-80G-SXM": 0.7, "RTX-4090": 0.65, "H200": 0.7, "L40S": 0.6}
 JURISDICTION = "node-restriction.kubernetes.io/jurisdiction"
 
 

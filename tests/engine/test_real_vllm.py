@@ -231,3 +231,74 @@ def test_the_profiler_and_calibrate_against_the_real_engine_report_what_the_data
     header = [line for line in text.splitlines() if line.startswith("#")]
     print("\n".join(header[:4]))
     print(f"profiled τ per step {taus}, query tokens {[r['query_tokens'] for r in rows]}, K {k}")
+
+
+# Each concurrency level is driven this long, and a step reading averages over it.
+STEP_WINDOW_S = 12
+LEVELS = (1, 2, 4, 8, 16, 32)
+
+
+@pytest.mark.prometheus
+def test_the_engines_plain_steps_teach_a_wrong_profile_and_the_next_decision_says_what_it_learned(
+    serve, tmp_path: Path
+) -> None:
+    """A plain engine on this CPU, priced as an H100 serving an 8B model (deliberately wrong): its
+    batch and time per output event, read through the shipped relabelling by the operator's reader,
+    are the learner's readings. What is learned is identified only where the identification says so,
+    and the next decision's check message names the profile that priced it and why."""
+    from sovereignspec.core.learning import Point
+    from sovereignspec.operator.learning import Learner
+
+    profiles_dir = local_profiles(tmp_path / "p")
+    notes = decide(profiles_dir, "eagle3", BUSY)
+    assert notes[ann.OUT_MODE] == "plain"
+    served = serve(notes)
+    served.complete(1, tokens=8)  # the engine's series exist before the first scrape
+    prom = LocalPrometheus().start()
+    try:
+        prom.add_scrape_config(discovered([(served.target, NAMESPACE, "chat", True)]))
+        wait_until(lambda: prom.query(f'vllm:num_requests_running{{namespace="{NAMESPACE}"}}'),
+                   timeout=60, what="a relabelled scrape")  # fmt: skip
+        reader = PrometheusReader(prom.url, step_window_s=STEP_WINDOW_S)
+        profiles = load_profiles(profiles_dir)
+        spec = policy()
+        pending = build(
+            world([chat().obj()], [node("h1")], spec), {CHECK}, spec, profiles, snapshot(IDLE), NOW
+        )
+        context = float(pending.pending[0].request.context)
+        points, seen = [], []
+        for _ in range(2):
+            for c in LEVELS:
+                start = time.monotonic()
+                while time.monotonic() - start < STEP_WINDOW_S:
+                    served.complete(c, tokens=48)
+                time.sleep(2.5)  # the last scrape of this level
+                batch, step_s = reader.steps()[(NAMESPACE, "chat")]
+                seen.append((c, round(batch, 2), round(step_s * 1e3, 2)))
+                points.append(Point(batch, context, step_s, float(len(points))))
+        # The engine's batch, as its gauge reports it, follows the driven concurrency (a level's
+        # window may hold the previous level's tail: the first and last steps run lighter).
+        for c, batch, _ in seen:
+            assert 0.5 * c <= batch <= 1.2 * c, seen
+        learner = Learner(profiles, refit_s=0.0)
+        (write,), messages = learner.step([], {("H100-SXM", "llama-3.1-8b"): points}, now=float(len(points)))
+        status, learned = write.status, learner.learned[("H100-SXM", "llama-3.1-8b")]
+        assert not messages and status["pointCount"] == 12 and learned.fitted is not None
+        assert status["identified"] is learned.identified
+        in_force = learner.in_force[("H100-SXM", "llama-3.1-8b")]
+        # The next decision for that node, priced as the learner says.
+        after = learner.profiles()
+        view = build(
+            world([chat("next").obj()], [node("h1")], spec), {CHECK}, spec, after, snapshot(IDLE), NOW
+        )
+        (next_write,) = plan("default", spec, view, after, STAMP)
+        if in_force.learned:
+            assert learned.identified and learned.beats_shipped
+            assert "priced with the learned profile" in next_write.message, next_write.message
+        else:
+            assert f"margin widened by {in_force.extra_margin:.2f}" in next_write.message, next_write.message
+            assert in_force.extra_margin > 0.0
+        print(f"readings (concurrency, batch, step ms): {seen}; {in_force.why}; "
+              f"fit RMS {learned.fitted.rms_error:.1%}")  # fmt: skip
+    finally:
+        prom.close()

@@ -22,6 +22,7 @@ from sovereignspec.operator import annotations as ann
 from sovereignspec.operator.learning import Learner, readings, resource_name
 from sovereignspec.operator.ledger import Committed
 from sovereignspec.profiles import load_profiles
+from sovereignspec.telemetry.prometheus import PrometheusReader
 
 PROFILES = load_profiles()
 GPU, MODEL = PROFILES.gpus["H100-SXM"], PROFILES.models["llama-3.1-8b"]
@@ -255,3 +256,70 @@ def test_a_fit_finished_after_its_resource_was_deleted_is_dropped() -> None:
         if future is not None:
             future.result(timeout=60)
         assert learner.step([], {}, now=102.0) == ([], []) and KEY not in learner.learned
+
+
+def test_the_scored_prediction_error_of_a_profile_is_written_into_its_status() -> None:
+    learner = Learner(PROFILES)
+    learner.scores = {KEY: (0.31, 3)}
+    (write,), _ = learner.step([], {KEY: world(SLOW_MEMORY, (1, 2))}, now=100.0)
+    assert write.status["predictionError"] == {"median": 0.31, "workloads": 3}
+
+
+# -- what the reader makes of the engines' series (stand-in query; the real Prometheus path is
+# tests/cluster/test_learning.py and tests/engine/test_real_vllm.py) ---------------------------
+
+
+class Series(PrometheusReader):
+    """Rows per kind of query: the step's rate ratio, and the busy batch's average."""
+
+    def __init__(
+        self, steps: list[tuple[dict[str, str], float]], running: list[tuple[dict[str, str], float]]
+    ):
+        super().__init__("http://unused.invalid")
+        self.step_rows, self.running_rows = steps, running
+
+    def query(self, promql: str, at: float | None = None) -> list[tuple[dict[str, str], float, float]]:
+        if "inter_token_latency_seconds_sum" in promql and "by (namespace, job_name)" in promql:
+            return [(labels, v, 0.0) for labels, v in self.step_rows]
+        if promql.startswith("avg_over_time((vllm:num_requests_running > 0)["):
+            return [(labels, v, 0.0) for labels, v in self.running_rows]
+        return []
+
+
+JOB = {"namespace": "ns", "job_name": "a"}
+
+
+@pytest.mark.parametrize(
+    ("steps", "running", "expected"),
+    [
+        ([(JOB, 0.012)], [(JOB, 8.0)], {("ns", "a"): (8.0, 0.012)}),
+        ([(JOB, math.nan)], [(JOB, 8.0)], {}),  # a step that is no number
+        ([(JOB, -0.01)], [(JOB, 8.0)], {}),  # nor a negative one
+        ([(JOB, 0.012)], [(JOB, math.inf)], {}),  # a batch that is no number
+        ([(JOB, 0.012)], [(JOB, 0.4)], {}),  # never a whole request running
+        ([(JOB, 0.012)], [(JOB, 8.0), ({**JOB, "pod": "b"}, 9.0)], {}),  # two engines, one workload
+        ([({"namespace": "ns", "job_name": ""}, 0.012)], [(JOB, 8.0)], {}),  # no owner
+    ],
+)
+def test_the_reader_takes_a_step_only_from_one_engine_that_reports_a_sane_batch_and_step(
+    steps, running, expected
+):
+    reader = Series(steps, running)
+    assert reader.steps() == expected
+    if len(running) > 1:
+        assert reader.rejected == {"several engines for one workload": 2}
+
+
+def test_readings_that_come_between_refits_are_kept_for_the_next_one() -> None:
+    learner = Learner(PROFILES, refit_s=60.0)
+    first = world(SLOW_MEMORY, (1, 2, 4), at=0.0)
+    (write,), _ = learner.step([], {KEY: first}, now=10.0)
+    assert write.status["pointCount"] == 6
+    assert learner.step(
+        [resource(SPEC, write.status)], {KEY: world(SLOW_MEMORY, (8, 16), at=20.0)}, now=30.0
+    ) == (
+        [],
+        [],
+    )  # not due: kept, not refitted
+    (again,), _ = learner.step([resource(SPEC, write.status)], {}, now=75.0)
+    assert again.status["pointCount"] == 10
