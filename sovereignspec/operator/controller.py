@@ -303,6 +303,8 @@ class Controller(Role):
         and its status written. What it learns prices the next tick's decisions. A write that
         fails is tried at the next refit; a spec or status refused is logged (once while it
         lasts) and steers nothing."""
+        if self.cache.learned.absent:  # no LearnedProfile CRD, or a role that may not read them
+            return
         new = {}
         if now - self._steps_read_at >= self.learner.refit_s:
             self._steps_read_at = now
@@ -321,7 +323,11 @@ class Controller(Role):
             try:
                 self.writer.learned_profile(w.name, w.key[0], w.key[1], w.create, w.status)
             except WRITE_ERRORS as exc:
-                self.learner.fitted_at.pop(w.key, None)  # written again at the next tick
+                # Not in force until it is on record: an administrator cannot pin or freeze what
+                # they cannot see. Tried again at the next tick.
+                self.learner.fitted_at.pop(w.key, None)
+                self.learner.in_force.pop(w.key, None)
+                self.learner.uses.pop(w.key, None)
                 metrics.TICK_FAILURES.labels(part="learning").inc()
                 log.warning("could not write LearnedProfile %s: %s", w.name, exc)
 

@@ -91,6 +91,10 @@ class Informer:
     # empty cache in sync, listed again every ABSENT_RECHECK seconds, not a cache that holds
     # every decision back.
     optional: bool = False
+    # An optional feature's resource whose read the role may not grant (an operator image newer
+    # than the chart whose ClusterRole it runs under): a 403 is then an empty cache in sync, like
+    # an absent API, said once as a warning, and tried again every ABSENT_RECHECK seconds.
+    forbidden_is_absent: bool = False
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -245,6 +249,8 @@ class Informer:
                     continue
                 if raw.status == 404 and self.optional and not cont:
                     return self._absent()
+                if raw.status == 403 and self.forbidden_is_absent and not cont:
+                    return self._absent(forbidden=data.decode(errors="replace")[:300])
                 if raw.status >= 400:
                     raise ApiException(status=raw.status, reason=data.decode(errors="replace")[:300])
             finally:
@@ -278,8 +284,16 @@ class Informer:
         self.on_wake()
         return rv
 
-    def _absent(self) -> str:
-        if not self.absent:
+    def _absent(self, forbidden: str = "") -> str:
+        if forbidden and not self.absent:
+            log.warning(
+                "%s: this role may not list them (%s): an empty cache, the feature off until it may "
+                "(upgrade the chart, or grant list/watch on %s)",
+                self.name,
+                forbidden,
+                self.name,
+            )
+        elif not self.absent:
             log.info(
                 "%s: not served by this API server (its CRD is not installed): an empty cache", self.name
             )
@@ -432,7 +446,7 @@ class ClusterCache(InformerSet):
         self.policies = informer(policies_path, "speculationpolicies", wake=always)
         # What the engines taught (operator/learning.py); optional: a cluster whose CRDs predate it
         # still decides, with the shipped profiles.
-        self.learned = informer(LEARNED_PATH, "learnedprofiles", optional=True)
+        self.learned = informer(LEARNED_PATH, "learnedprofiles", optional=True, forbidden_is_absent=True)
         self.flavors = informer(f"{KUEUE}/resourceflavors", "resourceflavors", wake=always)
         self.nodes = informer(
             "/api/v1/nodes", "nodes", transform=strip_node, wake=lambda k, _o: k in ("ADDED", "DELETED")

@@ -25,6 +25,7 @@ MAY = [
     ("watch", "speculationpolicies.sovereignspec.io"),
     ("list", "learnedprofiles.sovereignspec.io"),
     ("watch", "learnedprofiles.sovereignspec.io"),
+    ("create", "learnedprofiles.sovereignspec.io"),
     ("patch", "learnedprofiles.sovereignspec.io"),
     ("patch", "learnedprofiles.sovereignspec.io/status"),
     ("list", "nodes"),

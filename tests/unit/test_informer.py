@@ -321,3 +321,20 @@ def test_a_queued_pod_keeps_which_deployment_it_belongs_to_and_nothing_else_of_i
     pod["metadata"]["ownerReferences"][0]["name"] = "handmade"
     assert deployment_of(strip_queued_pod(pod)) is None
     assert deployment_of({"metadata": {"name": "bare"}}) is None
+
+
+@pytest.mark.parametrize("forbidden_is_absent", [True, False])
+def test_a_forbidden_optional_feature_is_an_empty_cache_only_where_it_may_be_so(
+    informer, forbidden_is_absent: bool
+) -> None:
+    # LearnedProfiles under an older chart's ClusterRole: the operator decides on with the shipped
+    # profiles (learning off, said once) instead of failing its health check over a feature.
+    informer.optional = True
+    informer.forbidden_is_absent = forbidden_is_absent
+    informer._request = lambda *_a, **_k: _Raw(403, b'{"kind":"Status","code":403,"reason":"Forbidden"}')
+    if forbidden_is_absent:
+        assert informer._relist() == "" and informer.synced.is_set() and informer.absent
+        assert informer.items() == [] and not informer.denied
+    else:
+        with pytest.raises(client.ApiException):
+            informer._relist()
