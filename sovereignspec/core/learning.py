@@ -102,6 +102,11 @@ class Learned:
     intervals: dict[str, tuple[float | None, float | None]]  # per coefficient: 95 % interval
     why: str  # one line: what the data pin, or why not
 
+    @classmethod
+    def unfitted(cls, points: int, why: str) -> Learned:
+        """Nothing fitted (too few points, or a fit that failed): nothing to price with."""
+        return cls(points, None, None, None, None, False, {}, why)
+
     @property
     def beats_shipped(self) -> bool:
         return (
@@ -115,8 +120,7 @@ def learn(shipped: GpuSpec, model: ModelSpec, tp: int, points: Sequence[Point]) 
     """Fit the coefficients of `shipped` to `points` of `model` at tensor parallelism `tp`."""
     rows = [Measurement(p.batch, p.context, 1.0, p.step_s) for p in sorted(points, key=_order)]
     if len(rows) < MIN_POINTS:
-        return Learned(len(rows), None, None, None, None, False, {},
-                       f"{len(rows)} points, {MIN_POINTS} needed to fit")  # fmt: skip
+        return Learned.unfitted(len(rows), f"{len(rows)} points, {MIN_POINTS} needed to fit")
     held = rows[HOLD_OUT - 1 :: HOLD_OUT]
     fitted_rows = [r for i, r in enumerate(rows) if i % HOLD_OUT != HOLD_OUT - 1]
     result = fit(shipped, model, tp, fitted_rows)

@@ -20,6 +20,7 @@ import re
 from collections.abc import Iterable, Mapping
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -215,7 +216,7 @@ class Learner:
         try:
             return learn(gpu, model, tensor_parallel_for(gpu, model), points)
         except (ValueError, ArithmeticError) as exc:  # a fit that fails says so; nothing is priced by it
-            return Learned(len(points), None, None, None, None, False, {}, f"fit failed: {exc}")
+            return Learned.unfitted(len(points), f"fit failed: {exc}")
 
     def _specs(
         self, resources: Iterable[Mapping[str, Any]]
@@ -302,6 +303,4 @@ def _pct(x: float | None) -> str:
 
 
 def _rfc3339(t: float) -> str:
-    import datetime
-
-    return datetime.datetime.fromtimestamp(t, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -323,3 +323,37 @@ def test_readings_that_come_between_refits_are_kept_for_the_next_one() -> None:
     )  # not due: kept, not refitted
     (again,), _ = learner.step([resource(SPEC, write.status)], {}, now=75.0)
     assert again.status["pointCount"] == 10
+
+
+def test_a_learned_profile_prices_nothing_until_its_learnedprofile_is_written() -> None:
+    """An administrator can pin or freeze only what is on record: a write refused (RBAC, the API
+    server down) leaves the shipped profile in force, and the next tick writes and uses it."""
+    from kubernetes import client
+
+    from sovereignspec.core.cluster import ClusterView, GpuState
+    from sovereignspec.operator.controller import Controller
+    from sovereignspec.operator.policy import PolicySpec
+    from sovereignspec.operator.view import View
+
+    class Writer:
+        def __init__(self) -> None:
+            self.refuse, self.written = True, []
+
+        def learned_profile(self, name: str, *_args: Any) -> None:
+            if self.refuse:
+                raise client.ApiException(status=403, reason="forbidden")
+            self.written.append(name)
+
+    controller = Controller(client.ApiClient(client.Configuration()), PROFILES)
+    controller.learner.executor = None  # fit in the tick: no thread to wait for
+    controller.telemetry.steps = lambda _spec: {}  # type: ignore[method-assign]
+    writer = Writer()
+    controller.writer = writer  # type: ignore[assignment]
+    controller.learner.points[KEY] = tuple(world(COMPUTE_BOUND, WIDE))
+    view = View(ClusterView([], [GpuState("h1", 0, "H100-SXM", 1.0)]), [], [], None)
+    controller._learn(view, PolicySpec(), now=100.0)
+    assert controller.learner.profiles().gpu_for(*KEY) is GPU and not writer.written
+    writer.refuse = False
+    controller._learn(view, PolicySpec(), now=101.0)
+    assert writer.written == [resource_name(KEY)]
+    assert controller.learner.profiles().gpu_for(*KEY).compute_efficiency == pytest.approx(0.08, rel=0.1)
