@@ -35,6 +35,10 @@ FILES = [
     "sovereignspec/core/spreading.py",
     "sovereignspec/core/reasons.py",
     "sovereignspec/core/running.py",
+    # What placement.py held until the house's second pass (issue 44): the GPU's choice and the
+    # draft budget's request, mutated as before.
+    "sovereignspec/core/choosing.py",
+    "sovereignspec/core/budget.py",
 ]
 # Fast and sharp first: `-x` stops at the first failure, so most mutants die in seconds.
 TESTS = [

@@ -11,6 +11,7 @@ interval per model and context. The profile says `measured: true` only where the
 
 from __future__ import annotations
 
+import argparse
 import csv
 import io
 import math
@@ -21,7 +22,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from sovereignspec.core.calibration import BOUNDS, Fit, Identification, Measurement, errors_on, fit, identify
+from sovereignspec.core.calibration import BOUNDS, Fit, Measurement, errors_on, fit
+from sovereignspec.core.identification import Identification, identify
 from sovereignspec.core.roofline import tensor_parallel_for
 from sovereignspec.core.specs import GpuSpec, ModelSpec
 from sovereignspec.errors import ConfigError, describe
@@ -240,16 +242,7 @@ def profile_document(
             "rms_error_pct": _pct(calibrated.held_out[0]),
             "max_error_pct": _pct(calibrated.held_out[1]),
         }
-    record["intervals"] = {
-        name: [_side(i.low, 4), _side(i.high, 4)] for name, i in ident.coefficients.items()
-    }
-    ridge: dict[str, dict[int, list[float | None]]] = {}
-    for (name, context), i in ident.ridge_seqs.items():
-        ridge.setdefault(name, {})[context] = [_side(i.low, 1), _side(i.estimate, 1), _side(i.high, 1)]
-    record["ridge_seqs"] = ridge
-    record["ridge_identified"] = ident.ridge_identified
-    record["identified"] = [name for name, i in ident.coefficients.items() if i.identified]
-    record["not_identified"] = [name for name, i in ident.coefficients.items() if not i.identified]
+    record.update(_identified(ident))
     record["at_bounds"] = at_bounds(calibrated)
     why = refusals(calibrated)
     record["measured_refused"] = why
@@ -263,6 +256,20 @@ def profile_document(
         calibration=record,
     )
     return doc
+
+
+def _identified(ident: Identification) -> dict[str, Any]:
+    """The calibration record's account of what the data identify: intervals, ridges, names."""
+    ridge: dict[str, dict[int, list[float | None]]] = {}
+    for (name, context), i in ident.ridge_seqs.items():
+        ridge.setdefault(name, {})[context] = [_side(i.low, 1), _side(i.estimate, 1), _side(i.high, 1)]
+    return {
+        "intervals": {name: [_side(i.low, 4), _side(i.high, 4)] for name, i in ident.coefficients.items()},
+        "ridge_seqs": ridge,
+        "ridge_identified": ident.ridge_identified,
+        "identified": [name for name, i in ident.coefficients.items() if i.identified],
+        "not_identified": [name for name, i in ident.coefficients.items() if not i.identified],
+    }
 
 
 def render(doc: dict[str, Any], calibrated: Calibrated) -> str:
@@ -301,3 +308,58 @@ def render(doc: dict[str, Any], calibrated: Calibrated) -> str:
 
 def _span(x: float | None) -> str:
     return "the bound" if x is None else f"{x:.2f}"
+
+
+def command(args: argparse.Namespace) -> int:
+    """`sovereignspec calibrate`: fit, identify, write or print the GPU profile."""
+    from sovereignspec.profiles import default_profile_dir, load_profiles, resolve_name
+
+    profiles = load_profiles(args.profiles)
+    gpu_name = resolve_name("GPU", args.gpu, profiles.gpus)
+    model_name = resolve_name("model", args.model, profiles.models)
+    root = Path(args.profiles) if args.profiles else default_profile_dir()
+    gpu_file = next(
+        doc
+        for path in [*sorted((root / "gpus").glob("*.yaml")), *sorted(root.glob("*.yaml"))]
+        if isinstance(doc := yaml.safe_load(path.read_text()), dict) and doc.get("name") == gpu_name
+    )
+    files = [Path(f) for f in args.measurements]
+    rows: list[Measurement] = []
+    sources: list[str] = []
+    for path in files:
+        found, source = read_measurements(path)
+        rows += found
+        sources.append(source)
+    held_files = [Path(f) for f in args.held_out]
+    held: list[Measurement] = []
+    for path in held_files:
+        held += read_measurements(path)[0]
+    result = calibrate(
+        profiles.gpus[gpu_name], profiles.models[model_name], rows, args.tp, profiles.models, held or None
+    )
+    overhead_ms, allreduce_us = split_fixed(
+        result.fit, profiles.models[model_name], result.tp, args.step_overhead_ms
+    )
+    doc = profile_document(
+        gpu_file,
+        result,
+        model_name,
+        [f.as_posix() for f in files],
+        sources,
+        len(rows),
+        ([f.as_posix() for f in held_files], len(held)) if held else None,
+        overhead_ms,
+        allreduce_us,
+    )
+    text = render(doc, result)
+    if args.out:
+        Path(args.out).write_text(text)
+        print(
+            f"{gpu_name}: {len(rows)} rows, rms error {100 * result.fit.rms_error:.2f} %, "
+            f"max {100 * result.fit.max_error:.2f} %; ridge "
+            f"{'identified' if result.identification.ridge_identified else 'NOT identified'}; "
+            f"written to {args.out}"
+        )
+    else:
+        print(text, end="")
+    return 0

@@ -8,103 +8,25 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import NoReturn, TypeAlias
+from typing import TypeAlias
 
+from sovereignspec.arguments import Parser, bounded_float, bounded_int, float_list, id_range, int_list
 from sovereignspec.core.defaults import GAMMA_LIMIT, GAMMA_MAX, HEADROOM_UNCERTAINTY, SELF_BENEFIT_MARGIN
 from sovereignspec.errors import ConfigError
 from sovereignspec.heap import keep_heap_pad
 from sovereignspec.profiles import load_profiles, resolve_name
 
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        self.print_usage(sys.stderr)
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
 # The subcommands' parsers (argparse keeps the type of `add_subparsers` private).
-Subparsers: TypeAlias = "argparse._SubParsersAction[_Parser]"
-
-
-def _bounded_float(name: str, low: float | None, high: float | None) -> Callable[[str], float]:
-    accepted = (
-        f"a number in [{low}, {high}]" if low is not None and high is not None else f"a number >= {low}"
-    )
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"got {text!r}; accepted: {accepted}") from None
-        if (low is not None and value < low) or (high is not None and value > high) or math.isnan(value):
-            raise argparse.ArgumentTypeError(f"got {text!r}; accepted: {accepted}")
-        return value
-
-    return parse
-
-
-def _bounded_int(name: str, low: int, high: int | None) -> Callable[[str], int]:
-    accepted = f"an integer in {low}..{high}" if high is not None else f"an integer >= {low}"
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"got {text!r}; accepted: {accepted}") from None
-        if value < low or (high is not None and value > high):
-            raise argparse.ArgumentTypeError(f"got {text!r}; accepted: {accepted}")
-        return value
-
-    return parse
-
-
-def _float_list(name: str, low: float, high: float) -> Callable[[str], tuple[float, ...]]:
-    one = _bounded_float(name, low, high)
-
-    def parse(text: str) -> tuple[float, ...]:
-        values = tuple(one(part) for part in text.split(",") if part.strip())
-        if not values:
-            raise argparse.ArgumentTypeError(
-                f"got {text!r}; accepted: comma-separated numbers in [{low}, {high}]"
-            )
-        return values
-
-    return parse
-
-
-def _id_range(text: str) -> tuple[int, int]:
-    low, sep, high = text.partition(":")
-    try:
-        ids = (int(low), int(high))
-    except ValueError:
-        ids = (-1, -1)
-    if not sep or ids[0] < 0 or ids[1] <= ids[0]:
-        raise argparse.ArgumentTypeError(f"--prompt-ids: got {text!r}; accepted: LOW:HIGH, 0 <= LOW < HIGH")
-    return ids
-
-
-def _int_list(name: str, low: int, high: int) -> Callable[[str], tuple[int, ...]]:
-    one = _bounded_int(name, low, high)
-
-    def parse(text: str) -> tuple[int, ...]:
-        values = tuple(one(part.strip()) for part in text.split(",") if part.strip())
-        if not values:
-            raise argparse.ArgumentTypeError(
-                f"got {text!r}; accepted: comma-separated integers in {low}..{high}"
-            )
-        return values
-
-    return parse
+Subparsers: TypeAlias = "argparse._SubParsersAction[Parser]"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="sovereignspec", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = Parser(prog="sovereignspec", description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--profiles", help="profiles directory (default: the shipped profiles)")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     for add in (
         _regimes_parser,
         _predict_parser,
@@ -127,26 +49,24 @@ def _regimes_parser(sub: Subparsers) -> None:
     reg.add_argument("--model", action="append", help="only this target model (repeatable)")
     reg.add_argument("--drafter", action="append", help="only this drafter (repeatable)")
     reg.add_argument("--mix", action="append", choices=("homogeneous", "mixed"))
+    reg.add_argument("--alphas", type=float_list("--alphas", 0.0, 1.0), help="acceptance rates, e.g. 0.6,0.8")
+    reg.add_argument("--headrooms", type=float_list("--headrooms", 0.0, 1.0), help="headrooms, e.g. 1,0.5,0")
+    reg.add_argument("--context", type=bounded_int("--context", 1, None), default=256)
     reg.add_argument(
-        "--alphas", type=_float_list("--alphas", 0.0, 1.0), help="acceptance rates, e.g. 0.6,0.8"
+        "--batch", type=bounded_int("--batch", 1, None), default=8, help="the row workload's sequences"
     )
-    reg.add_argument("--headrooms", type=_float_list("--headrooms", 0.0, 1.0), help="headrooms, e.g. 1,0.5,0")
-    reg.add_argument("--context", type=_bounded_int("--context", 1, None), default=256)
-    reg.add_argument(
-        "--batch", type=_bounded_int("--batch", 1, None), default=8, help="the row workload's sequences"
-    )
-    reg.add_argument("--gamma-max", type=_bounded_int("--gamma-max", 0, GAMMA_LIMIT), default=GAMMA_MAX)
-    reg.add_argument("--margin", type=_bounded_float("--margin", 0.0, 1.0), default=SELF_BENEFIT_MARGIN)
-    reg.add_argument("--headroom-error", type=_bounded_float("--headroom-error", -1.0, 1.0), default=0.05)
+    reg.add_argument("--gamma-max", type=bounded_int("--gamma-max", 0, GAMMA_LIMIT), default=GAMMA_MAX)
+    reg.add_argument("--margin", type=bounded_float("--margin", 0.0, 1.0), default=SELF_BENEFIT_MARGIN)
+    reg.add_argument("--headroom-error", type=bounded_float("--headroom-error", -1.0, 1.0), default=0.05)
     reg.add_argument(
         "--headroom-uncertainty",
-        type=_bounded_float("--headroom-uncertainty", 0.0, 1.0),
+        type=bounded_float("--headroom-uncertainty", 0.0, 1.0),
         default=HEADROOM_UNCERTAINTY,
     )
-    reg.add_argument("--alpha-error", type=_bounded_float("--alpha-error", -1.0, 1.0), default=0.0)
+    reg.add_argument("--alpha-error", type=bounded_float("--alpha-error", -1.0, 1.0), default=0.0)
     reg.add_argument(
         "--slo-slack",
-        type=_bounded_float("--slo-slack", 0.0, None),
+        type=bounded_float("--slo-slack", 0.0, None),
         default=0.5,
         help="the row workload's TPOT SLO as slack over its plain TPOT",
     )
@@ -158,11 +78,11 @@ def _predict_parser(sub: Subparsers) -> None:
     pre.add_argument("--gpu", required=True)
     pre.add_argument("--model", required=True)
     pre.add_argument("--drafter", required=True)
-    pre.add_argument("--batch", type=_bounded_int("--batch", 1, None), required=True)
-    pre.add_argument("--context", type=_bounded_int("--context", 1, None), required=True)
-    pre.add_argument("--alpha", type=_bounded_float("--alpha", 0.0, 1.0), required=True)
-    pre.add_argument("--gamma", type=_bounded_int("--gamma", 0, GAMMA_LIMIT), required=True)
-    pre.add_argument("--gamma-max", type=_bounded_int("--gamma-max", 0, GAMMA_LIMIT), default=8)
+    pre.add_argument("--batch", type=bounded_int("--batch", 1, None), required=True)
+    pre.add_argument("--context", type=bounded_int("--context", 1, None), required=True)
+    pre.add_argument("--alpha", type=bounded_float("--alpha", 0.0, 1.0), required=True)
+    pre.add_argument("--gamma", type=bounded_int("--gamma", 0, GAMMA_LIMIT), required=True)
+    pre.add_argument("--gamma-max", type=bounded_int("--gamma-max", 0, GAMMA_LIMIT), default=8)
     pre.add_argument("--format", choices=("table", "json"), default="table")
 
 
@@ -183,10 +103,10 @@ def _calibrate_parser(sub: Subparsers) -> None:
     )
     cal.add_argument("--gpu", required=True, help="the GPU profile to fit (its datasheet figures stay)")
     cal.add_argument("--model", required=True, help="the target model the steps were measured with")
-    cal.add_argument("--tp", type=_bounded_int("--tp", 1, 16), help="tensor parallelism measured")
+    cal.add_argument("--tp", type=bounded_int("--tp", 1, 16), help="tensor parallelism measured")
     cal.add_argument(
         "--step-overhead-ms",
-        type=_bounded_float("--step-overhead-ms", 0.0, None),
+        type=bounded_float("--step-overhead-ms", 0.0, None),
         help="at TP > 1: hold the per-step overhead at this value; the rest of the fixed cost is all-reduces",
     )
     cal.add_argument("--out", help="write the fitted profile here (default: print it)")
@@ -196,39 +116,39 @@ def _profile_parser(sub: Subparsers) -> None:
     """Measuring an engine."""
     prof = sub.add_parser("profile", help="measure a running engine's step times into a calibrate CSV")
     prof.add_argument(
-        "--url", required=True, help="the engine's OpenAI-compatible API, e.g. http://vllm:8000"
+        "--url", required=True, help="the engine's OpenAI-compatible API, e.g. http://my-engine:8000"
     )
     prof.add_argument("--model", required=True, help="the profile's name of the served target model")
     prof.add_argument("--served-model", help="the engine's model id (default: the first in /v1/models)")
     prof.add_argument(
         "--concurrency",
-        type=_int_list("--concurrency", 1, 4096),
+        type=int_list("--concurrency", 1, 4096),
         default=(1, 2, 4, 8, 16, 32, 64),
         help="simultaneous requests per point (comma-separated)",
     )
     prof.add_argument(
         "--prompt-tokens",
-        type=_int_list("--prompt-tokens", 1, 1_000_000),
+        type=int_list("--prompt-tokens", 1, 1_000_000),
         default=(256, 1024, 4096),
         help="prompt lengths per point (comma-separated)",
     )
-    prof.add_argument("--output-tokens", type=_bounded_int("--output-tokens", 4, 100_000), default=64)
+    prof.add_argument("--output-tokens", type=bounded_int("--output-tokens", 4, 100_000), default=64)
     prof.add_argument(
         "--prompt-ids",
-        type=_id_range,
+        type=id_range,
         default=None,
         metavar="LOW:HIGH",
         help="token ids the prompts are drawn from, [LOW, HIGH) (default 1000:20000: inside every "
         "Llama-family vocabulary; a smaller vocabulary needs its own)",
     )
     prof.add_argument(
-        "--repeats", type=_bounded_int("--repeats", 1, 100), default=3, help="runs per point (median kept)"
+        "--repeats", type=bounded_int("--repeats", 1, 100), default=3, help="runs per point (median kept)"
     )
     prof.add_argument(
-        "--max-seconds", type=_bounded_float("--max-seconds", 1.0, None), default=900.0, help="time budget"
+        "--max-seconds", type=bounded_float("--max-seconds", 1.0, None), default=900.0, help="time budget"
     )
     prof.add_argument(
-        "--timeout", type=_bounded_float("--timeout", 0.1, None), default=120.0, help="per request, s"
+        "--timeout", type=bounded_float("--timeout", 0.1, None), default=120.0, help="per request, s"
     )
     prof.add_argument("--out", help="write the CSV here (default: print it)")
 
@@ -238,10 +158,8 @@ def _simulate_parser(sub: Subparsers) -> None:
     sim = sub.add_parser("simulate", help="simulate a multi-tenant cluster under every policy")
     sim.add_argument("scenario", help="a SCENARIO.yaml, or the name of a shipped one")
     sim.add_argument("--policy", action="append", help="only this policy (repeatable; never is always run)")
-    sim.add_argument("--seed", type=_bounded_int("--seed", 0, None), help="override the scenario's seed")
-    sim.add_argument(
-        "--duration", type=_bounded_float("--duration", 1.0, 86400.0), help="override duration_s"
-    )
+    sim.add_argument("--seed", type=bounded_int("--seed", 0, None), help="override the scenario's seed")
+    sim.add_argument("--duration", type=bounded_float("--duration", 1.0, 86400.0), help="override duration_s")
     sim.add_argument("--format", choices=("table", "json"), default="table")
     sim.add_argument(
         "--learning",
@@ -298,12 +216,12 @@ def _operator_parser(sub: Subparsers) -> None:
     )
     op.add_argument(
         "--nominate",
-        type=_bounded_int("--nominate", 1, 20),
+        type=bounded_int("--nominate", 1, 20),
         default=1,
         help="dispatcher role: worker clusters nominated per workload, best first (default 1)",
     )
     op.add_argument("--bind", default="0.0.0.0", help="address for the metrics and liveness endpoints")
-    op.add_argument("--metrics-port", type=_bounded_int("--metrics-port", 0, 65535), default=8080)
+    op.add_argument("--metrics-port", type=bounded_int("--metrics-port", 0, 65535), default=8080)
     op.add_argument(
         "--metrics-secure",
         action="store_true",
@@ -313,18 +231,18 @@ def _operator_parser(sub: Subparsers) -> None:
     op.add_argument(
         "--metrics-cert-dir", help="tls.crt and tls.key for --metrics-secure (default: self-signed)"
     )
-    op.add_argument("--liveness-port", type=_bounded_int("--liveness-port", 0, 65535), default=8081)
-    op.add_argument("--write-workers", type=_bounded_int("--write-workers", 1, 64), default=8)
+    op.add_argument("--liveness-port", type=bounded_int("--liveness-port", 0, 65535), default=8081)
+    op.add_argument("--write-workers", type=bounded_int("--write-workers", 1, 64), default=8)
     learn = op.add_argument_group("online calibration (LearnedProfiles, from the engines' metrics)")
     learn.add_argument(
         "--learn-refit-seconds",
-        type=_bounded_float("--learn-refit-seconds", 1, 86400),
+        type=bounded_float("--learn-refit-seconds", 1, 86400),
         default=60.0,
         help="seconds between a profile's refits; each takes the engines' readings once (default 60)",
     )
     learn.add_argument(
         "--learn-window-seconds",
-        type=_bounded_float("--learn-window-seconds", 60, 7 * 86400),
+        type=bounded_float("--learn-window-seconds", 60, 7 * 86400),
         default=3600.0,
         help="readings older than this leave the fit (default 3600)",
     )
@@ -342,7 +260,7 @@ def _operator_parser(sub: Subparsers) -> None:
     ):
         elect.add_argument(
             flag,
-            type=_bounded_float(flag, low, 3600),
+            type=bounded_float(flag, low, 3600),
             default=default,
             help=f"seconds {what} (default {default:g})",
         )
@@ -464,63 +382,9 @@ def _predict(args: argparse.Namespace) -> int:
 
 
 def _calibrate(args: argparse.Namespace) -> int:
-    from pathlib import Path
+    from sovereignspec.calibrate import command
 
-    import yaml
-
-    from sovereignspec.calibrate import calibrate, profile_document, read_measurements, render, split_fixed
-    from sovereignspec.core.calibration import Measurement
-    from sovereignspec.profiles import default_profile_dir
-
-    profiles = load_profiles(args.profiles)
-    gpu_name = resolve_name("GPU", args.gpu, profiles.gpus)
-    model_name = resolve_name("model", args.model, profiles.models)
-    root = Path(args.profiles) if args.profiles else default_profile_dir()
-    gpu_file = next(
-        doc
-        for path in [*sorted((root / "gpus").glob("*.yaml")), *sorted(root.glob("*.yaml"))]
-        if isinstance(doc := yaml.safe_load(path.read_text()), dict) and doc.get("name") == gpu_name
-    )
-    files = [Path(f) for f in args.measurements]
-    rows: list[Measurement] = []
-    sources: list[str] = []
-    for path in files:
-        found, source = read_measurements(path)
-        rows += found
-        sources.append(source)
-    held_files = [Path(f) for f in args.held_out]
-    held: list[Measurement] = []
-    for path in held_files:
-        held += read_measurements(path)[0]
-    result = calibrate(
-        profiles.gpus[gpu_name], profiles.models[model_name], rows, args.tp, profiles.models, held or None
-    )
-    overhead_ms, allreduce_us = split_fixed(
-        result.fit, profiles.models[model_name], result.tp, args.step_overhead_ms
-    )
-    doc = profile_document(
-        gpu_file,
-        result,
-        model_name,
-        [f.as_posix() for f in files],
-        sources,
-        len(rows),
-        ([f.as_posix() for f in held_files], len(held)) if held else None,
-        overhead_ms,
-        allreduce_us,
-    )
-    text = render(doc, result)
-    if args.out:
-        Path(args.out).write_text(text)
-        print(
-            f"{gpu_name}: {len(rows)} rows, rms error {100 * result.fit.rms_error:.2f} %, "
-            f"max {100 * result.fit.max_error:.2f} %; ridge "
-            f"{'identified' if result.identification.ridge_identified else 'NOT identified'}; "
-            f"written to {args.out}"
-        )
-    else:
-        print(text, end="")
-    return 0
+    return command(args)
 
 
 def _profile(args: argparse.Namespace) -> int:

@@ -11,8 +11,4 @@ MODE = "mode"  # speculative | plain
 BUDGET = "draft-budget"  # γ at the declared batch
 GPU_TYPE = "gpu-type"
 DECIDED_AT = "decided-at"
-# What each engine is handed (the engine modules in sovereignspec/engines/ write them).
-VLLM_CONFIG = "vllm-speculative-config"  # vLLM's --speculative-config JSON
-VLLM_PER_BATCH = "num_speculative_tokens_per_batch_size"  # its per-batch table's field
-SGLANG_ARGS = "sglang-args"  # SGLang's --speculative-* flags
-SGLANG_ADAPTIVE = "sglang-adaptive-config"  # the file behind --speculative-adaptive-config
+# What each engine is handed is named by its launcher (sovereignspec/engines/*_launch.py).

@@ -1,6 +1,6 @@
 """`sovereignspec profile --url http://ENGINE:8000 --model M`: measure step times of a running engine.
 
-Drives an OpenAI-compatible engine (vLLM, SGLang) with `concurrency` simultaneous streaming
+Drives an OpenAI-compatible engine (one of sovereignspec/engines/) with `concurrency` simultaneous streaming
 completions of a fixed prompt length (token-id prompts, `ignore_eos`, exactly `output_tokens`
 tokens each), at every point of a grid of concurrencies and prompt lengths, and writes the CSV that
 `sovereignspec calibrate` reads: one row per point with the batch the engine reported running,
@@ -67,7 +67,7 @@ class Engine:
     port: int
     timeout: float
     served_model: str = ""
-    kind: str = "unknown"  # vllm, sglang or unknown (from /metrics)
+    kind: str = "unknown"  # a registered engine's name, or unknown (from /metrics)
     has_metrics: bool = False
     scheme: str = "http"
     prompt_ids: tuple[int, int] = PROMPT_IDS  # [low, high) token ids the prompts are drawn from
@@ -111,7 +111,8 @@ class Engine:
         if status != 200 or not listed:
             raise ConfigError(
                 f"{self.base}: not an OpenAI-compatible engine: GET /v1/models answered {status} "
-                f"{body[:80]!r}; accepted: a vLLM or SGLang server (its API port, e.g. :8000)"
+                f"{body[:80]!r}; accepted: a server of {' or '.join(e.name for e in engines.ENGINES)} "
+                "(its API port, e.g. :8000)"
             )
         if served_model and served_model not in listed:
             raise ConfigError(f"--served-model: got {served_model!r}; accepted: one of {listed}")
@@ -194,30 +195,36 @@ def _stream_one(
         if resp.status != 200:
             errors.append(f"POST /v1/completions answered {resp.status}: {resp.read()[:120]!r}")
             return
-        while line := resp.readline():
-            if not line.startswith(b"data:"):
-                continue
-            data = line[5:].strip()
-            if data == b"[DONE]":
-                break
-            now = time.perf_counter()
-            try:
-                chunk = json.loads(data)
-            except ValueError:
-                continue
-            if isinstance(chunk, dict) and chunk.get("error"):
-                # An engine refuses some requests mid-stream with HTTP 200 (vLLM: a token id out of
-                # the vocabulary): its own words are the error.
-                error = chunk["error"]
-                text = error.get("message", error) if isinstance(error, dict) else error
-                errors.insert(0, f"the engine answered in the stream: {str(text)[:300]}")
-                return
-            if chunk.get("choices"):
-                out.arrivals.append(now)
+        _read_stream(resp, out, errors)
     except OSError as exc:
         errors.append(f"stream: {exc}")
     finally:
         conn.close()
+
+
+def _read_stream(resp: Any, out: _Stream, errors: list[str]) -> None:
+    """The server-sent events of one completion: when each chunk with tokens arrived; an error the
+    engine put in the stream ends it."""
+    while line := resp.readline():
+        if not line.startswith(b"data:"):
+            continue
+        data = line[5:].strip()
+        if data == b"[DONE]":
+            break
+        now = time.perf_counter()
+        try:
+            chunk = json.loads(data)
+        except ValueError:
+            continue
+        if isinstance(chunk, dict) and chunk.get("error"):
+            # An engine refuses some requests mid-stream with HTTP 200 (vLLM: a token id out of
+            # the vocabulary): its own words are the error.
+            error = chunk["error"]
+            text = error.get("message", error) if isinstance(error, dict) else error
+            errors.insert(0, f"the engine answered in the stream: {str(text)[:300]}")
+            return
+        if chunk.get("choices"):
+            out.arrivals.append(now)
 
 
 def measure(
@@ -245,45 +252,11 @@ def measure(
     ]
     for t in threads:
         t.start()
-    running: list[float] = []
-    kv: list[float] = []
-    while any(t.is_alive() for t in threads):
-        if engine.has_metrics and (m := engine.metrics()):
-            if (r := _first(m, engines.gauges("running"))) is not None:
-                running.append(r)
-            if (u := _first(m, engines.gauges("kv_usage"))) is not None:
-                kv.append(u)
-        time.sleep(0.05)  # 20 samples a second: enough to catch the full batch, light on the engine
+    running, kv = _sample_gauges(engine, threads)
     if errors:
         raise ConfigError(f"{engine.base}: {errors[0]} ({len(errors)} of {concurrency} requests failed)")
-    # An engine streams one chunk per request per step (τ tokens in it when it speculates). Time the
-    # steps only while every request of the point is decoding, so that stragglers joining late and
-    # early finishers do not mix smaller batches in.
     full = [st.arrivals for st in streams if len(st.arrivals) >= 3]
-    if len(full) < concurrency:
-        raise ConfigError(
-            f"{engine.base}: {concurrency - len(full)} of {concurrency} requests streamed fewer than 3 chunks"
-        )
-    lo, hi = max(a[1] for a in full), min(a[-1] for a in full)
-    steps = []
-    for a in full:
-        inside = [t for t in a if lo <= t <= hi]
-        if len(inside) < 3:
-            # No common window: the batch this request decoded in was never the point's. A number
-            # from it would be a smaller batch's step filed under this one.
-            raise NotTogetherError(
-                f"{engine.base}: at concurrency {concurrency}, prompt {prompt_tokens}: the requests "
-                f"never all decoded together (the first finished before the last had joined: the engine "
-                f"caps its batch, e.g. vLLM's --max-num-seqs, or the decode is too short); accepted: a "
-                f"concurrency within the engine's batch limit, or more --output-tokens ({output_tokens} here)"
-            )
-        # The median of the slopes across half the window: a chunk that arrives late (the engine's
-        # or this host's scheduler) shifts one slope in a dozen, not the end point of the only one.
-        half = len(inside) // 2
-        steps.append(
-            statistics.median((inside[i + half] - inside[i]) / half for i in range(len(inside) - half))
-        )
-    step = statistics.median(steps)
+    step = _step_seconds(engine.base, full, concurrency, prompt_tokens, output_tokens)
     after = engine.metrics() if engine.has_metrics else None
     query, tau = _speculation(before, after, concurrency * output_tokens)
     return Point(
@@ -301,6 +274,54 @@ def measure(
         kv_usage=max(kv) if kv else None,
         requests=len(full),
     )
+
+
+def _sample_gauges(engine: Engine, threads: list[threading.Thread]) -> tuple[list[float], list[float]]:
+    """The engine's running requests and KV usage, sampled while the point's streams decode."""
+    running: list[float] = []
+    kv: list[float] = []
+    while any(t.is_alive() for t in threads):
+        if engine.has_metrics and (m := engine.metrics()):
+            if (r := _first(m, engines.gauges("running"))) is not None:
+                running.append(r)
+            if (u := _first(m, engines.gauges("kv_usage"))) is not None:
+                kv.append(u)
+        time.sleep(0.05)  # 20 samples a second: enough to catch the full batch, light on the engine
+    return running, kv
+
+
+def _step_seconds(
+    base: str, full: list[list[float]], concurrency: int, prompt_tokens: int, output_tokens: int
+) -> float:
+    """The step, from each request's chunk arrival times (`full`: those with at least 3 chunks).
+    An engine streams one chunk per request per step (τ tokens in it when it speculates); the steps
+    are timed only while every request of the point is decoding, so that stragglers joining late
+    and early finishers do not mix smaller batches in."""
+    if len(full) < concurrency:
+        raise ConfigError(
+            f"{base}: {concurrency - len(full)} of {concurrency} requests streamed fewer than 3 chunks"
+        )
+    lo, hi = max(a[1] for a in full), min(a[-1] for a in full)
+    limits = " or ".join(f"{e.name}'s {e.batch_limit}" for e in engines.ENGINES)
+    steps = []
+    for a in full:
+        inside = [t for t in a if lo <= t <= hi]
+        if len(inside) < 3:
+            # No common window: the batch this request decoded in was never the point's. A number
+            # from it would be a smaller batch's step filed under this one.
+            raise NotTogetherError(
+                f"{base}: at concurrency {concurrency}, prompt {prompt_tokens}: the requests "
+                f"never all decoded together (the first finished before the last had joined: the engine "
+                f"caps its batch, e.g. {limits}, or the decode is too short); accepted: a "
+                f"concurrency within the engine's batch limit, or more --output-tokens ({output_tokens} here)"
+            )
+        # The median of the slopes across half the window: a chunk that arrives late (the engine's
+        # or this host's scheduler) shifts one slope in a dozen, not the end point of the only one.
+        half = len(inside) // 2
+        steps.append(
+            statistics.median((inside[i + half] - inside[i]) / half for i in range(len(inside) - half))
+        )
+    return statistics.median(steps)
 
 
 def _measure_together(

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from sovereignspec.analysis.regimes import POLICIES, RegimeRow
 from sovereignspec.errors import ConfigError
 
 if TYPE_CHECKING:
+    from sovereignspec.core.roofline import Roofline
     from sovereignspec.core.specs import ProfileSet
     from sovereignspec.sim.scenario import Scenario
     from sovereignspec.sim.summary import RunResult
@@ -82,14 +84,35 @@ def plot_simulation(
 
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
-    written = []
-
     # Load 1.0 is the run already made.
     sweep = {
         x: results if x == 1.0 else run_all(scaled(scenario, x), profiles, policies, world=world)
         for x in loads
     }
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+    written = []
+    figures: list[tuple[str, Callable[[Any], None], tuple[float, float]]] = [
+        ("speedup-vs-load", lambda ax: _speedup_vs_load(ax, scenario, results, sweep, loads), (7, 4.2)),
+        ("p99-tpot", lambda ax: _p99_per_tenant(ax, scenario, results), (8, 4.2)),
+        ("goodput-vs-oracle", lambda ax: _goodput_vs_oracle(ax, scenario, results), (7, 4.2)),
+    ]
+    for suffix, draw, size in figures:
+        fig, ax = plt.subplots(figsize=size)
+        draw(ax)
+        fig.tight_layout()
+        path = out / f"{scenario.name}-{suffix}.png"
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        written.append(str(path))
+    return written
+
+
+def _speedup_vs_load(
+    ax: Any,
+    scenario: Scenario,
+    results: dict[str, RunResult],
+    sweep: dict[float, dict[str, RunResult]],
+    loads: tuple[float, ...],
+) -> None:
     for name in results:
         ax.plot(loads, [sweep[load][name].speedup for load in loads], marker="o", label=name)
     ax.axhline(1.0, color="grey", linestyle=":", linewidth=0.8)
@@ -97,14 +120,10 @@ def plot_simulation(
     ax.set_ylabel("decode speed-up vs never")
     ax.set_title(f"{scenario.name}: speed-up against load")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = out / f"{scenario.name}-speedup-vs-load.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    written.append(str(path))
 
+
+def _p99_per_tenant(ax: Any, scenario: Scenario, results: dict[str, RunResult]) -> None:
     tenants = [t.tenant for t in next(iter(results.values())).tenants]
-    fig, ax = plt.subplots(figsize=(8, 4.2))
     width = 0.8 / len(results)
     for i, (name, r) in enumerate(results.items()):
         ax.bar(
@@ -119,45 +138,42 @@ def plot_simulation(
     ax.set_ylabel("P99 TPOT (ms); dashes: SLO")
     ax.set_title(f"{scenario.name}: P99 time per output token per tenant")
     ax.legend(fontsize=6, ncol=3)
-    fig.tight_layout()
-    path = out / f"{scenario.name}-p99-tpot.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    written.append(str(path))
 
+
+def _goodput_vs_oracle(ax: Any, scenario: Scenario, results: dict[str, RunResult]) -> None:
     oracle = results.get("oracle")
-    fig, ax = plt.subplots(figsize=(7, 4.2))
     names = list(results)
     values = [results[n].goodput_tokens_per_s / oracle.goodput_tokens_per_s if oracle else 0.0 for n in names]
     ax.barh(names, values, color=["tab:green" if n == "sovereignspec" else "tab:gray" for n in names])
     ax.axvline(1.0, color="black", linewidth=0.8)
     ax.set_xlabel("goodput / oracle's goodput")
     ax.set_title(f"{scenario.name}: goodput against the oracle")
-    fig.tight_layout()
-    path = out / f"{scenario.name}-goodput-vs-oracle.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    written.append(str(path))
-    return written
 
 
 def plot_calibration(profiles: ProfileSet, path: str) -> None:
     """The calibrated model against the data it answers to: the H100 step time against the
     SpecDecode-Bench vLLM fit (batch 1-64, plain and γ = 4 verification, 1K and 4K context), and
     MagicDec's measured T_V/T_AR on A100 against the model's, row by row."""
-    import csv
-
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     from sovereignspec.core.roofline import roofline_for
-    from sovereignspec.profiles import default_profile_dir
-    from sovereignspec.sim import truth
 
     fig, (left, right, world) = plt.subplots(1, 3, figsize=(16, 4.4))
     roof = roofline_for(profiles.gpus["H100-SXM"], profiles.models["llama-3.1-8b"])
+    _against_fit(left, roof)
+    _against_magicdec(right, profiles)
+    _against_world(world, roof, profiles)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _against_fit(left: Any, roof: Roofline) -> None:
+    from sovereignspec.sim import truth
+
     batches = [1, 2, 4, 8, 16, 24, 32, 48, 64]
     for ctx, q, style in ((1024, 1, "o-"), (1024, 5, "s-"), (4096, 1, "^-"), (4096, 5, "d-")):
         fit = [
@@ -174,6 +190,13 @@ def plot_calibration(profiles: ProfileSet, path: str) -> None:
     left.set_ylabel("step time, ms")
     left.set_title("H100, Llama-3.1-8B: profile (dotted) vs vLLM fit", fontsize=10)
     left.legend(fontsize=7)
+
+
+def _against_magicdec(right: Any, profiles: ProfileSet) -> None:
+    import csv
+
+    from sovereignspec.core.roofline import roofline_for
+    from sovereignspec.profiles import default_profile_dir
 
     with (default_profile_dir() / "measurements" / "magicdec_a100_table3.csv").open() as f:
         rows = [r for r in csv.reader(f) if r and not r[0].startswith("#")]
@@ -193,7 +216,11 @@ def plot_calibration(profiles: ProfileSet, path: str) -> None:
     right.set_ylabel("profile T_V/T_AR")
     right.set_title("A100 TP8, MagicDec rows (band ±0.10)", fontsize=10)
 
-    # Where no calibration data reaches: the profile against the simulator's measured world.
+
+def _against_world(world: Any, roof: Roofline, profiles: ProfileSet) -> None:
+    """Where no calibration data reaches: the profile against the simulator's measured world."""
+    from sovereignspec.sim import truth
+
     h100 = truth.measured_gpu(profiles.gpus["H100-SXM"], profiles.models["llama-3.1-8b"])
     wide = [1, 8, 16, 32, 64, 96, 128, 192, 256]
     for q, style in ((1, "o-"), (5, "s-")):
@@ -208,6 +235,3 @@ def plot_calibration(profiles: ProfileSet, path: str) -> None:
     world.set_ylabel("step time, ms")
     world.set_title("H100: profile (dotted) vs the simulator's world", fontsize=10)
     world.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)

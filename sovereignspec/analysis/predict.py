@@ -8,10 +8,61 @@ from typing import Any
 import numpy as np
 
 from sovereignspec.core.defaults import GAMMA_MAX, SELF_BENEFIT_MARGIN
-from sovereignspec.core.optimiser import SpecRequest, choose, gamma_table
-from sovereignspec.core.roofline import roofline_for, tensor_parallel_for
+from sovereignspec.core.optimiser import GammaChoice, SpecRequest, choose, gamma_table
+from sovereignspec.core.roofline import Roofline, roofline_for, tensor_parallel_for
 from sovereignspec.core.specs import DrafterSpec, GpuSpec, ModelSpec
 from sovereignspec.core.speedup import homogeneous_speedup, speculation_terms, tau
+
+
+def _roofline(roof: Roofline, batch: int, context: int, n_plain: float, n_spec: float) -> dict[str, float]:
+    """The roofline's own terms at this batch: bytes, FLOPs, memory and compute times, and each
+    step term for the plain and the verify step."""
+    terms = {
+        f"{kind}_{name}_ms": 1e3 * value
+        for kind, n in (("plain", n_plain), ("verify", n_spec))
+        for name, value in roof.step_terms(n, float(batch), float(context)).items()
+    }
+    return {
+        "weight_bytes_per_rank": float(roof.weight_bytes),
+        "kv_bytes_per_rank": float(batch * context * roof.kv_bytes_per_token),
+        "flops_per_token_per_rank": float(roof.flops_per_token(context)),
+        "memory_time_ms": 1e3 * float(roof.memory_time(batch, context)),
+        "compute_time_plain_ms": 1e3 * float(roof.compute_time(n_plain, context)),
+        "compute_time_verify_ms": 1e3 * float(roof.compute_time(n_spec, context)),
+        "fixed_overhead_ms": 1e3 * float(roof.fixed_s),
+        **terms,
+    }
+
+
+def _ridge(gpu: GpuSpec, roof: Roofline, ends: list[Roofline], context: int) -> dict[str, float]:
+    """The compute efficiency's calibrated interval and the ridge (in sequences) at each end."""
+    return {
+        "compute_efficiency": gpu.compute_efficiency,
+        "compute_efficiency_low": gpu.compute_range[0],
+        "compute_efficiency_high": gpu.compute_range[1],
+        "ridge_seqs": float(roof.seqs_for_headroom(0.0, context)),
+        "ridge_seqs_low": float(ends[0].seqs_for_headroom(0.0, context)),
+        "ridge_seqs_high": float(ends[1].seqs_for_headroom(0.0, context)),
+    }
+
+
+def _star(
+    roof: Roofline,
+    drafter: DrafterSpec,
+    model: ModelSpec,
+    batch: int,
+    context: int,
+    alpha: float,
+    c: float,
+    o: float,
+    gamma_max: int,
+    margin: float,
+) -> GammaChoice:
+    """γ* for this engine alone: no neighbours outside it, no telemetry error."""
+    req = SpecRequest(
+        alpha, float(batch), float(context), c, o, gamma_max if drafter.supports(model.name) else 0, margin
+    )
+    return choose(gamma_table(roof, req, np.zeros(1), np.full(1, np.inf)))
 
 
 def predict(
@@ -38,19 +89,9 @@ def predict(
     spec = verify + draft + overhead
     t = float(tau(alpha, gamma))
     speedup = float(homogeneous_speedup(roof, batch, alpha, gamma, c, o, context))
-    # γ* for this engine alone: no neighbours outside it, no telemetry error.
-    req = SpecRequest(
-        alpha, float(batch), float(context), c, o, gamma_max if drafter.supports(model.name) else 0, margin
-    )
-    zero = np.zeros(1)
-    star = choose(gamma_table(roof, req, zero, np.full(1, np.inf)))
+    star = _star(roof, drafter, model, batch, context, alpha, c, o, gamma_max, margin)
     # The calibration's interval of compute efficiency, carried to the ridge and the speed-up.
     ends = [roofline_for(replace(gpu, compute_efficiency=ce), model, tp) for ce in gpu.compute_range]
-    terms = {
-        f"{kind}_{name}_ms": 1e3 * value
-        for kind, n in (("plain", n_plain), ("verify", n_spec))
-        for name, value in roof.step_terms(n, float(batch), float(context)).items()
-    }
     return {
         "gpu": gpu.name,
         "model": model.name,
@@ -63,14 +104,7 @@ def predict(
         "alpha": alpha,
         "gamma": gamma,
         "tau": t,
-        "weight_bytes_per_rank": float(roof.weight_bytes),
-        "kv_bytes_per_rank": float(batch * context * roof.kv_bytes_per_token),
-        "flops_per_token_per_rank": float(roof.flops_per_token(context)),
-        "memory_time_ms": 1e3 * float(roof.memory_time(batch, context)),
-        "compute_time_plain_ms": 1e3 * float(roof.compute_time(n_plain, context)),
-        "compute_time_verify_ms": 1e3 * float(roof.compute_time(n_spec, context)),
-        "fixed_overhead_ms": 1e3 * float(roof.fixed_s),
-        **terms,
+        **_roofline(roof, batch, context, n_plain, n_spec),
         "step_plain_ms": 1e3 * plain,
         "step_verify_ms": 1e3 * verify,
         "draft_ms": 1e3 * draft,
@@ -78,12 +112,7 @@ def predict(
         "step_spec_ms": 1e3 * spec,
         "headroom": float(roof.headroom(n_plain, batch, context)),
         "headroom_with_drafts": float(roof.headroom(n_spec, batch, context)),
-        "compute_efficiency": gpu.compute_efficiency,
-        "compute_efficiency_low": gpu.compute_range[0],
-        "compute_efficiency_high": gpu.compute_range[1],
-        "ridge_seqs": float(roof.seqs_for_headroom(0.0, context)),
-        "ridge_seqs_low": float(ends[0].seqs_for_headroom(0.0, context)),
-        "ridge_seqs_high": float(ends[1].seqs_for_headroom(0.0, context)),
+        **_ridge(gpu, roof, ends, context),
         "tpot_plain_ms": 1e3 * plain,
         "tpot_spec_ms": 1e3 * spec / t,
         "tokens_per_s_plain": batch / plain,

@@ -28,6 +28,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from sovereignspec.core.roofline import roofline_for, smooth_max
+from sovereignspec.core.simplex import nelder_mead
 from sovereignspec.core.specs import GpuSpec, ModelSpec
 from sovereignspec.core.speedup import speculation_terms
 
@@ -180,39 +181,6 @@ def _pack(be: float, ce: float, kappa: float, p: float) -> Array:
     )
 
 
-def nelder_mead(f: Callable[[Array], float], x0: Array, step: float = 0.5, iters: int = 400) -> Array:
-    """Minimise `f` from `x0` (the textbook method: reflect, expand, contract, shrink)."""
-    dim = len(x0)
-    simplex = [x0] + [x0 + step * np.eye(dim)[i] for i in range(dim)]
-    values = [f(x) for x in simplex]
-    for _ in range(iters):
-        order = np.argsort(values)
-        simplex = [simplex[i] for i in order]
-        values = [values[i] for i in order]
-        if abs(values[-1] - values[0]) <= 1e-14 * (1.0 + abs(values[0])):
-            break
-        centroid = np.mean(simplex[:-1], axis=0)
-        worst = simplex[-1]
-        reflected = centroid + (centroid - worst)
-        fr = f(reflected)
-        if fr < values[0]:
-            expanded = centroid + 2.0 * (centroid - worst)
-            fe = f(expanded)
-            simplex[-1], values[-1] = (expanded, fe) if fe < fr else (reflected, fr)
-        elif fr < values[-2]:
-            simplex[-1], values[-1] = reflected, fr
-        else:
-            contracted = centroid + 0.5 * (worst - centroid)
-            fc = f(contracted)
-            if fc < values[-1]:
-                simplex[-1], values[-1] = contracted, fc
-            else:
-                best = simplex[0]
-                simplex = [best + 0.5 * (x - best) for x in simplex]
-                values = [f(x) for x in simplex]
-    return np.asarray(simplex[int(np.argmin(values))], dtype=np.float64)
-
-
 def _models_for(
     model: ModelSpec, rows: Sequence[Measurement], others: dict[str, ModelSpec] | None, tp: int
 ) -> list[ModelSpec]:
@@ -258,26 +226,13 @@ def fit(
     models = _models_for(model, rows, others, tp)
     terms = _Terms(gpu, models, tp, rows)
 
-    # Coarse grid over the four nonlinear coefficients, the fixed costs solved for each candidate.
-    be_axis = np.linspace(0.3, 1.0, 29)
-    ce_axis = np.geomspace(0.05, 1.0, 31)
-    kappa_axis = np.linspace(0.0, 1.0, 11)
-    best: tuple[float, tuple[float, float, float, float]] = (math.inf, (0.8, 0.7, 0.0, 4.0))
-    grid = [a.reshape(-1, 1) for a in np.meshgrid(be_axis, ce_axis, kappa_axis, indexing="ij")]
-    for overlap in _OVERLAP_GRID:
-        _, sse = terms.solve(terms.variable(grid[0], grid[1], grid[2], np.full_like(grid[0], overlap)))
-        i = int(np.argmin(sse))
-        if sse[i] < best[0]:
-            best = (
-                float(sse[i]),
-                (float(grid[0][i, 0]), float(grid[1][i, 0]), float(grid[2][i, 0]), overlap),
-            )
+    best = _grid_start(terms)
 
     def objective(x: Array) -> float:
         v = terms.variable(*(np.array([[c]]) for c in _unpack(x)))
         return float(terms.solve(v)[1][0])
 
-    coefficients = _unpack(_optimum(terms, _pack(*best[1]), objective))
+    coefficients = _unpack(_optimum(terms, _pack(*best), objective))
     be, ce, kappa, p = coefficients
     v = terms.variable(*(np.array([[c]]) for c in coefficients))
     fixed_arr, sse_arr = terms.solve(v)
@@ -289,19 +244,7 @@ def fit(
         (part, float(np.sqrt(np.mean(rel[parts == part] ** 2)))) for part in PARTS if (parts == part).any()
     )
 
-    draft_cost = None
-    drafted = [(r, m) for r, m in zip(rows, models, strict=True) if r.draft_s is not None]
-    if drafted:
-        # Relative cost c of one drafted token: draft time = γ·c·T(1, 1, L), least squares (a draft
-        # pass is priced against the batch-1 step at the row's context: core/speedup.py).
-        single = [replace(r, batch=1.0, query_tokens=1.0) for r, _ in drafted]
-        plain = _Terms(gpu, [m for _, m in drafted], tp, single)
-        t_single = fixed + plain.variable(*(np.array([[c]]) for c in coefficients))[0]
-        gammas = np.array([r.query_tokens - 1.0 for r, _ in drafted])
-        x_col, _ = speculation_terms(gammas, 1.0, 0.0, t_single, 0.0)  # the drafting term at c = 1
-        y = np.array([r.draft_s for r, _ in drafted], dtype=np.float64)
-        if float(x_col @ x_col) > 0:
-            draft_cost = float(x_col @ y / (x_col @ x_col))
+    draft_cost = _draft_cost(gpu, tp, rows, models, fixed, coefficients)
 
     return Fit(
         bandwidth_efficiency=be,
@@ -318,6 +261,48 @@ def fit(
         part_rms_error=part_rms,
         sse=float(sse_arr[0]),
     )
+
+
+def _grid_start(terms: _Terms) -> tuple[float, float, float, float]:
+    """The best point of a coarse grid over the four nonlinear coefficients (the fixed costs solved
+    for each candidate): where the simplex starts."""
+    be_axis = np.linspace(0.3, 1.0, 29)
+    ce_axis = np.geomspace(0.05, 1.0, 31)
+    kappa_axis = np.linspace(0.0, 1.0, 11)
+    best: tuple[float, tuple[float, float, float, float]] = (math.inf, (0.8, 0.7, 0.0, 4.0))
+    grid = [a.reshape(-1, 1) for a in np.meshgrid(be_axis, ce_axis, kappa_axis, indexing="ij")]
+    for overlap in _OVERLAP_GRID:
+        _, sse = terms.solve(terms.variable(grid[0], grid[1], grid[2], np.full_like(grid[0], overlap)))
+        i = int(np.argmin(sse))
+        if sse[i] < best[0]:
+            best = (
+                float(sse[i]),
+                (float(grid[0][i, 0]), float(grid[1][i, 0]), float(grid[2][i, 0]), overlap),
+            )
+    return best[1]
+
+
+def _draft_cost(
+    gpu: GpuSpec,
+    tp: int,
+    rows: Sequence[Measurement],
+    models: Sequence[ModelSpec],
+    fixed: float,
+    coefficients: tuple[float, float, float, float],
+) -> float | None:
+    """Relative cost c of one drafted token from the rows that timed their drafts: draft time =
+    γ·c·T(1, 1, L), least squares (a draft pass is priced against the batch-1 step at the row's
+    context: core/speedup.py); None without such rows."""
+    drafted = [(r, m) for r, m in zip(rows, models, strict=True) if r.draft_s is not None]
+    if not drafted:
+        return None
+    single = [replace(r, batch=1.0, query_tokens=1.0) for r, _ in drafted]
+    plain = _Terms(gpu, [m for _, m in drafted], tp, single)
+    t_single = fixed + plain.variable(*(np.array([[c]]) for c in coefficients))[0]
+    gammas = np.array([r.query_tokens - 1.0 for r, _ in drafted])
+    x_col, _ = speculation_terms(gammas, 1.0, 0.0, t_single, 0.0)  # the drafting term at c = 1
+    y = np.array([r.draft_s for r, _ in drafted], dtype=np.float64)
+    return float(x_col @ y / (x_col @ x_col)) if float(x_col @ x_col) > 0 else None
 
 
 def errors_on(
@@ -351,149 +336,7 @@ def errors_of_spec(
     return float(np.sqrt(np.mean(rel**2))), float(rel.max())
 
 
-# -- what the data identifies ------------------------------------------------------------------
-
+# The fitted coefficients and their bounds (what `identification` profiles).
 COEFFICIENTS = ("bandwidth_efficiency", "compute_efficiency", "serial_fraction", "overlap")
 _BOUNDS = ((0.05, 1.0), (0.01, 1.0), (0.0, 1.0), (1.0, MAX_OVERLAP))
 BOUNDS = dict(zip(COEFFICIENTS, _BOUNDS, strict=True))  # each coefficient's (low, high) in the fit
-# A measured step time is taken to be known to 2 % (run-to-run spread of a step at one batch; the
-# simulated world's is 3 %) however closely a fit reproduces it: a fit to a formula's own grid
-# (0.0 % error) must not make every other coefficient look pinned.
-MEASUREMENT_NOISE = 0.02
-CHI2_95_1DOF = 3.841  # the 95 % quantile of χ² with one degree of freedom
-# The ridge is identified when the data pin it to within this ratio (high / low) at each context.
-RIDGE_IDENTIFIED_RATIO = 1.5
-_PROFILE_POINTS = 9  # per side, estimate to bound
-_BISECTIONS = 4
-
-
-@dataclass(frozen=True)
-class Interval:
-    """A 95 % profile-likelihood interval; a side is None where the data allow the bound itself."""
-
-    estimate: float
-    low: float | None
-    high: float | None
-
-    @property
-    def identified(self) -> bool:
-        return self.low is not None and self.high is not None
-
-    def pinned(self, ratio: float) -> bool:
-        """Both sides known, and either both infinite or within `ratio` of each other."""
-        if self.low is None or self.high is None:
-            return False
-        if math.isinf(self.low) and math.isinf(self.high):
-            return True
-        return not math.isinf(self.high) and self.high <= ratio * self.low
-
-
-@dataclass(frozen=True)
-class Identification:
-    """Per coefficient, the interval the data allow; the ridge (`Roofline.ridge_seqs`: plain
-    sequences where compute time reaches memory time, inf where none does) per model and context
-    over the same region; whether every ridge is pinned (`RIDGE_IDENTIFIED_RATIO`; a ridge past
-    the KV capacity counts as the capacity, which no load passes)."""
-
-    coefficients: dict[str, Interval]
-    ridge_seqs: dict[tuple[str, int], Interval]
-    threshold_sse: float
-    ridge_identified: bool
-
-
-def identify(
-    result: Fit,
-    gpu: GpuSpec,
-    model: ModelSpec,
-    tp: int,
-    rows: Sequence[Measurement],
-    others: dict[str, ModelSpec] | None = None,
-    contexts: Sequence[int] = (1024, 4096),
-    ridge_models: Sequence[ModelSpec] = (),
-) -> Identification:
-    """Profile likelihood: each coefficient held at each point of a grid over its bounds while the
-    others are refitted. Its interval is where the objective stays within χ²(1)·σ² of the optimum,
-    σ² the larger of the fit's residual variance and `MEASUREMENT_NOISE`². The ridge's interval is
-    the range of ridges over every profiled point inside that region."""
-    models = _models_for(model, rows, others, tp)
-    terms = _Terms(gpu, models, tp, rows)
-    dof = max(len(rows) - len(COEFFICIENTS) - 2, 1)
-    sigma2 = max(result.sse / dof, MEASUREMENT_NOISE**2)
-    threshold = result.sse + CHI2_95_1DOF * sigma2
-    # Each model at the TP degree it is served with on this GPU (the calibration's model first).
-    targets = [model, *(m for m in ridge_models if m.name != model.name)]
-    points = [(m, int(c)) for m in targets for c in contexts]
-
-    # Past what the KV cache holds no load reaches the ridge: there it is pinned at the capacity.
-    capacity = [float(roofline_for(gpu, m).max_seqs(c)) for m, c in points]
-
-    def ridges(coefficients: Sequence[float]) -> list[float]:
-        tuned = replace(gpu, bandwidth_efficiency=coefficients[0], compute_efficiency=coefficients[1])
-        return [float(roofline_for(tuned, m).ridge_seqs(c)) for m, c in points]
-
-    inside: list[list[float]] = [ridges(result.coefficients)]
-    intervals: dict[str, Interval] = {}
-    best = _pack(*result.coefficients)
-    for j, name in enumerate(COEFFICIENTS):
-        lo_bound, hi_bound = _BOUNDS[j]
-        estimate = result.coefficients[j]
-        free = [k for k in range(len(COEFFICIENTS)) if k != j]
-
-        def profiled(value: float, start: Array, j: int = j) -> tuple[float, Array]:
-            held = _pack(*(value if k == j else result.coefficients[k] for k in range(4)))[j]
-
-            def objective(y: Array) -> float:
-                x = np.insert(y, j, held)
-                v = terms.variable(*(np.array([[c]]) for c in _unpack(x)))
-                return float(terms.solve(v)[1][0])
-
-            y = _optimum(terms, start, objective)
-            return objective(y), np.insert(y, j, held)
-
-        sides: list[float | None] = []
-        for bound in (lo_bound, hi_bound):
-            # Walk from the estimate to the bound; the first point outside the region brackets the
-            # edge, which bisection then narrows. No point outside: that side is open.
-            start = best[free]
-            last_inside = estimate
-            edge: float | None = None
-            for value in np.linspace(estimate, bound, _PROFILE_POINTS)[1:]:
-                sse, x = profiled(float(value), start)
-                if sse > threshold:
-                    outside = float(value)
-                    for _ in range(_BISECTIONS):
-                        middle = 0.5 * (last_inside + outside)
-                        sse, x = profiled(middle, start)
-                        if sse > threshold:
-                            outside = middle
-                        else:
-                            last_inside, start = middle, x[free]
-                            inside.append(ridges(_unpack(x)))
-                    edge = 0.5 * (last_inside + outside)
-                    break
-                start = x[free]
-                last_inside = float(value)
-                inside.append(ridges(_unpack(x)))
-            sides.append(edge)
-        intervals[name] = Interval(estimate, sides[0], sides[1])
-
-    # The ridge over every profiled point inside the region; a side of the compute efficiency
-    # left open at its bound leaves the ridge's side open with it.
-    ce = intervals["compute_efficiency"]
-    ridge_intervals = {
-        (m.name, c): Interval(
-            inside[0][i],
-            min(r[i] for r in inside) if ce.low is not None else None,
-            max(r[i] for r in inside) if ce.high is not None else None,
-        )
-        for i, (m, c) in enumerate(points)
-    }
-    pinned = all(
-        Interval(
-            r.estimate,
-            None if r.low is None else min(r.low, cap),
-            None if r.high is None else min(r.high, cap),
-        ).pinned(RIDGE_IDENTIFIED_RATIO)
-        for r, cap in zip(ridge_intervals.values(), capacity, strict=True)
-    )
-    return Identification(intervals, ridge_intervals, threshold, pinned)

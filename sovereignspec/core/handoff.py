@@ -10,6 +10,7 @@ import math
 from dataclasses import replace
 
 import numpy as np
+from numpy.typing import NDArray
 
 from sovereignspec.core.optimiser import GammaTable, SpecRequest, choose, gamma_table
 from sovereignspec.core.roofline import roofline_for
@@ -75,50 +76,51 @@ def _budget(
     stars = []
     tables: list[GammaTable] = []
     for b in BATCH_BREAKPOINTS:
-        req = SpecRequest(
-            alpha,
-            float(b),
-            context,
-            drafter.cost_for(model.name),
-            drafter.spec_overhead,
-            gamma_max,
-            margin,
-            armed=True,
-        )
+        c, o = drafter.cost_for(model.name), drafter.spec_overhead
+        req = SpecRequest(alpha, float(b), context, c, o, gamma_max, margin, armed=True)
         table = gamma_table(roof, req, bg, q)
         if measured_background is not None and decided is not None and b < decided[0]:
-            # Whether speculation pays is judged beside the others' declared peaks at the same
-            # fraction as this engine is of its own (co-located replicas see the same daily
-            # traffic), and beside what is measured running now in full; whether it keeps the
-            # neighbours within their SLOs, beside all of it.
-            floor = min(float(measured_background), float(background))
-            light = np.full(1, floor + (float(background) - floor) * b / decided[0])
+            light = _light_load(background, measured_background, b / decided[0])
             judged = gamma_table(roof, req, light, np.full(1, np.inf))
             table = replace(judged, externality_ok=table.externality_ok)
         k = _cautious(table, caution) if caution else int(choose(table).gamma[0])
         stars.append(min(k, cap) if cap is not None else k)
         tables.append(table)
+    return _shaped(stars, decided), tables
+
+
+def _light_load(background: float, measured: float, fraction: float) -> NDArray[np.float64]:
+    """The load a batch below the declared one is judged beside when asking whether a γ pays: the
+    others' declared peaks at the same fraction as this engine is of its own (co-located replicas
+    see the same daily traffic), and what is measured running now in full. Whether it keeps the
+    neighbours within their SLOs stays judged beside all of it."""
+    floor = min(float(measured), float(background))
+    return np.full(1, floor + (float(background) - floor) * fraction)
+
+
+def _shaped(stars: list[int], decided: tuple[float, int] | None) -> list[int]:
+    """Each breakpoint's γ* made a table the engine can run: non-increasing in batch; with a
+    decision, never above it from the declared batch up, and at least it below."""
     ks: list[int] = []
     if decided is None:
         for k in stars:  # non-increasing: the running minimum
             ks.append(min(k, ks[-1]) if ks else k)
-    else:
-        # From the declared batch up: never above the decision there, non-increasing. Below it:
-        # at least what the next larger batch runs (fewer sequences verify fewer tokens, so what
-        # held for the neighbours at a larger batch holds here), more where that batch's own γ*
-        # says so (beside other load, a light batch may not pay for its drafting passes alone).
-        first = next((i for i, b in enumerate(BATCH_BREAKPOINTS) if b >= decided[0]), len(stars))
-        above: list[int] = []
-        for star in stars[first:]:
-            k = min(star, decided[1])
-            above.append(min(k, above[-1]) if above else k)
-        below: list[int] = []
-        carry = decided[1]  # every lighter batch runs at least the decision
-        for k in reversed(stars[:first]):
-            carry = max(k, carry)
-            below.append(carry)
-        ks = below[::-1] + above
-    return ks, tables
+        return ks
+    # From the declared batch up: never above the decision there, non-increasing. Below it:
+    # at least what the next larger batch runs (fewer sequences verify fewer tokens, so what
+    # held for the neighbours at a larger batch holds here), more where that batch's own γ*
+    # says so (beside other load, a light batch may not pay for its drafting passes alone).
+    first = next((i for i, b in enumerate(BATCH_BREAKPOINTS) if b >= decided[0]), len(stars))
+    above: list[int] = []
+    for star in stars[first:]:
+        k = min(star, decided[1])
+        above.append(min(k, above[-1]) if above else k)
+    below: list[int] = []
+    carry = decided[1]  # every lighter batch runs at least the decision
+    for k in reversed(stars[:first]):
+        carry = max(k, carry)
+        below.append(carry)
+    return below[::-1] + above
 
 
 def _pays(ks: list[int], tables: list[GammaTable], declared: float, margin: float) -> bool:
@@ -201,11 +203,14 @@ def handoff(
     )
     if not any(k > 0 for k in ks) or not _pays(ks, tables, decided[0], margin):
         return None
-    table = _ranges(ks)
+    return _reaching(_ranges(ks), decided)
+
+
+def _reaching(table: Table, decided: tuple[float, int]) -> Table:
+    """The engine carries the last range's K to every larger batch: a declared batch past the
+    last breakpoint must find the decision made there, not the lighter batches' budget."""
     top = BATCH_BREAKPOINTS[-1]
     if decided[0] > top:
-        # The engine carries the last range's K to every larger batch: a declared batch past the
-        # last breakpoint must find the decision made there, not the lighter batches' budget.
         end = math.ceil(decided[0])
         if table[-1][2] == decided[1]:
             table[-1][1] = end

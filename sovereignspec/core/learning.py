@@ -4,12 +4,12 @@ An engine in plain decode reports, through Prometheus, how many sequences it run
 step takes: each such reading is a measurement of the GPU's step time at (batch, context, 1 query
 token), on that GPU type and target model. `learn` fits the profile's free coefficients to those
 points (`calibration.fit`), holds a quarter of them out to compare the fit with the shipped profile
-on data neither saw, and asks `calibration.identify` what the data pin.
+on data neither saw, and asks `identification.identify` what the data pin.
 
 What a decision may use, per (GPU type, model) (`choose`):
 
 - the learned coefficients, only where they are identified (the compute ridge, or both the
-  bandwidth and compute efficiencies, pinned to within `calibration.RIDGE_IDENTIFIED_RATIO`) and beat
+  bandwidth and compute efficiencies, pinned to within `identification.RIDGE_IDENTIFIED_RATIO`) and beat
   the shipped profile on the held-out points. Plain traffic below the ridge says little about the
   compute ceiling speculation runs into: there it stays unidentified, which is the honest answer;
 - elsewhere the shipped profile, its observed error widening the self-benefit margin (never
@@ -28,15 +28,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from sovereignspec.core.calibration import (
-    RIDGE_IDENTIFIED_RATIO,
-    Fit,
-    Measurement,
-    errors_of_spec,
-    errors_on,
-    fit,
-    identify,
-)
+from sovereignspec.core.calibration import Fit, Measurement, errors_of_spec, errors_on, fit
+from sovereignspec.core.identification import RIDGE_IDENTIFIED_RATIO, identify
 from sovereignspec.core.specs import GpuSpec, ModelSpec, ProfileSet
 
 # Fewer points than this fit nothing: five coefficients and a held-out quarter need some data.

@@ -39,7 +39,8 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import NDArray
 
-from sovereignspec.core import reasons, spreading
+from sovereignspec.core import choosing, reasons, spreading
+from sovereignspec.core.budget import spec_request
 from sovereignspec.core.cluster import (
     UNBOUNDED_GPUS,
     ClusterView,
@@ -48,9 +49,8 @@ from sovereignspec.core.cluster import (
     Placement,
     PlacerSettings,
     WorkloadRequest,
-    first_min,
 )
-from sovereignspec.core.optimiser import GammaTable, SpecRequest, choose, gamma_axis, gamma_table, quantize
+from sovereignspec.core.optimiser import GammaTable, SpecRequest, choose, gamma_axis, gamma_table
 from sovereignspec.core.roofline import (
     Roofline,
     compute_bound,
@@ -93,36 +93,6 @@ class _Scores:
 
 # What selection and bookkeeping need per GPU; the record recomputes the rest for the chosen GPU.
 _SCORE_FIELDS = ("gamma", "tpot", "step", "step_plain", "before", "bg_seqs", "cautious")
-
-
-def spec_request(
-    profiles: ProfileSet, policy: PlacerSettings, w: WorkloadRequest
-) -> tuple[SpecRequest, str | None]:
-    """The optimiser's view of `w`, and why speculation is off for it (None if it isn't)."""
-    gamma_max = policy.gamma_max if w.gamma_max is None else min(w.gamma_max, policy.gamma_max)
-    cost, overhead, off = 0.0, 0.0, w.force_plain
-    if w.drafter is None:
-        off = off or "no drafter declared"
-    elif w.drafter not in profiles.drafters:
-        off = off or f"unknown drafter {w.drafter!r}"
-    else:
-        drafter = profiles.drafters[w.drafter]
-        if not drafter.supports(w.model):
-            off = off or f"drafter {w.drafter} does not draft for {w.model}"
-        cost, overhead = drafter.cost_for(w.model), drafter.spec_overhead
-    if gamma_max == 0:
-        off = off or "speculation disabled (γ_max = 0)"
-    req = SpecRequest(
-        alpha=w.alpha,
-        seqs=float(w.seqs),
-        context=float(w.context),
-        draft_cost=cost,
-        spec_overhead=overhead,
-        gamma_max=0 if off else gamma_max,
-        # Per GPU type, an observed error widens it (`Placer.for_gpu_type`, core.learning).
-        margin=policy.margin,
-    )
-    return req, off
 
 
 class Placer:
@@ -407,73 +377,18 @@ class Placer:
                 return spread
             spread_why = spread
         if not mask.any():
-            m = self._model(w.model_key)
-            permanent = (self.tenancy.permanent_mask(w.requirement) & self._pool(w))[self.gpu_node]
-            fit = permanent & self._fits(w, m)
-            whole = fit & (self.capacity[self.gpu_node] >= self._need(w, m))
-            if spread_why is not None and w.gpus is not None and fit.any():
-                # Spread, the pods need room for one each: the nodes it may ever use, by capacity.
-                per_pod = w.gpus // w.pods
-                nodes = np.zeros(len(self.node_names), dtype=np.bool_)
-                nodes[self.gpu_node[fit]] = True
-                most = int((self.capacity[nodes] // per_pod).sum())
-                if most < w.pods:
-                    why = f"its {w.pods} pods of {per_pod} GPUs never fit: the nodes it may use hold {most}"
-                    self._exhausted[key] = ("rejected", why)
-                else:
-                    self._exhausted[key] = ("retry", spread_why)
-            elif not whole.any():
-                self._exhausted[key] = ("rejected", reasons.never_fits(self, w))
-            else:
-                self._exhausted[key] = ("retry", "no admissible node with free GPUs now")
+            self._exhausted[key] = choosing.nowhere(self, w, spread_why)
             return reasons.unplaced(self, w, *self._exhausted[key], explain)
 
         req, off = self.spec_request(w)
         s = self._scores_for(w, req, mask).arrays
-        cand = np.nonzero(mask)[0]
-        away = np.zeros(cand.size, np.bool_)  # False sorts first: packing prefers home
-        if self.policy.pack:
-            # Fewest nodes. Exclusive work goes where its tenant already runs alone while that has
-            # room: a second whole node is what the next exclusive tenant needs. Shared work goes
-            # where work already runs when that costs at most the tolerance, else only on a tie.
-            home = self.tenancy.alone(w.tenant) if w.exclusive else self.occupied
-            at_home = home[self.gpu_node[cand]]
-            tpot_all = s["tpot"][cand]
-            near = at_home & (tpot_all <= (1.0 + self.policy.pack_tolerance) * tpot_all.min())
-            if w.exclusive:
-                near = at_home
-            if (w.exclusive or self.policy.pack_tolerance > 0.0) and near.any():
-                cand, at_home = cand[near], at_home[near]
-            away = ~at_home
-        tpot = s["tpot"][cand]
-        tpot_q = quantize(tpot / tpot.min())
-        head_q = quantize(self.headroom[cand])
-        if w.latency_class == "latency":
-            chosen = cand[first_min(tpot_q, away, -head_q)]
-        else:
-            fits_own = tpot <= w.stage_slo_s if w.stage_slo_s is not None else np.ones(cand.size, np.bool_)
-            keeps_neighbours = s["step_plain"][cand] <= self.slo_ratio[cand] * s["before"][cand]
-            pool = np.ones(cand.size, np.bool_)
-            for subset in (fits_own & keeps_neighbours, fits_own):
-                if subset.any():
-                    pool = subset
-                    break
-            local = np.nonzero(pool)[0]
-            # Where it adds the most tokens per second to the cluster: its own rate, less what its
-            # neighbours lose to the longer step (their plain-equivalent rate N/T before and after).
-            idx = cand[local]
-            gain = req.seqs / s["tpot"][idx] - s["bg_seqs"][idx] * (
-                1.0 / s["before"][idx] - 1.0 / s["step"][idx]
-            )
-            gain_q = quantize(gain / np.abs(gain).max()) if np.abs(gain).max() > 0 else np.zeros(idx.size)
-            chosen = int(idx[first_min(-gain_q, away[local], tpot_q[local])])
-
-        record = reasons.record(self, w, req, off, int(chosen), s, int(cand.size), mask, explain)
+        chosen, among = choosing.choose(self, w, req, s, mask)
+        record = reasons.record(self, w, req, off, chosen, s, among, mask, explain)
         if w.stages > 1 and w.pods > 1:  # a whole group on this node: a token passes every stage
             assert record.tpot_ms is not None  # every placed record has one
             record = replace(record, tpot_ms=w.stages * record.tpot_ms)
         if commit:
-            g = int(chosen)
+            g = chosen
             self._commit(
                 w, req, g, int(s["gamma"][g]), float(s["step"][g]), float(s["before"][g]), float(s["tpot"][g])
             )

@@ -9,16 +9,17 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 from numpy.typing import NDArray
 
 from sovereignspec.core.cluster import Placement, WorkloadRequest
 from sovereignspec.core.decision import DecisionRecord
-from sovereignspec.core.optimiser import SpecRequest, blocker, quantize
+from sovereignspec.core.optimiser import Blocker, SpecRequest, blocker, quantize
 from sovereignspec.core.roofline import roofline_for
 from sovereignspec.core.sovereignty import check_node
+from sovereignspec.core.specs import GpuSpec
 
 if TYPE_CHECKING:
     from sovereignspec.core.placement import Placer
@@ -100,7 +101,48 @@ def record(
     explain: bool,
 ) -> DecisionRecord:
     gamma = int(s["gamma"][g])
-    where = {
+    where = _where(p, w, g, s, n_candidates)
+    if not explain:  # a tick's bulk decisions: where and how, without the breakdown
+        return DecisionRecord(reason="speculative" if gamma > 0 else "plain", **where)
+    cautious = bool(s["cautious"][g])
+    req = p.for_gpu_type(req, w.model, where["gpu_type"])
+    table, _ = p._table(w.model_key, req, np.array([g]), cautious=cautious)
+    why_not = blocker(table)
+    binding = p.binding[g] if math.isfinite(p.slo_ratio[g]) else None
+    reason = _why(p, g, gamma, req, off, why_not, binding)
+    gpu = p.profiles.gpu_for(where["gpu_type"], w.model)
+    ridge = _ridge(p, w, g, req, gpu)
+    if cautious:
+        reason += (
+            f" (near the compute ridge, which the calibration places at {ridge[0]:.0f}-{ridge[2]:.0f} "
+            f"sequences here: γ decided at the low end of its compute efficiency, {gpu.compute_range[0]:.3g} "
+            f"against {gpu.compute_efficiency:.3g})"
+        )
+    h = where["headroom"]
+    return DecisionRecord(
+        reason=reason,
+        ridge_seqs=ridge,
+        headroom_pessimistic=None if h is None else max(float(h) - p.policy.headroom_uncertainty, 0.0),
+        tau=float(table.taus[gamma]),
+        step_plain_ms=1e3 * float(s["step_plain"][g]),
+        step_ms=1e3 * float(s["step"][g]),
+        speedup=float(table.speedup[gamma, 0]),
+        aggregate_speedup=float(table.aggregate[gamma, 0]),
+        unconstrained_gamma=why_not.gamma,
+        binding_neighbour=binding,
+        neighbour_step_ratio=float(s["step"][g] / s["before"][g]),
+        excluded=excluded(p, w, mask),
+        held_back=held_back(p, w, req, mask),
+        **where,
+    )
+
+
+def _where(
+    p: Placer, w: WorkloadRequest, g: int, s: Mapping[str, NDArray[np.float64]], n_candidates: int
+) -> dict[str, Any]:
+    """What every record of a placement on GPU `g` says: where, how, and the load it was judged at."""
+    gamma = int(s["gamma"][g])
+    return {
         "workload": w.name,
         "tenant": w.tenant,
         "outcome": "placed",
@@ -119,66 +161,46 @@ def record(
         "neighbour_slo_ratio": float(p.slo_ratio[g]),
         "step_before_ms": 1e3 * float(s["before"][g]),
     }
-    if not explain:  # a tick's bulk decisions: where and how, without the breakdown
-        return DecisionRecord(reason="speculative" if gamma > 0 else "plain", **where)  # type: ignore[arg-type]
-    cautious = bool(s["cautious"][g])
-    req = p.for_gpu_type(req, w.model, where["gpu_type"])  # type: ignore[arg-type]
-    table, _ = p._table(w.model_key, req, np.array([g]), cautious=cautious)
-    why_not = blocker(table)
-    stale = bool(p.stale[g])
-    binding = p.binding[g] if math.isfinite(p.slo_ratio[g]) else None
+
+
+def _why(
+    p: Placer, g: int, gamma: int, req: SpecRequest, off: str | None, why_not: Blocker, binding: str | None
+) -> str:
+    """Why this mode on GPU `g`: the first of what turned speculation off or what it won."""
     if gamma > 0:
-        reason = (
+        return (
             f"γ*={gamma} maximises the GPU's token rate with S_real ≥ {1 + req.margin:.2f} "
             f"and every neighbour within its TPOT SLO"
         )
-    elif off:
-        reason = off
-    elif stale:
-        reason = "no fresh telemetry for this GPU: plain decode until it returns"
-    elif why_not.by_externality:
-        reason = f"γ={why_not.gamma} would push neighbour {binding} past its TPOT SLO: plain decode"
-    elif why_not.by_self_benefit:
-        reason = f"no γ reaches S_real ≥ {1 + req.margin:.2f} at this headroom: plain decode"
-    elif p.headroom[g] <= p.policy.headroom_uncertainty:
-        reason = "no γ raises the GPU's token rate at this headroom (saturated): plain decode"
-    else:
-        reason = (
-            f"no γ raises the GPU's token rate at headroom {float(p.headroom[g]):.2f} "
-            "(the drafts cost more than they save at this load): plain decode"
-        )
-    gpu = p.profiles.gpu_for(where["gpu_type"], w.model)  # type: ignore[arg-type]
+    if off:
+        return off
+    if bool(p.stale[g]):
+        return "no fresh telemetry for this GPU: plain decode until it returns"
+    if why_not.by_externality:
+        return f"γ={why_not.gamma} would push neighbour {binding} past its TPOT SLO: plain decode"
+    if why_not.by_self_benefit:
+        return f"no γ reaches S_real ≥ {1 + req.margin:.2f} at this headroom: plain decode"
+    if p.headroom[g] <= p.policy.headroom_uncertainty:
+        return "no γ raises the GPU's token rate at this headroom (saturated): plain decode"
+    return (
+        f"no γ raises the GPU's token rate at headroom {float(p.headroom[g]):.2f} "
+        "(the drafts cost more than they save at this load): plain decode"
+    )
+
+
+def _ridge(
+    p: Placer, w: WorkloadRequest, g: int, req: SpecRequest, gpu: GpuSpec
+) -> tuple[float, float, float]:
+    """The compute ridge on GPU `g` in sequences: at the low end, the estimate and the high end of
+    its calibrated compute efficiency."""
     tp = int(p._model(w.model_key).tp[g])
-    low, high = gpu.compute_range
     model = w.stage_of(p.profiles.models[w.model])
+    low, high = gpu.compute_range
     r_low, r_point, r_high = (
         float(roofline_for(replace(gpu, compute_efficiency=ce), model, tp).ridge_seqs(req.context))
         for ce in (low, gpu.compute_efficiency, high)
     )
-    ridge = (r_low, r_point, r_high)
-    if cautious:
-        reason += (
-            f" (near the compute ridge, which the calibration places at {ridge[0]:.0f}-{ridge[2]:.0f} "
-            f"sequences here: γ decided at the low end of its compute efficiency, {low:.3g} "
-            f"against {gpu.compute_efficiency:.3g})"
-        )
-    h = where["headroom"]
-    return DecisionRecord(
-        reason=reason,
-        ridge_seqs=ridge,
-        headroom_pessimistic=None if h is None else max(float(h) - p.policy.headroom_uncertainty, 0.0),
-        tau=float(table.taus[gamma]),
-        step_plain_ms=1e3 * float(s["step_plain"][g]),
-        step_ms=1e3 * float(s["step"][g]),
-        speedup=float(table.speedup[gamma, 0]),
-        aggregate_speedup=float(table.aggregate[gamma, 0]),
-        unconstrained_gamma=why_not.gamma,
-        binding_neighbour=binding,
-        neighbour_step_ratio=float(s["step"][g] / s["before"][g]),
-        excluded=excluded(p, w, mask),
-        held_back=held_back(p, w, req, mask),
-        **where,  # type: ignore[arg-type]
-    )
+    return r_low, r_point, r_high
 
 
 def never_fits(p: Placer, w: WorkloadRequest) -> str:

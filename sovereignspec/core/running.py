@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from sovereignspec.core.budget import spec_request
 from sovereignspec.core.cluster import (
     IDLE_HEADROOM,
     UNBOUNDED_GPUS,
@@ -20,7 +21,7 @@ from sovereignspec.core.cluster import (
     PlacerSettings,
     WorkloadRequest,
 )
-from sovereignspec.core.placement import Placer, spec_request
+from sovereignspec.core.placement import Placer
 from sovereignspec.core.roofline import (
     tensor_parallel_for,
 )

@@ -78,9 +78,9 @@ def speculation_terms(
     (`v1/spec_decode/llm_base_proposer.py`, "Dynamic SD decided K=0") runs the drafter's first
     forward pass to keep its KV cache in sync and returns no drafts, and the speculative step's
     machinery (rejection sampler, piecewise CUDA graphs) runs all the same; the 6-22 % tax the
-    brief cites was measured at γ = 0. SGLang's adaptive mode takes 0 steps as a "nospec
-    interval" (`speculative/adaptive_spec_params.py`); whether its worker still runs a draft pass
-    there is not established, and its K = 0 rows are priced as vLLM's (the cautious reading)."""
+    brief cites was measured at γ = 0. An engine whose adaptive mode takes 0 steps as an interval
+    without speculation may skip that pass; that it does is not established for any engine here
+    (engines/), so every K = 0 row is priced as paying it (the cautious reading)."""
     if armed:
         return np.maximum(gamma, 1.0) * (draft_cost * single), (gamma >= 0) * (spec_overhead * plain)
     return gamma * (draft_cost * single), (gamma > 0) * (spec_overhead * plain)

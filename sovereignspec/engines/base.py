@@ -63,6 +63,7 @@ class Engine(Protocol):
     name: str  # as drafter profiles name it under `engines` ("vllm" -> their `vllm_method`)
     outputs: tuple[str, ...]  # the annotations (after the prefix) `configure` may write
     takes_table: bool  # whether it reads the per-batch budget (`core.handoff.Table`)
+    batch_limit: str  # its flag capping the running requests (said when a profile point cannot fill)
     metrics: Metrics
 
     def configure(self, method: str, draft: str, gamma: int, top: int, table: Table | None) -> dict[str, str]:

@@ -14,13 +14,13 @@ import json
 import math
 from collections.abc import Mapping
 
-from sovereignspec import keys
 from sovereignspec.core.handoff import Table
 from sovereignspec.core.speedup import alpha_from_draft_acceptance
 from sovereignspec.engines.base import Key, Metrics, MetricsReader
+from sovereignspec.engines.sglang_launch import SGLANG_ADAPTIVE, SGLANG_ARGS
 
-ARGS = keys.SGLANG_ARGS  # the flags `launch` appends
-ADAPTIVE = keys.SGLANG_ADAPTIVE  # the file `launch` writes for --speculative-adaptive-config
+ARGS = SGLANG_ARGS  # the flags `launch` appends
+ADAPTIVE = SGLANG_ADAPTIVE  # the file `launch` writes for --speculative-adaptive-config
 # Its adaptive mode runs only these algorithms, and only with top-k 1
 # (python/sglang/srt/speculative/adaptive_spec_params.py: adaptive_unsupported_reason).
 ADAPTIVE_ALGORITHMS = frozenset({"EAGLE", "EAGLE3"})
@@ -31,6 +31,7 @@ class Sglang:
     name = "sglang"
     outputs: tuple[str, ...] = (ARGS, ADAPTIVE)
     takes_table = True  # in its adaptive mode only (ADAPTIVE_ALGORITHMS)
+    batch_limit = "--max-running-requests"
     metrics = Metrics(
         prefix="sglang:",
         tpot=(

@@ -17,13 +17,13 @@ import math
 from collections.abc import Mapping
 from typing import cast
 
-from sovereignspec import keys
 from sovereignspec.core.handoff import Table
 from sovereignspec.core.speedup import alpha_from_draft_acceptance
 from sovereignspec.engines.base import Key, Metrics, MetricsReader
+from sovereignspec.engines.vllm_launch import VLLM_CONFIG, VLLM_PER_BATCH
 
-CONFIG = keys.VLLM_CONFIG  # the annotation `launch` turns into --speculative-config
-PER_BATCH = keys.VLLM_PER_BATCH
+CONFIG = VLLM_CONFIG  # the annotation `launch` turns into --speculative-config
+PER_BATCH = VLLM_PER_BATCH
 SPEC_COUNTERS = (
     "vllm:spec_decode_num_drafts",
     "vllm:spec_decode_num_draft_tokens",
@@ -35,6 +35,7 @@ class Vllm:
     name = "vllm"
     outputs: tuple[str, ...] = (CONFIG,)
     takes_table = True
+    batch_limit = "--max-num-seqs"
     metrics = Metrics(
         prefix="vllm:",
         tpot=(

@@ -176,16 +176,25 @@ def parse(
     annotations, where our keys are not read and so must not be."""
     if isinstance(tenancy, str):
         tenancy = Tenancy(tenancy)
-    raw: dict[str, str] = {}
     problems: list[Problem] = []
     warnings: list[str] = []
+    raw = _our_keys(annotations, problems)
+    _misplaced(labels, "the pod template's labels", problems, warnings)
+    _misplaced(owner_annotations, f"the {owner}'s own annotations", problems, warnings)
+    _unknown_keys(raw, problems, warnings)
+    values = _sovereignty_values(raw, tenancy, problems)
+    values.update(_serving_values(raw, known_models, known_drafters, problems))
+    return Declared(tenant=tenancy.tenant, problems=tuple(problems), warnings=tuple(warnings), **values)
+
+
+def _our_keys(annotations: Mapping[str, Any] | None, problems: list[Problem]) -> dict[str, str]:
+    """Our keys without the prefix, as text; the informer's markers for too many or oversized
+    values become problems (sovereignty ones: what they hid may have been a sovereignty key)."""
+    raw: dict[str, str] = {}
     for k, v in (annotations or {}).items():
         if k == TOO_MANY_KEYS:
-            problems.append(
-                Problem(
-                    "*", f"{v} keys", f"at most {MAX_OUR_KEYS} {PREFIX} annotations on a pod template", True
-                )
-            )
+            accepted = f"at most {MAX_OUR_KEYS} {PREFIX} annotations on a pod template"
+            problems.append(Problem("*", f"{v} keys", accepted, True))
         elif isinstance(k, str) and k.startswith(PREFIX):
             text = v if isinstance(v, str) else repr(v)
             if text.startswith(OVERSIZED):
@@ -194,14 +203,11 @@ def parse(
                 problems.append(Problem(k[len(PREFIX) :], f"{size} bytes", accepted, True))
                 continue
             raw[k[len(PREFIX) :]] = text
-    values: dict[str, Any] = {}
+    return raw
 
-    def bad(key: str, value: str, accepted: str | None = None) -> None:
-        spec = INPUTS[key]
-        problems.append(Problem(key, value, accepted or spec.accepted, spec.sovereignty))
 
-    _misplaced(labels, "the pod template's labels", problems, warnings)
-    _misplaced(owner_annotations, f"the {owner}'s own annotations", problems, warnings)
+def _unknown_keys(raw: Mapping[str, str], problems: list[Problem], warnings: list[str]) -> None:
+    """A key we do not read is a warning, or a problem where it looks like a sovereignty key."""
     for key in sorted(raw):
         if key in INPUTS or PREFIX + key in OUTPUTS:
             continue
@@ -215,19 +221,29 @@ def parse(
             hint = f"; did you mean {PREFIX}{guess}?" if guess else ""
             warnings.append(f"unknown annotation {PREFIX}{key} ignored{hint}")
 
+
+def _bad(problems: list[Problem], key: str, value: str, accepted: str | None = None) -> None:
+    spec = INPUTS[key]
+    problems.append(Problem(key, value, accepted or spec.accepted, spec.sovereignty))
+
+
+def _sovereignty_values(raw: Mapping[str, str], tenancy: Tenancy, problems: list[Problem]) -> dict[str, Any]:
+    """Tenant, jurisdiction and exclusivity, checked against what the namespace's administrators say."""
+    values: dict[str, Any] = {}
     if tenancy.problem:
         problems.append(Problem("tenant", tenancy.tenant, tenancy.problem, True, "the namespace"))
     tenant = tenancy.tenant
     if "tenant" in raw and raw["tenant"] != tenant:
-        bad("tenant", raw["tenant"], f"{_show(tenant)} (namespace tenant, from {tenancy.source})")
+        accepted = f"{_show(tenant)} (namespace tenant, from {tenancy.source})"
+        _bad(problems, "tenant", raw["tenant"], accepted)
     allowed = tenancy.jurisdictions
     values["allowed_jurisdictions"] = allowed
     if "jurisdiction" in raw:
         wanted = raw["jurisdiction"]
         if not JURISDICTION_RE.fullmatch(wanted):
-            bad("jurisdiction", wanted)
+            _bad(problems, "jurisdiction", wanted)
         elif allowed is not None and wanted not in allowed:
-            bad("jurisdiction", wanted, f"one the namespace allows: {', '.join(sorted(allowed))}")
+            _bad(problems, "jurisdiction", wanted, f"one the namespace allows: {', '.join(sorted(allowed))}")
         else:
             values["jurisdiction"] = wanted
     elif allowed is not None and len(allowed) == 1:
@@ -236,19 +252,27 @@ def parse(
         if raw["exclusive-node"] in ("true", "false"):
             values["exclusive"] = raw["exclusive-node"] == "true"
         else:
-            bad("exclusive-node", raw["exclusive-node"])
+            _bad(problems, "exclusive-node", raw["exclusive-node"])
+    return values
+
+
+def _serving_values(
+    raw: Mapping[str, str], known_models: set[str], known_drafters: set[str], problems: list[Problem]
+) -> dict[str, Any]:
+    """Model, drafter, acceptance, SLO, class, checkpoint and sizes: what prices the decision."""
+    values: dict[str, Any] = {}
     if "model" in raw:
         if raw["model"] in known_models:
             values["model"] = raw["model"]
         else:
-            bad("model", raw["model"], "one of " + ", ".join(sorted(known_models)))
+            _bad(problems, "model", raw["model"], "one of " + ", ".join(sorted(known_models)))
     if "drafter" in raw:
         if raw["drafter"] == "none":
             values["drafter"] = None
         elif raw["drafter"] in known_drafters:
             values["drafter"] = raw["drafter"]
         else:
-            bad("drafter", raw["drafter"], "none or one of " + ", ".join(sorted(known_drafters)))
+            _bad(problems, "drafter", raw["drafter"], "none or one of " + ", ".join(sorted(known_drafters)))
     alpha = _number(raw, "acceptance-rate", problems, DECIMAL_RE, 0.0, 1.0)
     if alpha is not None:
         values["alpha"] = alpha
@@ -259,17 +283,17 @@ def parse(
         if raw["latency-class"] in ("latency", "throughput"):
             values["latency_class"] = raw["latency-class"]
         else:
-            bad("latency-class", raw["latency-class"])
+            _bad(problems, "latency-class", raw["latency-class"])
     if "draft-checkpoint" in raw:
         if CHECKPOINT_RE.fullmatch(raw["draft-checkpoint"]):
             values["draft_checkpoint"] = raw["draft-checkpoint"]
         else:
-            bad("draft-checkpoint", raw["draft-checkpoint"])
+            _bad(problems, "draft-checkpoint", raw["draft-checkpoint"])
     for key, name, high in (("max-num-seqs", "seqs", 65536), ("context-length", "context", 4194304)):
         value = _number(raw, key, problems, INTEGER_RE, 1.0, float(high))
         if value is not None:
             values[name] = int(value)
-    return Declared(tenant=tenant, problems=tuple(problems), warnings=tuple(warnings), **values)
+    return values
 
 
 # Declared fields every pod set of one workload must agree on (they describe one engine), with
@@ -342,7 +366,7 @@ def _named(d: Declared, pod_set: str) -> Declared:
 
 
 def _number(
-    raw: dict[str, str],
+    raw: Mapping[str, str],
     key: str,
     problems: list[Problem],
     pattern: re.Pattern[str],

@@ -143,18 +143,7 @@ class Controller(Role):
         started = time.monotonic()
         report = TickReport()
         if not self.cache.synced():  # never decide from a cache that is not listed and watching
-            waiting = ", ".join(self.cache.not_synced())
-            if self._unsynced_since is None:
-                self._unsynced_since = started
-                log.info("no decisions until the caches are listed and watching: %s", waiting)
-            report.reevaluate_after = 0.5
-            denied = self.cache.denied()
-            if denied:  # refused by the API server (RBAC, credentials): say so at once
-                report.failures.append(f"the API server refuses our reads: {'; '.join(denied)}")
-            elif started - self._unsynced_since > self.settings.unsynced_grace_seconds:
-                report.failures.append(
-                    f"caches not in sync for {started - self._unsynced_since:.0f}s: {waiting}"
-                )
+            self._not_synced(started, report)
             return report
         self._unsynced_since = None
         active, known = self.reconcile_checks()
@@ -202,6 +191,19 @@ class Controller(Role):
         metrics.PENDING.set(pending_total)
         metrics.TICK_SECONDS.observe(time.monotonic() - started)
         return report
+
+    def _not_synced(self, started: float, report: TickReport) -> None:
+        """No decisions until the caches are listed and watching; refusals and a long wait said."""
+        waiting = ", ".join(self.cache.not_synced())
+        if self._unsynced_since is None:
+            self._unsynced_since = started
+            log.info("no decisions until the caches are listed and watching: %s", waiting)
+        report.reevaluate_after = 0.5
+        denied = self.cache.denied()
+        if denied:  # refused by the API server (RBAC, credentials): say so at once
+            report.failures.append(f"the API server refuses our reads: {'; '.join(denied)}")
+        elif started - self._unsynced_since > self.settings.unsynced_grace_seconds:
+            report.failures.append(f"caches not in sync for {started - self._unsynced_since:.0f}s: {waiting}")
 
     def _without_conflicted(self, view: View) -> View:
         """Leave out workloads whose write conflicted until the watch brings a newer version."""

@@ -77,6 +77,9 @@ WORKER_PROMETHEUS = ann.PREFIX + "prometheus-url"  # annotation: the worker's Pr
 WORKER_GPU_TYPE = ann.PREFIX + "gpu-type"  # annotation: the profile its GPUs are priced with
 
 
+_Pending = tuple[dict[str, Any], dict[str, Any], list[str]]  # (Workload, our entry, its workers)
+
+
 class WorkerDescription(BaseModel):
     """A MultiKueueCluster's labels and annotations, as the dispatcher accepts them."""
 
@@ -291,50 +294,14 @@ class DispatchController(Role):
         configs: dict[str, list[str]],
         namespaces: dict[str, dict[str, str]],
     ) -> list[_Decision]:
-        policy = spec.placer_settings()
-        pending: list[tuple[dict[str, Any], dict[str, Any], list[str]]] = []
-        for wl in self.cache.workloads.items():
-            entry = our_entry(wl, checks)
-            if entry is None or not condition(wl, "QuotaReserved"):
-                continue
-            status = wl.get("status") or {}
-            if status.get("clusterName") or condition(wl, "Finished"):
-                continue
-            # Ready with a nomination: the gate is open; judged again below in case another
-            # writer has rewritten the nomination since.
-            if entry.get("state") != "Pending" and not (
-                entry.get("state") == "Ready" and status.get("nominatedClusterNames")
-            ):
-                continue
-            k = key_of(wl)
-            if k in self._conflicted and self._conflicted[k] == rv_int(wl):
-                continue
-            self._conflicted.pop(k, None)
-            names = [str(e.get("name")) for e in status.get("admissionChecks") or []]
-            pool = sorted({c for name in names if name in configs for c in configs[name]})
-            pending.append((wl, entry, pool))
+        pending = self._pending(checks, configs)
         if not pending:
             return []
         out: list[_Decision] = []
+        requests = self._requests(pending, spec, namespaces, out)
         # Latency-sensitive, high-acceptance work first: it takes the headroom (as in a worker).
-        requests = []
-        for wl, entry, pool in pending:
-            ns = wl["metadata"]["namespace"]
-            try:
-                tenancy = tenancy_of(ns, namespaces.get(ns), spec)
-                if tenancy.problem:
-                    out.append(self._rejected(wl, entry, f"tenancy: {tenancy.problem}"))
-                    continue
-                declared, request, _ = declared_request(wl, spec, self.profiles, Snapshot(), None, tenancy)
-            except (UnreadableFieldError, KeyError, TypeError, ValueError) as exc:
-                out.append(self._rejected(wl, entry, f"the Workload cannot be read: {exc}"))
-                continue
-            if request is None:
-                problems = "; ".join(str(p) for p in declared.sovereignty_problems)
-                out.append(self._rejected(wl, entry, f"sovereignty input: {problems}"))
-                continue
-            requests.append((wl, entry, pool, request))
         requests.sort(key=lambda t: (dispatch_order(t[3]), key_of(t[0])))
+        policy = spec.placer_settings()
         dispatchers: dict[tuple[str, ...], Dispatcher] = {}
         for wl, entry, pool, request in requests:
             if not pool:
@@ -360,6 +327,58 @@ class DispatchController(Role):
             d = dispatchers[key].dispatch(self._with_acceptance(request, spec), self.settings.nominate)
             out.append(self._from_dispatch(wl, entry, d))
         return out
+
+    def _pending(self, checks: set[str], configs: dict[str, list[str]]) -> list[_Pending]:
+        """Workloads with quota reserved whose check waits on us (or is Ready with a nomination,
+        judged again in case another writer rewrote it), each with the workers it may go to."""
+        pending: list[_Pending] = []
+        for wl in self.cache.workloads.items():
+            entry = our_entry(wl, checks)
+            if entry is None or not condition(wl, "QuotaReserved"):
+                continue
+            status = wl.get("status") or {}
+            if status.get("clusterName") or condition(wl, "Finished"):
+                continue
+            if entry.get("state") != "Pending" and not (
+                entry.get("state") == "Ready" and status.get("nominatedClusterNames")
+            ):
+                continue
+            k = key_of(wl)
+            if k in self._conflicted and self._conflicted[k] == rv_int(wl):
+                continue
+            self._conflicted.pop(k, None)
+            names = [str(e.get("name")) for e in status.get("admissionChecks") or []]
+            pool = sorted({c for name in names if name in configs for c in configs[name]})
+            pending.append((wl, entry, pool))
+        return pending
+
+    def _requests(
+        self,
+        pending: list[_Pending],
+        spec: PolicySpec,
+        namespaces: dict[str, dict[str, str]],
+        out: list[_Decision],
+    ) -> list[tuple[dict[str, Any], dict[str, Any], list[str], WorkloadRequest]]:
+        """Each pending workload's request; one that cannot be read, or breaks its sovereignty
+        inputs, is rejected into `out`."""
+        requests = []
+        for wl, entry, pool in pending:
+            ns = wl["metadata"]["namespace"]
+            try:
+                tenancy = tenancy_of(ns, namespaces.get(ns), spec)
+                if tenancy.problem:
+                    out.append(self._rejected(wl, entry, f"tenancy: {tenancy.problem}"))
+                    continue
+                declared, request, _ = declared_request(wl, spec, self.profiles, Snapshot(), None, tenancy)
+            except (UnreadableFieldError, KeyError, TypeError, ValueError) as exc:
+                out.append(self._rejected(wl, entry, f"the Workload cannot be read: {exc}"))
+                continue
+            if request is None:
+                problems = "; ".join(str(p) for p in declared.sovereignty_problems)
+                out.append(self._rejected(wl, entry, f"sovereignty input: {problems}"))
+                continue
+            requests.append((wl, entry, pool, request))
+        return requests
 
     def _with_acceptance(self, request: WorkloadRequest, spec: PolicySpec) -> WorkloadRequest:
         # α learned where this namespace's engines already run, if any worker reports it.

@@ -164,42 +164,13 @@ def ledger_entries(
             continue
         node = by_host.get(str(host), str(host))
         meta = wl["metadata"]
-        t = tenancy(meta["namespace"], policy)
-        try:
-            _, request, _ = declared_request(
-                wl, policy, profiles, snapshot, pool, t, world.owners.get((meta["namespace"], *owner_of(wl)))
-            )
-            gpus = requested_gpus(wl)
-        except UnreadableFieldError as exc:
-            errors.append(f"Workload {key_of(wl)}: {exc}")
-            request, gpus = None, -1
-        if request is None:  # decided once, unreadable now: count it, and hold its node (fail closed)
-            d = policy.defaults
-            request = WorkloadRequest(
-                key_of(wl), t.tenant, d.model, None, d.acceptance_rate, exclusive=True, node_pool=pool
-            )
-        tpot = notes.get(ann.OUT_TPOT)
-        try:
-            predicted = float(tpot) / 1e3 if tpot and ann.DECIMAL_RE.fullmatch(tpot) else None
-        except ValueError:
-            predicted = None
+        request, gpus = _counted_request(wl, policy, profiles, snapshot, pool, tenancy, world, errors)
+        predicted = _decimal_ms(notes.get(ann.OUT_TPOT))
         where = [(node, _int(notes.get(ann.OUT_GPU_INDEX), 0, 1024, 0))]
         reach: frozenset[str] = frozenset()
         if spread:  # each pod where it was counted, with its share of the GPUs
             where = [(by_host.get(h, h), g) for h, g in spread]
-            # Where its pods may be bound: every node some pod set's nodeSelector selects.
-            selectors = [
-                {str(k): str(v) for k, v in (u.get("nodeSelector") or {}).items()} for u in updates
-            ] or [{}]
-            reach = frozenset(
-                str(n["metadata"]["name"])
-                for n in world.nodes
-                if str(n["metadata"]["name"]) in pool
-                and any(
-                    all((n["metadata"].get("labels") or {}).get(k) == v for k, v in selector.items())
-                    for selector in selectors
-                )
-            )
+            reach = _reach(world, pool, updates)
             gpus = gpus // len(spread) if gpus > 0 else gpus
             request = replace(request, gpus=gpus if gpus > 0 else request.gpus, pods=1)
         return [
@@ -223,6 +194,58 @@ def ledger_entries(
             for part, (on, index) in enumerate(where)
         ]
     return []
+
+
+def _counted_request(
+    wl: dict[str, Any],
+    policy: PolicySpec,
+    profiles: ProfileSet,
+    snapshot: Snapshot,
+    pool: frozenset[str],
+    tenancy: TenancyOf,
+    world: World,
+    errors: list[str],
+) -> tuple[WorkloadRequest, int]:
+    """The request a decided workload is counted with, and its GPUs (-1: unknown). Decided once
+    and unreadable now: counted all the same, holding its node (fail closed)."""
+    meta = wl["metadata"]
+    t = tenancy(meta["namespace"], policy)
+    try:
+        owner = world.owners.get((meta["namespace"], *owner_of(wl)))
+        _, request, _ = declared_request(wl, policy, profiles, snapshot, pool, t, owner)
+        gpus = requested_gpus(wl)
+    except UnreadableFieldError as exc:
+        errors.append(f"Workload {key_of(wl)}: {exc}")
+        request, gpus = None, -1
+    if request is None:
+        d = policy.defaults
+        request = WorkloadRequest(
+            key_of(wl), t.tenant, d.model, None, d.acceptance_rate, exclusive=True, node_pool=pool
+        )
+    return request, gpus
+
+
+def _decimal_ms(text: object) -> float | None:
+    """A time we wrote in milliseconds, in seconds; None if it is not one."""
+    try:
+        return float(text) / 1e3 if isinstance(text, str) and ann.DECIMAL_RE.fullmatch(text) else None
+    except ValueError:
+        return None
+
+
+def _reach(world: World, pool: frozenset[str], updates: list[dict[str, Any]]) -> frozenset[str]:
+    """Where a spread workload's pods may be bound: every node of its pool that some pod set's
+    nodeSelector selects."""
+    selectors = [{str(k): str(v) for k, v in (u.get("nodeSelector") or {}).items()} for u in updates] or [{}]
+    return frozenset(
+        str(n["metadata"]["name"])
+        for n in world.nodes
+        if str(n["metadata"]["name"]) in pool
+        and any(
+            all((n["metadata"].get("labels") or {}).get(k) == v for k, v in selector.items())
+            for selector in selectors
+        )
+    )
 
 
 def _spread_pods(text: object) -> list[tuple[str, int]]:
@@ -258,45 +281,20 @@ def foreign_pods(
     spots that no pod holds: `moved` (entry index -> the node it is bound on) says where that entry
     now counts, so the ledger learns the real binding instead of counting the pod twice. Beyond
     that, a pod is counted as its tenant's (never under-counted)."""
-    # Room per (namespace, Workload, node); a Pod finds its Workload by Kueue's prebuilt label
-    # (a StatefulSet's, a LeaderWorkerSet group's), by its Job or StatefulSet, or as itself.
-    room: dict[tuple[str, str], float] = defaultdict(float)  # (Workload key, node)
-    by_owner: dict[tuple[str, str, str], list[str]] = defaultdict(list)  # -> Workload keys
-    entries: dict[str, list[int]] = defaultdict(list)  # Workload key -> its entries' indices
-    for i, c in enumerate(committed):
-        entries[c.key].append(i)
-        room[(c.key, c.node)] += c.gpus if c.gpus >= 0 else math.inf
-        for r in c.workload.get("metadata", {}).get("ownerReferences") or []:
-            ref = (c.namespace, str(r.get("kind")), str(r.get("name")))
-            if c.key not in by_owner[ref]:
-                by_owner[ref].append(c.key)
+    room, by_owner, entries = _rooms(committed)
     out: dict[str, list[tuple[str, int]]] = defaultdict(list)
     off_plan: list[tuple[str, str, int, list[str], str]] = []  # (node, Pod, GPUs, Workloads, namespace)
     for pod in world.pods:
         try:
-            meta, spec = pod["metadata"], pod.get("spec") or {}
-            node = spec.get("nodeName")
-            phase = (pod.get("status") or {}).get("phase")
-            if not node or phase in ("Succeeded", "Failed"):
+            bound = _bound_gpu_pod(pod, by_owner)
+            if bound is None:
                 continue
-            gpus = pod_gpus(pod)
-            if gpus <= 0:
-                continue
-            namespace = str(meta.get("namespace", ""))
-            prebuilt = (meta.get("labels") or {}).get(ann.KUEUE_PREBUILT)
-            owners = [
-                (str(r.get("kind")), str(r.get("name")))
-                for r in meta.get("ownerReferences") or []
-                if r.get("kind") in POD_OWNERS
-            ] + [(kinds.POD.name, str(meta.get("name", "")))]
-            keys = ([f"{namespace}/{prebuilt}"] if prebuilt else []) + [
-                wl for o in owners for wl in by_owner.get((namespace, *o), [])
-            ]
-            key = next((k for k in ((wl, str(node)) for wl in keys) if room.get(k, 0.0) >= gpus), None)
+            node, name, gpus, keys, namespace = bound
+            key = next((k for k in ((wl, node) for wl in keys) if room.get(k, 0.0) >= gpus), None)
             if key is not None:
                 room[key] -= gpus
                 continue
-            off_plan.append((str(node), str(meta.get("name", "")), gpus, keys, namespace))
+            off_plan.append(bound)
         except Exception as exc:
             errors.append(f"Pod {safe_key(pod)}: {type(exc).__name__}: {exc}")
     # Once every pod bound where planned has taken its spot: the others, each into a free spot of
@@ -326,6 +324,55 @@ def foreign_pods(
         except Exception as exc:
             errors.append(f"Pod {namespace}/{name}: {type(exc).__name__}: {exc}")
     return out
+
+
+Rooms = tuple[
+    dict[tuple[str, str], float],  # (Workload key, node) -> GPUs its entries counted there
+    dict[tuple[str, str, str], list[str]],  # (namespace, owner kind, owner name) -> Workload keys
+    dict[str, list[int]],  # Workload key -> its entries' indices
+]
+
+
+def _rooms(committed: list[Committed]) -> Rooms:
+    """Room per (Workload, node); a Pod finds its Workload by Kueue's prebuilt label (a
+    StatefulSet's, a LeaderWorkerSet group's), by its Job or StatefulSet, or as itself."""
+    room: dict[tuple[str, str], float] = defaultdict(float)
+    by_owner: dict[tuple[str, str, str], list[str]] = defaultdict(list)
+    entries: dict[str, list[int]] = defaultdict(list)
+    for i, c in enumerate(committed):
+        entries[c.key].append(i)
+        room[(c.key, c.node)] += c.gpus if c.gpus >= 0 else math.inf
+        for r in c.workload.get("metadata", {}).get("ownerReferences") or []:
+            ref = (c.namespace, str(r.get("kind")), str(r.get("name")))
+            if c.key not in by_owner[ref]:
+                by_owner[ref].append(c.key)
+    return room, by_owner, entries
+
+
+def _bound_gpu_pod(
+    pod: dict[str, Any], by_owner: Mapping[tuple[str, str, str], list[str]]
+) -> tuple[str, str, int, list[str], str] | None:
+    """(node, Pod name, GPUs, the Workload keys it may belong to, namespace) of a bound GPU pod
+    that has not ended; None for any other pod."""
+    meta, spec = pod["metadata"], pod.get("spec") or {}
+    node = spec.get("nodeName")
+    phase = (pod.get("status") or {}).get("phase")
+    if not node or phase in ("Succeeded", "Failed"):
+        return None
+    gpus = pod_gpus(pod)
+    if gpus <= 0:
+        return None
+    namespace = str(meta.get("namespace", ""))
+    prebuilt = (meta.get("labels") or {}).get(ann.KUEUE_PREBUILT)
+    owners = [
+        (str(r.get("kind")), str(r.get("name")))
+        for r in meta.get("ownerReferences") or []
+        if r.get("kind") in POD_OWNERS
+    ] + [(kinds.POD.name, str(meta.get("name", "")))]
+    keys = ([f"{namespace}/{prebuilt}"] if prebuilt else []) + [
+        wl for o in owners for wl in by_owner.get((namespace, *o), [])
+    ]
+    return str(node), str(meta.get("name", "")), gpus, keys, namespace
 
 
 def _breaks(c: Committed, n: NodeState, policy: PolicySpec) -> Exclusion | None:

@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
+from sovereignspec.core.budget import engine_budget
 from sovereignspec.core.cluster import Placement
 from sovereignspec.core.decision import DecisionRecord
-from sovereignspec.core.handoff import armed_at_declared, handoff
-from sovereignspec.core.placement import Placer, spec_request
+from sovereignspec.core.placement import Placer
 from sovereignspec.core.specs import ProfileSet
 from sovereignspec.engines import engine_config, handed_table
 from sovereignspec.operator import annotations as ann
@@ -180,44 +180,18 @@ def decision_notes(
         ann.OUT_POLICY: policy_name,
     }
     drafter = profiles.drafters.get(req.drafter) if req.drafter else None
-    table = None
-    # The workload's own limits on speculation hold for the table too (a bad annotation's plain, its
-    # gamma-max): the optimiser's view of the request already combines them with the policy's.
-    wanted = spec_request(profiles, spec.placer_settings(), req)[0]
-    gamma_max = wanted.gamma_max
-    if handoff_allowed and record.headroom is not None and gamma_max > 0:
-        # The engine's per-batch budget, judged at the chosen GPU's load and neighbours' bound: it
-        # may speculate at light batches even where γ* at the declared batch is 0.
-        table = handoff(
-            profiles.gpu_for(record.gpu_type, req.model),
-            req.stage_of(profiles.models[req.model]),
-            drafter,
-            req.alpha,
-            float(req.context),
-            gamma_max,
-            wanted.margin + profiles.margin_for(record.gpu_type, req.model),  # widened where observed off
-            record.headroom,
-            record.step_limit_s,
-            (float(req.seqs), record.gamma),
-            record.headroom_measured,
-        )
+    budget = engine_budget(profiles, spec.placer_settings(), req, record) if handoff_allowed else None
+    table = budget.table if budget else None
     checkpoint = p.declared.draft_checkpoint or (
         spec.drafts.checkpoints.get(req.drafter, {}).get(req.model) if req.drafter else None
     )
     config = (
         engine_config(drafter, req.model, record.gamma, table, checkpoint) if drafter is not None else None
     )
-    if table is not None and drafter is not None and record.gamma == 0 and record.headroom is not None:
+    if budget is not None and budget.armed is not None:
         # Armed at its declared batch with K = 0 there: slower than plain by a draft pass and the
         # machinery; what it is handed says so.
-        speedup, step = armed_at_declared(
-            profiles.gpu_for(record.gpu_type, req.model),
-            req.stage_of(profiles.models[req.model]),
-            drafter,
-            float(req.seqs),
-            float(req.context),
-            record.headroom,
-        )
+        speedup, step = budget.armed
         notes[ann.OUT_SPEEDUP] = f"{speedup:.3f}"
         notes[ann.OUT_TPOT] = f"{step * 1e3:.3f}"
     if config is not None and config.speculative:
@@ -281,88 +255,32 @@ def _placed(
 ) -> Write:
     req = p.request
     assert req is not None and record.node is not None and record.gpu_type is not None
-    events: list[EventNote] = []
-    reserved = sorted({k for _, set_notes in p.pod_set_notes for k in reserved_in_template(set_notes)})
-    reason = record.reason
-    if reserved:
-        # Our keys land together and agree, or not at all. A template that already sets some of
-        # them gets a plain decision; if its values are not plain ones, Kueue could not merge ours
-        # and the engine would read the user's: that bypasses the decision, so it is refused.
-        record = _as_plain(record)
-        notes = decision_notes(spec, profiles, p, record, policy_name, stamp, handoff_allowed=False)
-        clash = {
-            name: found
-            for name, set_notes in p.pod_set_notes
-            if (found := {k: v for k, v in set_notes.items() if k in ann.OUTPUTS and notes.get(k) != v})
-        }
-        if clash:
-            return _rejected(p, _reserved_refusal(clash, len(p.pod_set_notes) > 1), "")
-        reason = f"plain decode: the pod template sets {', '.join(reserved)} (written only by SovereignSpec)"
-        events.append(EventNote("ReservedAnnotation", reason + "; remove them from the template", True))
-    else:
-        notes = decision_notes(spec, profiles, p, record, policy_name, stamp)
-    node = record.node or ""
-    host = view.hostnames.get(node, node)
-    selector = {ann.HOSTNAME: host}
-    where = f"{record.node}/gpu{record.gpu_index} ({record.gpu_type})"
-    selectors = [selector] * len(p.pod_set_names)
-    if record.node_selector is not None or record.pod_set_nodes is not None:
-        # Pods spread over nodes, counted per pod: pinned by labels, or each pod set by its node.
-        notes[ann.OUT_NODES] = ",".join(f"{view.hostnames.get(n, n)}/{g}" for n, g, _ in record.pods)
-        spread = ", ".join(f"{n}/gpu{g}" for n, g, _ in record.pods)
-        where = f"{len(record.pods)} pods over {spread} ({record.gpu_type})"
-        if record.pod_set_nodes is not None:
-            nodes = iter(record.pod_set_nodes)  # one per pod set with pods, in order
-            selectors = []
-            for count in _counts(p):
-                pinned = next(nodes) if count else ""
-                selectors.append({ann.HOSTNAME: view.hostnames.get(pinned, pinned)} if pinned else {})
-        else:
-            selectors = [dict(record.node_selector or {})] * len(p.pod_set_names)
+    reserved = _reserved_notes(policy_name, spec, profiles, p, record, stamp)
+    if isinstance(reserved, Write):
+        return reserved
+    record, notes, reason, events = reserved
+    selectors, where = _selectors(view, p, record, notes)
     updates: list[dict[str, object]] = [
         {"name": name, "annotations": dict(notes), "nodeSelector": dict(chosen)}
         for name, chosen in zip(p.pod_set_names, selectors, strict=True)
     ]
     if record.mode == "plain" and view.stale_reason and record.headroom is None:
         reason = f"{reason} ({view.stale_reason})"
-    light = ""
-    if record.gamma == 0 and notes.get(ann.OUT_MODE) == "speculative":
-        table = handed_table({k.removeprefix(ann.PREFIX): v for k, v in notes.items()})
-        below = max((hi for _, hi, k in table if k > 0), default=0)
-        light = (
-            f"; speculates up to batch {below} (per-batch table {table}), K = 0 above: "
-            f"{notes[ann.OUT_SPEEDUP]}x plain at the declared batch (a draft pass and the machinery)"
-        )
+    light = _light_note(record, notes)
     mode = "speculative" if record.gamma > 0 else "light-batch speculative" if light else "plain"
     message = f"{mode} γ={record.gamma} on {where}; α {req.alpha:.2f} ({p.alpha_source}); {reason}{light}"
     priced = profiles.pricing.get((record.gpu_type or "", req.model))
     if priced:  # what the engines taught about this GPU type and model, when they taught something
         message = f"{message}; priced with the {priced}"
-    events.insert(
-        0,
+    events = [
         EventNote(
             "SpeculativeDecode" if record.gamma > 0 or light else "PlainDecode",
             shorten(record_text(record, p.alpha_source) + light, EVENT_LIMIT),
         ),
-    )
-    if record.held_back:
-        held = "; ".join(f"{gpu}: {why}" for gpu, why in sorted(record.held_back.items()))
-        events.append(EventNote("NeighbourSLO", shorten(f"speculation held back on {held}", EVENT_LIMIT)))
-    excluded = _excluded_text(record)
-    if excluded:
-        events.append(EventNote("ExcludedNodes", shorten(excluded.lstrip("; "), EVENT_LIMIT)))
+        *events,
+        *_placement_events(p, record),
+    ]
     problems = p.declared.performance_problems
-    if problems:
-        text = "; ".join(str(x) for x in problems)
-        events.append(
-            EventNote(
-                "BadAnnotation", shorten(f"{text}. Speculation is off: plain decode.", EVENT_LIMIT), True
-            )
-        )
-    if p.declared.warnings:
-        events.append(
-            EventNote("UnknownAnnotation", shorten("; ".join(p.declared.warnings), EVENT_LIMIT), True)
-        )
     return Write(
         p.key,
         p.workload,
@@ -378,6 +296,97 @@ def _placed(
         speedup=record.speedup,
         bad_fields=tuple(x.field for x in problems),
     )
+
+
+def _reserved_notes(
+    policy_name: str,
+    spec: PolicySpec,
+    profiles: ProfileSet,
+    p: PendingWorkload,
+    record: DecisionRecord,
+    stamp: str,
+) -> Write | tuple[DecisionRecord, dict[str, str], str, list[EventNote]]:
+    """(record, notes, reason, events) of the decision as it can be handed over, or the refusal.
+    Our keys land together and agree, or not at all. A template that already sets some of them
+    gets a plain decision; if its values are not plain ones, Kueue could not merge ours and the
+    engine would read the user's: that bypasses the decision, so it is refused."""
+    reserved = sorted({k for _, set_notes in p.pod_set_notes for k in reserved_in_template(set_notes)})
+    if not reserved:
+        return record, decision_notes(spec, profiles, p, record, policy_name, stamp), record.reason, []
+    record = _as_plain(record)
+    notes = decision_notes(spec, profiles, p, record, policy_name, stamp, handoff_allowed=False)
+    clash = {
+        name: found
+        for name, set_notes in p.pod_set_notes
+        if (found := {k: v for k, v in set_notes.items() if k in ann.OUTPUTS and notes.get(k) != v})
+    }
+    if clash:
+        return _rejected(p, _reserved_refusal(clash, len(p.pod_set_notes) > 1), "")
+    reason = f"plain decode: the pod template sets {', '.join(reserved)} (written only by SovereignSpec)"
+    return (
+        record,
+        notes,
+        reason,
+        [EventNote("ReservedAnnotation", reason + "; remove them from the template", True)],
+    )
+
+
+def _selectors(
+    view: View, p: PendingWorkload, record: DecisionRecord, notes: dict[str, str]
+) -> tuple[list[dict[str, str]], str]:
+    """Each pod set's node selector and where the decision says it placed them; a spread over
+    nodes also names every pod's node and GPU in the notes."""
+    node = record.node or ""
+    where = f"{record.node}/gpu{record.gpu_index} ({record.gpu_type})"
+    selectors = [{ann.HOSTNAME: view.hostnames.get(node, node)}] * len(p.pod_set_names)
+    if record.node_selector is None and record.pod_set_nodes is None:
+        return selectors, where
+    # Pods spread over nodes, counted per pod: pinned by labels, or each pod set by its node.
+    notes[ann.OUT_NODES] = ",".join(f"{view.hostnames.get(n, n)}/{g}" for n, g, _ in record.pods)
+    spread = ", ".join(f"{n}/gpu{g}" for n, g, _ in record.pods)
+    where = f"{len(record.pods)} pods over {spread} ({record.gpu_type})"
+    if record.pod_set_nodes is None:
+        return [dict(record.node_selector or {})] * len(p.pod_set_names), where
+    nodes = iter(record.pod_set_nodes)  # one per pod set with pods, in order
+    selectors = []
+    for count in _counts(p):
+        pinned = next(nodes) if count else ""
+        selectors.append({ann.HOSTNAME: view.hostnames.get(pinned, pinned)} if pinned else {})
+    return selectors, where
+
+
+def _light_note(record: DecisionRecord, notes: Mapping[str, str]) -> str:
+    """What a γ = 0 decision that still hands the engine a per-batch table speculates, or ""."""
+    if record.gamma != 0 or notes.get(ann.OUT_MODE) != "speculative":
+        return ""
+    table = handed_table({k.removeprefix(ann.PREFIX): v for k, v in notes.items()})
+    below = max((hi for _, hi, k in table if k > 0), default=0)
+    return (
+        f"; speculates up to batch {below} (per-batch table {table}), K = 0 above: "
+        f"{notes[ann.OUT_SPEEDUP]}x plain at the declared batch (a draft pass and the machinery)"
+    )
+
+
+def _placement_events(p: PendingWorkload, record: DecisionRecord) -> list[EventNote]:
+    """The Events a placed decision adds beside its own: held-back speculation, excluded nodes,
+    annotations that turned speculation off, unknown keys."""
+    events: list[EventNote] = []
+    if record.held_back:
+        held = "; ".join(f"{gpu}: {why}" for gpu, why in sorted(record.held_back.items()))
+        events.append(EventNote("NeighbourSLO", shorten(f"speculation held back on {held}", EVENT_LIMIT)))
+    excluded = _excluded_text(record)
+    if excluded:
+        events.append(EventNote("ExcludedNodes", shorten(excluded.lstrip("; "), EVENT_LIMIT)))
+    problems = p.declared.performance_problems
+    if problems:
+        text = "; ".join(str(x) for x in problems)
+        said = shorten(f"{text}. Speculation is off: plain decode.", EVENT_LIMIT)
+        events.append(EventNote("BadAnnotation", said, True))
+    if p.declared.warnings:
+        events.append(
+            EventNote("UnknownAnnotation", shorten("; ".join(p.declared.warnings), EVENT_LIMIT), True)
+        )
+    return events
 
 
 def _counts(p: PendingWorkload) -> list[int]:

@@ -65,46 +65,13 @@ def declared_request(
     Raises UnreadableFieldError for a field of the Workload that cannot be read."""
     meta = wl["metadata"]
     kind = owner_of(wl)[0]
-    sets, misplaced = declared_metadata(wl, owner, kind)
-    models, drafters = set(profiles.models), set(profiles.drafters)
-    declared = ann.combine(
-        [
-            (
-                name,
-                ann.parse(
-                    notes,
-                    tenancy or ann.Tenancy(meta["namespace"]),
-                    models,
-                    drafters,
-                    labels=labels,
-                    # the owner's own annotations are the workload's: read once
-                    owner_annotations=misplaced if n == 0 else None,
-                    owner=_misplaced_on(kind, owner),
-                ),
-            )
-            for n, (name, notes, labels) in enumerate(sets)
-        ]
-    )
+    declared = _declared(wl, owner, kind, profiles, tenancy or ann.Tenancy(meta["namespace"]))
     if declared.sovereignty_problems:
         return declared, None, ""
-    if declared.draft_checkpoint is not None and not policy.drafts.allows(declared.draft_checkpoint):
-        # A checkpoint the administrator has not allowed is not loaded into a shared engine.
-        allowed = ", ".join(policy.drafts.allowed) or "none (the policy's drafts.allowed is empty)"
-        refused = ann.Problem(
-            "draft-checkpoint", declared.draft_checkpoint, f"one the policy allows: {allowed}", False
-        )
-        declared = replace(declared, draft_checkpoint=None, problems=(*declared.problems, refused))
+    declared = _checkpoint_allowed(declared, policy)
     d = policy.defaults
     model = declared.model or d.model
-    prior = declared.alpha if declared.alpha is not None else d.acceptance_rate
-    source = "declared" if declared.alpha is not None else "policy default"
-    alpha = prior
-    # Observed in this namespace's own engines (see PrometheusReader.acceptance).
-    observed = snapshot.acceptance.get((meta["namespace"], model))
-    learned = learned_alpha(prior, observed, policy)
-    if learned is not None and observed is not None:
-        alpha = learned
-        source = f"{source} {prior:.2f} blended with {observed[0]:.2f} observed"
+    alpha, source = _alpha(declared, policy, snapshot, meta["namespace"], model)
     problems = declared.performance_problems
     pods = requested_pods(wl)
     request = WorkloadRequest(
@@ -133,6 +100,62 @@ def declared_request(
     return declared, request, source
 
 
+def _declared(
+    wl: dict[str, Any],
+    owner: Mapping[str, Mapping[str, str]] | None,
+    kind: str,
+    profiles: ProfileSet,
+    tenancy: ann.Tenancy,
+) -> ann.Declared:
+    """Every pod set's annotations parsed and combined into what the workload declares."""
+    sets, misplaced = declared_metadata(wl, owner, kind)
+    models, drafters = set(profiles.models), set(profiles.drafters)
+    return ann.combine(
+        [
+            (
+                name,
+                ann.parse(
+                    notes,
+                    tenancy,
+                    models,
+                    drafters,
+                    labels=labels,
+                    # the owner's own annotations are the workload's: read once
+                    owner_annotations=misplaced if n == 0 else None,
+                    owner=_misplaced_on(kind, owner),
+                ),
+            )
+            for n, (name, notes, labels) in enumerate(sets)
+        ]
+    )
+
+
+def _checkpoint_allowed(declared: ann.Declared, policy: PolicySpec) -> ann.Declared:
+    """A checkpoint the administrator has not allowed is not loaded into a shared engine: dropped,
+    and said as a problem."""
+    if declared.draft_checkpoint is None or policy.drafts.allows(declared.draft_checkpoint):
+        return declared
+    allowed = ", ".join(policy.drafts.allowed) or "none (the policy's drafts.allowed is empty)"
+    refused = ann.Problem(
+        "draft-checkpoint", declared.draft_checkpoint, f"one the policy allows: {allowed}", False
+    )
+    return replace(declared, draft_checkpoint=None, problems=(*declared.problems, refused))
+
+
+def _alpha(
+    declared: ann.Declared, policy: PolicySpec, snapshot: Snapshot, namespace: str, model: str
+) -> tuple[float, str]:
+    """The acceptance rate decided with, and where it came from: declared or the policy's default,
+    blended with what this namespace's own engines observed (see PrometheusReader.acceptance)."""
+    prior = declared.alpha if declared.alpha is not None else policy.defaults.acceptance_rate
+    source = "declared" if declared.alpha is not None else "policy default"
+    observed = snapshot.acceptance.get((namespace, model))
+    learned = learned_alpha(prior, observed, policy)
+    if learned is not None and observed is not None:
+        return learned, f"{source} {prior:.2f} blended with {observed[0]:.2f} observed"
+    return prior, source
+
+
 def _misplaced_on(kind: str, owner: Mapping[str, Mapping[str, str]] | None) -> str:
     """Whose own annotations misplaced keys were found on, as the user will read it."""
     registered = kinds.BY_NAME.get(kind)
@@ -148,7 +171,7 @@ def learned_alpha(prior: float, observed: tuple[float, float] | None, policy: Po
     if not policy.telemetry.acceptance.learn or not observed:
         return None
     weight = policy.telemetry.acceptance.prior_weight_tokens
-    tokens = observed[1] if observed[1] >= 0 else weight  # SGLang reports a rate, not tokens
+    tokens = observed[1] if observed[1] >= 0 else weight  # an engine that reports a rate, not tokens
     return blend_acceptance(prior, (observed[0], tokens), weight)
 
 

@@ -217,6 +217,90 @@ class DropLog:
         log.info("metrics: dropped %s: %s%s", who, why, extra)
 
 
+class _Handler(BaseHTTPRequestHandler):
+    timeout = IDLE_SECONDS  # per read and write: a client that stalls is dropped
+    server: _Server
+
+    def do_GET(self) -> None:
+        self.server.serving(self.request)  # its request is in: no longer one to make room from
+        if self.path.split("?", 1)[0] != PATH:
+            self._answer(404, b"not found\n")
+            return
+        status, why = self.server.auth.check(self.headers.get("Authorization"))
+        if status != 200:
+            self._answer(status, f"{why}\n".encode())
+            return
+        self._answer(200, generate_latest(self.server.registry), CONTENT_TYPE_LATEST)
+
+    def _answer(self, status: int, body: bytes, content_type: str = "text/plain; charset=utf-8") -> None:
+        self.send_response(status)
+        if status == 401:
+            self.send_header("WWW-Authenticate", 'Bearer realm="sovereignspec-metrics"')
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_: Any) -> None:
+        pass
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 64
+
+    def __init__(
+        self,
+        address: tuple[str, int],
+        context: ssl.SSLContext,
+        auth: MetricsAuth,
+        registry: CollectorRegistry,
+    ) -> None:
+        super().__init__(address, _Handler)
+        self.context, self.auth, self.registry = context, auth, registry
+        self._guard = threading.Lock()
+        self._open: dict[Any, tuple[float, bool]] = {}  # connection -> (opened, request in)
+        self._drops = DropLog()
+
+    def get_request(self) -> tuple[Any, Any]:
+        # The TLS handshake in the request's own thread (on its first read), never in the
+        # accepting one: a client that stalls mid-handshake holds up only itself, and only
+        # until its timeout.
+        sock, addr = self.socket.accept()
+        sock.settimeout(IDLE_SECONDS)
+        return self.context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False), addr
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._guard:
+            if len(self._open) >= MAX_CONNECTIONS:
+                waiting = [(opened, c) for c, (opened, busy) in self._open.items() if not busy]
+                if not waiting:  # every connection is being answered: this one waits its turn
+                    self._drops.note(client_address, "too many connections")
+                    self.shutdown_request(request)
+                    return
+                oldest = min(waiting, key=lambda w: w[0])[1]
+                self._open.pop(oldest)
+                _cut(oldest)  # its thread's read fails at once and ends
+                self._drops.note(None, "made room: the longest-waiting connection without a request")
+            self._open[request] = (time.monotonic(), False)
+        super().process_request(request, client_address)
+
+    def serving(self, request: Any) -> None:
+        with self._guard:
+            if request in self._open:
+                self._open[request] = (self._open[request][0], True)
+
+    def shutdown_request(self, request: Any) -> None:
+        with self._guard:
+            self._open.pop(request, None)
+        super().shutdown_request(request)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that stalled, reset or spoke no TLS: one line, not a traceback.
+        exc = sys.exc_info()[1]
+        self._drops.note(client_address, f"{type(exc).__name__}: {exc}" if exc else "dropped")
+
+
 def serve(
     api: client.ApiClient,
     port: int,
@@ -232,83 +316,7 @@ def serve(
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     context.load_cert_chain(str(crt), str(pem))
-    auth = MetricsAuth(api)
-
-    class Handler(BaseHTTPRequestHandler):
-        timeout = IDLE_SECONDS  # per read and write: a client that stalls is dropped
-
-        def do_GET(self) -> None:
-            server.serving(self.request)  # its request is in: no longer one to make room from
-            if self.path.split("?", 1)[0] != PATH:
-                self._answer(404, b"not found\n")
-                return
-            status, why = auth.check(self.headers.get("Authorization"))
-            if status != 200:
-                self._answer(status, f"{why}\n".encode())
-                return
-            self._answer(200, generate_latest(registry), CONTENT_TYPE_LATEST)
-
-        def _answer(self, status: int, body: bytes, content_type: str = "text/plain; charset=utf-8") -> None:
-            self.send_response(status)
-            if status == 401:
-                self.send_header("WWW-Authenticate", 'Bearer realm="sovereignspec-metrics"')
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *_: Any) -> None:
-            pass
-
-    class Server(ThreadingHTTPServer):
-        daemon_threads = True
-        request_queue_size = 64
-
-        def __init__(self, *args: Any) -> None:
-            super().__init__(*args)
-            self._guard = threading.Lock()
-            self._open: dict[Any, tuple[float, bool]] = {}  # connection -> (opened, request in)
-            self._drops = DropLog()
-
-        def get_request(self) -> tuple[Any, Any]:
-            # The TLS handshake in the request's own thread (on its first read), never in the
-            # accepting one: a client that stalls mid-handshake holds up only itself, and only
-            # until its timeout.
-            sock, addr = self.socket.accept()
-            sock.settimeout(IDLE_SECONDS)
-            return context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False), addr
-
-        def process_request(self, request: Any, client_address: Any) -> None:
-            with self._guard:
-                if len(self._open) >= MAX_CONNECTIONS:
-                    waiting = [(opened, c) for c, (opened, busy) in self._open.items() if not busy]
-                    if not waiting:  # every connection is being answered: this one waits its turn
-                        self._drops.note(client_address, "too many connections")
-                        self.shutdown_request(request)
-                        return
-                    oldest = min(waiting, key=lambda w: w[0])[1]
-                    self._open.pop(oldest)
-                    _cut(oldest)  # its thread's read fails at once and ends
-                    self._drops.note(None, "made room: the longest-waiting connection without a request")
-                self._open[request] = (time.monotonic(), False)
-            super().process_request(request, client_address)
-
-        def serving(self, request: Any) -> None:
-            with self._guard:
-                if request in self._open:
-                    self._open[request] = (self._open[request][0], True)
-
-        def shutdown_request(self, request: Any) -> None:
-            with self._guard:
-                self._open.pop(request, None)
-            super().shutdown_request(request)
-
-        def handle_error(self, request: Any, client_address: Any) -> None:
-            # A client that stalled, reset or spoke no TLS: one line, not a traceback.
-            exc = sys.exc_info()[1]
-            self._drops.note(client_address, f"{type(exc).__name__}: {exc}" if exc else "dropped")
-
-    server = Server((bind, port), Handler)
+    server = _Server((bind, port), context, MetricsAuth(api), registry)
     threading.Thread(target=server.serve_forever, name="metrics-https", daemon=True).start()
     log.info("metrics: https://%s:%d%s, bearer token and RBAC required", bind, port, PATH)
     return server

@@ -194,6 +194,30 @@ def _read_workloads(
     return committed, pending, missing_nodes
 
 
+def _stale_reason(policy: PolicySpec, snapshot: Snapshot, now: float) -> str | None:
+    """Why no GPU's reading counts this tick (every GPU judged stale), or None."""
+    staleness = policy.telemetry.staleness_seconds
+    if policy.telemetry.source == "none":
+        return "telemetry is off in this policy (source: none)"
+    if snapshot.error and not snapshot.gpus:
+        return snapshot.error
+    if now - snapshot.fetched_at > staleness:
+        return f"telemetry last read {now - snapshot.fetched_at:.0f}s ago (limit {staleness:.0f}s)"
+    return None
+
+
+def _gpu_count(node: dict[str, Any], errors: list[str]) -> int:
+    """The node's allocatable GPUs (at most 1,024); 0, with the error said, where unreadable."""
+    status = node.get("status") or {}
+    try:
+        raw = (status.get("allocatable") or status.get("capacity") or {}).get(GPU_RESOURCE, 0) or 0
+        count = gpu_quantity(raw, f"Node {node['metadata']['name']} status.allocatable[{GPU_RESOURCE}]")
+    except UnreadableFieldError as exc:
+        errors.append(str(exc))
+        return 0
+    return min(count, 1024)
+
+
 def _cluster(
     nodes: list[dict[str, Any]],
     committed: list[Committed],
@@ -205,13 +229,7 @@ def _cluster(
     errors: list[str],
 ) -> tuple[ClusterView, dict[tuple[str, int], float | None], str | None]:
     staleness = policy.telemetry.staleness_seconds
-    stale_reason = None
-    if policy.telemetry.source == "none":
-        stale_reason = "telemetry is off in this policy (source: none)"
-    elif snapshot.error and not snapshot.gpus:
-        stale_reason = snapshot.error
-    elif now - snapshot.fetched_at > staleness:
-        stale_reason = f"telemetry last read {now - snapshot.fetched_at:.0f}s ago (limit {staleness:.0f}s)"
+    stale_reason = _stale_reason(policy, snapshot, now)
 
     by_gpu: dict[tuple[str, int], list[Committed]] = defaultdict(list)
     by_node: dict[str, list[Committed]] = defaultdict(list)
@@ -229,16 +247,9 @@ def _cluster(
         meta = node["metadata"]
         labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
         gpu_type = policy.profiles.gpu_products.get(labels.get(GPU_PRODUCT_LABEL, ""))
-        status = node.get("status") or {}
-        try:
-            raw = (status.get("allocatable") or status.get("capacity") or {}).get(GPU_RESOURCE, 0) or 0
-            count = gpu_quantity(raw, f"Node {meta['name']} status.allocatable[{GPU_RESOURCE}]")
-        except UnreadableFieldError as exc:
-            errors.append(str(exc))
-            continue
+        count = _gpu_count(node, errors)
         if gpu_type not in profiles.gpus or count <= 0:
             continue
-        count = min(count, 1024)
         name = meta["name"]
         host = labels.get(ann.HOSTNAME, name)
         efficiency = profiles.gpus[gpu_type].compute_efficiency

@@ -7,6 +7,12 @@ The pinned lists below were read from the engines' source (the search tool's sto
   range"); the table's rules: vllm/v1/spec_decode/dynamic/utils.py at 14b450ca590cbff96e7004bdb147a5d3acf5a4f6
   (ranges positive, sorted, non-overlapping, first at 1, K >= 0; K clamped to num_speculative_tokens).
   The field arrived with vLLM PR #32374 ("Add Dynamic SD", merged May 2026), first released in v0.24.
+  Read again for the newest release (0.33; the CPU build tested stays at 0.32): the same snapshot is
+  the newest the index holds and the table is still batch-only 3-tuples. Its context-length forms
+  are proposals, not merged: RFC #48627 and PR #48944 (optional 5-tuple rows [b_lo, b_hi, ctx_lo,
+  ctx_hi, K], 3-tuples still meaning every context) and PR #54801 (a separate
+  `num_speculative_tokens_per_seq_len`). Nothing here writes either; should one land, the 3-tuple
+  table stays valid under it, and a context axis is where `core.handoff` would grow next.
 - SGLang server arguments: python/sglang/srt/server_args.py (speculative_* fields: algorithm,
   draft_model_path, num_steps, eagle_topk, num_draft_tokens, ngram_min/max_bfs_breadth, adaptive,
   adaptive_config); adaptive rules: python/sglang/srt/speculative/adaptive_spec_params.py at

@@ -13,20 +13,23 @@ import pytest
 
 from sovereignspec import engines
 from sovereignspec.engines.base import Engine, Metrics
+from sovereignspec.engines.launchers import LAUNCHERS
+from sovereignspec.launchkit import Launcher, LaunchError
 from sovereignspec.profiles import load_profiles
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "architecture.md"
 
 
-def skeleton() -> Any:
-    """The `ENGINE` of the skeleton in docs/architecture.md ("Adding an engine"), run as a module."""
+def skeleton(which: int = 0, name: str = "ENGINE") -> Any:
+    """`name` of the `which`th skeleton in docs/architecture.md ("Adding an engine": the engine
+    module, then its launcher), run as a module."""
     text = DOC.read_text()
-    section = text[text.index("## Adding an engine") :]
-    code = re.search(r"```python\n(.*?)```", section, re.S)
-    assert code, "docs/architecture.md: no skeleton under 'Adding an engine'"
-    module = types.ModuleType("skeleton_engine")
-    exec(compile(code.group(1), str(DOC), "exec"), module.__dict__)
-    return module.ENGINE
+    section = text[text.index("## Adding an engine") : text.index("## Adding a workload kind")]
+    code = re.findall(r"```python\n(.*?)```", section, re.S)
+    assert len(code) > which, "docs/architecture.md: a skeleton missing under 'Adding an engine'"
+    module = types.ModuleType(f"skeleton_{which}")
+    exec(compile(code[which], str(DOC), "exec"), module.__dict__)
+    return getattr(module, name)
 
 
 class Reader:
@@ -49,6 +52,7 @@ def structure(engine: Engine) -> None:
     assert isinstance(engine.name, str) and re.fullmatch(r"[a-z][a-z0-9-]*", engine.name)
     assert engine.outputs and all(re.fullmatch(r"[a-z0-9][a-z0-9-]*", key) for key in engine.outputs)
     assert isinstance(engine.takes_table, bool)
+    assert engine.batch_limit.startswith("--")
     m = engine.metrics
     assert isinstance(m, Metrics) and m.prefix.endswith(":")
     assert len(m.tpot) == 3 and any(m.tpot), "at least one TPOT histogram"
@@ -98,3 +102,32 @@ def test_a_plain_decision_hands_no_engine_anything() -> None:
     assert engines.engine_config(d, "llama-3.1-8b", 0).notes == {}
     config = engines.engine_config(d, "llama-3.1-8b", 2)
     assert config.speculative and set(config.notes) <= engines.OUTPUTS
+
+
+def launcher_structure(launcher: Launcher) -> None:
+    """What `launch` asks of every launcher: a name, its own flags, no speculation found in a
+    command without any, and a plain γ = 0 decision that adds nothing or says why."""
+    assert isinstance(launcher.name, str) and re.fullmatch(r"[a-z][a-z0-9-]*", launcher.name)
+    assert all(flag.startswith("--") and said for flag, said in launcher.options)
+    assert not launcher.sets_speculation("--port") and not launcher.sets_speculation("--model")
+    assert launcher.sets_speculation("--spec") or launcher.sets_speculation("--speculative-")
+    assert not launcher.detects("python3 serve.py")
+    try:
+        spec = launcher.plan({}, ["serve", "m"], "0", Path("/nonexistent"), {})
+    except LaunchError as exc:  # a speculative decision missing its configuration is refused
+        assert "annotation" in str(exc)
+    else:
+        assert isinstance(spec, str) and spec, "no configuration and γ = 0: plain, with the reason"
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS, ids=lambda e: e.name)
+def test_every_registered_launcher_holds_to_the_protocols_structure(launcher: Launcher) -> None:
+    launcher_structure(launcher)
+
+
+def test_the_launcher_skeleton_in_the_docs_holds_to_the_same_structure() -> None:
+    launcher_structure(skeleton(1, "LAUNCHER"))
+
+
+def test_every_engine_has_one_launcher_and_every_launcher_an_engine() -> None:
+    assert sorted(e.name for e in engines.ENGINES) == sorted(launcher.name for launcher in LAUNCHERS)

@@ -224,17 +224,7 @@ def test_the_launcher_installs_as_one_standard_library_file_that_runs_on_its_own
     imports = {
         line.split()[1].split(".")[0] for line in source.splitlines() if line.startswith(("import ", "from "))
     }
-    assert imports <= {
-        "__future__",
-        "argparse",
-        "json",
-        "os",
-        "shlex",
-        "sys",
-        "tempfile",
-        "pathlib",
-        "typing",
-    }
+    assert imports <= set(sys.stdlib_module_names) | {"__future__"}  # the standard library only
     engine_py = tmp_path / "engine.py"
     engine_py.write_text(ENGINE)
     annotations = downward_api_file(tmp_path / "annotations", SPECULATIVE)
@@ -260,7 +250,7 @@ def test_legacy_vllm_runs_plain_when_only_light_batches_would_speculate(tmp_path
         ),
     }  # fmt: skip
     command = ["vllm", "serve", "m"]
-    out, line, _ = plan(notes, "vllm", command, tmp_path, vllm_legacy=True)
+    out, line, _ = plan(notes, "vllm", command, tmp_path, {"vllm_legacy": True})
     assert out == command and "plain decode" in line and "0.24" in line
     out, line, _ = plan(notes, "vllm", command, tmp_path)
     assert out[-2] == "--speculative-config" and "only at lighter batches" in line

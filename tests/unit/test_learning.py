@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 
 from sovereignspec.core import learning
+from sovereignspec.core.budget import spec_request
 from sovereignspec.core.cluster import ClusterView, GpuState, NodeState, PlacerSettings, WorkloadRequest
 from sovereignspec.core.learning import MAX_EXTRA_MARGIN, Point, choose, learn, windowed, with_learning
-from sovereignspec.core.placement import Placer, spec_request
+from sovereignspec.core.placement import Placer
 from sovereignspec.core.roofline import roofline_for, tensor_parallel_for
 from sovereignspec.operator import annotations as ann
 from sovereignspec.operator.learning import Learner, readings, resource_name

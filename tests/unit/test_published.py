@@ -3,7 +3,7 @@
 Figures are copied from the papers named (see ../shared/calibration/README.md for what each says);
 nothing here is computed by the code under test except the model's own predictions, and those come
 from what the operator decides with: the optimiser's γ table (`gamma_table`, as `Placer` calls it,
-for a workload built by `placement.spec_request`), or the speculative step's one home
+for a workload built by `budget.spec_request`), or the speculative step's one home
 (`speedup.speculative_step`) where the published engine verifies a tree. No test restates a formula.
 """
 
@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from sovereignspec.core.budget import spec_request
 from sovereignspec.core.cluster import PlacerSettings, WorkloadRequest
 from sovereignspec.core.optimiser import gamma_table
-from sovereignspec.core.placement import spec_request
 from sovereignspec.core.roofline import roofline_for
 from sovereignspec.core.speedup import speculative_step
 

@@ -10,8 +10,9 @@ import pytest
 import yaml
 
 from sovereignspec.calibrate import calibrate, profile_document, read_measurements, refusals
-from sovereignspec.core.calibration import COEFFICIENTS, RIDGE_IDENTIFIED_RATIO, Measurement, fit, identify
+from sovereignspec.core.calibration import COEFFICIENTS, Measurement, fit
 from sovereignspec.core.decision import DecisionRecord
+from sovereignspec.core.identification import RIDGE_IDENTIFIED_RATIO, identify
 from sovereignspec.core.placement import Placer
 from sovereignspec.core.roofline import roofline_for, smooth_max
 from sovereignspec.errors import ConfigError
