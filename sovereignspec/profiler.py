@@ -13,7 +13,7 @@ median over the requests); a point whose requests never all decoded at once is r
 longer decode, then refused, rather than filed as a batch it was not.
 
 An engine that speculates verifies γ+1 query tokens per sequence and emits τ
-tokens per step: its speculative counters (vLLM's `spec_decode_num_*`) give both, and its TPOT is
+tokens per step: its speculative counters (each engine's module reads its own) give both, and its TPOT is
 step/τ. A plain engine has one query token and one token per step.
 
 Everything runs from the standard library (threads and http.client), bounded by `max_seconds`.
@@ -217,8 +217,8 @@ def _read_stream(resp: Any, out: _Stream, errors: list[str]) -> None:
         except ValueError:
             continue
         if isinstance(chunk, dict) and chunk.get("error"):
-            # An engine refuses some requests mid-stream with HTTP 200 (vLLM: a token id out of
-            # the vocabulary): its own words are the error.
+            # An engine refuses some requests mid-stream with HTTP 200 (a token id out of the
+            # vocabulary, for one): its own words are the error.
             error = chunk["error"]
             text = error.get("message", error) if isinstance(error, dict) else error
             errors.insert(0, f"the engine answered in the stream: {str(text)[:300]}")
@@ -264,7 +264,7 @@ def measure(
         prompt_tokens=prompt_tokens,
         # The steps are timed while the whole point decodes, so the batch holds every request of the
         # point, plus any other traffic the engine reported (profile an engine of its own). A gauge
-        # sampled every 50 ms can miss a short decode altogether (a real vLLM read 0 throughout).
+        # sampled every 50 ms can miss a short decode altogether (the real engine in the tests read 0).
         batch=max(max(running, default=0.0), float(concurrency)),
         context=prompt_tokens + output_tokens / 2,
         query_tokens=query,

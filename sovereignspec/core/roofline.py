@@ -17,7 +17,7 @@ tensor-parallel all-reduces).
   tables: T_V/T_AR falls towards 1.06 at 64K–100K).
 - Below the compute ridge the weights stream while GEMMs run, but a fraction κ (`serial_fraction`)
   of each query token's compute does not hide behind that stream (sampling, norms, small kernels):
-  every query token costs time from batch 1, as the fitted vLLM runs on H100 show.
+  every query token costs time from batch 1, as the SpecDecode-Bench fit's H100 runs show.
 - smax_p(a, b) = (a^p + b^p)^(1/p) is a smooth maximum (p = `overlap`): the approach to the
   compute-bound regime is gradual, and p → ∞ with κ = 0 gives back the hard roofline.
 
@@ -67,7 +67,7 @@ def tensor_parallel_for(gpu: GpuSpec, model: ModelSpec) -> int:
 def pipeline_stage(model: ModelSpec, stages: int, tp: int | None = None) -> ModelSpec:
     """The largest of `stages` pipeline stages of `model`, each on `tp` GPUs (tensor parallel).
 
-    A step passes every stage in turn (vLLM gives a stage ⌈layers/stages⌉ layers or one fewer),
+    A step passes every stage in turn (an engine gives a stage ⌈layers/stages⌉ layers or one fewer),
     so the group's step is the sum of its stages' and the largest one bounds it: a stage holds its
     layers' share of the parameters and of the KV cache (embeddings counted as layers: an estimate),
     and hands its activations on once per step (`GpuSpec.pipeline_hop_s`, in `roofline_for`)."""

@@ -14,7 +14,7 @@ drafting γ_i tokens with a drafter of relative cost c_i and speculation overhea
 The first term is the verification work every co-batched request waits for; the second is each
 speculating workload's drafting and speculation machinery, steps of the shared loop that everyone
 waits for. A drafted token costs c of the GPU's batch-1 step: a draft pass is a small head's
-forward, whose time hardly grows with the batch (the vLLM fit's EAGLE-3 draft time: 2.1 ms at
+forward, whose time hardly grows with the batch (the SpecDecode-Bench fit's EAGLE-3 draft time: 2.1 ms at
 batch 1, 2.2–3.0 ms at batch 64, while the plain step grows from 7 to 10–20 ms). The machinery's
 bookkeeping is priced against the plain step of the GPU it runs on (the measured tax is relative:
 6–22 % of a step). With everyone alike and at batch 1 this is the brief's
@@ -74,10 +74,10 @@ def speculation_terms(
     all call it, over floats or numpy arrays alike.
 
     `armed`: the engine runs in speculative mode whatever γ, as it does on a row of a per-batch
-    table that says K = 0. There γ = 0 still pays one draft pass and the machinery: vLLM 0.32
-    (`v1/spec_decode/llm_base_proposer.py`, "Dynamic SD decided K=0") runs the drafter's first
-    forward pass to keep its KV cache in sync and returns no drafts, and the speculative step's
-    machinery (rejection sampler, piecewise CUDA graphs) runs all the same; the 6-22 % tax the
+    table that says K = 0. There γ = 0 still pays one draft pass and the machinery: the engine
+    runs the drafter's first forward pass to keep its KV cache in sync and returns no drafts
+    (the engine modules cite where), and the speculative step's machinery (rejection sampler,
+    piecewise CUDA graphs) runs all the same; the 6-22 % tax the
     brief cites was measured at γ = 0. An engine whose adaptive mode takes 0 steps as an interval
     without speculation may skip that pass; that it does is not established for any engine here
     (engines/), so every K = 0 row is priced as paying it (the cautious reading)."""

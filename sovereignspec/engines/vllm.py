@@ -6,6 +6,10 @@ scheduler reads (inclusive `[first batch, last batch, K]` ranges starting at bat
 to `num_speculative_tokens` at run time and the last range's K holds for larger batches). Older
 vLLM rejects the unknown key: `sovereignspec launch --vllm-legacy` drops it.
 
+At K = 0 of its table it stays armed: vLLM 0.32 (`v1/spec_decode/llm_base_proposer.py`, "Dynamic SD
+decided K=0") runs the drafter's first forward pass to keep its KV cache in sync and returns no
+drafts, so a K = 0 row pays a draft pass and the machinery (`core.speedup`'s `armed`).
+
 Metrics (vllm/v1/metrics/loggers.py, vllm/v1/spec_decode/metrics.py): the v1 engine's
 `spec_decode_num_*` counters, per draft position too; per-request TPOT histograms.
 """

@@ -92,7 +92,7 @@ def declared_request(
         gpus=requested_gpus(wl) or None,
         pods=pods,
         allowed_jurisdictions=declared.allowed_jurisdictions,
-        # A LeaderWorkerSet group is one engine over its pods: vLLM's multi-node layout, tensor
+        # A LeaderWorkerSet group is one engine over its pods: the engines' multi-node layout, tensor
         # parallel inside each pod and a pipeline stage per pod (docs/serving-shapes.md).
         stages=pods if kind in STAGED else 1,
         pod_sets=pod_set_counts(wl) if pods > 1 else (),

@@ -270,7 +270,7 @@ class Simulator:
             m = replica.tpot_measured_s
             replica.tpot_measured_s = tpot if m is None else 0.9 * m + 0.1 * tpot
         if req.drafts:
-            # What vLLM's per-position counters give: the first drafted token's acceptance is α.
+            # What an engine's per-position counters give: the first drafted token's acceptance is α.
             replica.alpha_est = 0.9 * replica.alpha_est + 0.1 * req.first_accepted / req.drafts
 
     def _account(self, s: Seq, steps: int) -> None:
