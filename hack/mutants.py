@@ -1,10 +1,14 @@
 """`make mutants`: mutation testing of the decision path with a fixed list of operators.
 
-Each mutant changes one thing in one module (a comparison, an arithmetic or boolean operator, a
-min/max, a numeric constant), is written into a private copy of the tree, and the unit tests that
-guard the decision path run against it (`-x`: the first failure kills it). A mutant that no test
-kills is listed with its line, so that it is either killed by a new test or explained
-(docs/mutants.md). Deterministic: the same sources give the same mutants in the same order.
+Each mutant changes one thing in one module (a comparison, its operands' order, an arithmetic or
+boolean operator, a min/max, a numeric constant, a boolean literal, a returned value), is written
+into a private copy of the tree, and the unit tests that guard the decision path run against it
+(`-x`: the first failure kills it). Outcomes are counted apart: killed (a test failed), survived
+(every test passed), timed out (a test ran past its limit: the mutant loops or crawls) and errors
+(the tests could not run: an import or collection error, pytest's exit codes 2-5). The score is
+killed / (killed + survived); timeouts and errors are shown beside it, never counted as kills. A
+mutant that no test kills is listed with its line, so that it is either killed by a new test or
+explained (docs/mutants.md). Deterministic: the same sources give the same mutants in the same order.
 
     python hack/mutants.py [--jobs 2] [--only PATH:LINE ...] [FILES ...]
 """
@@ -39,6 +43,10 @@ FILES = [
     # draft budget's request, mutated as before.
     "sovereignspec/core/choosing.py",
     "sovereignspec/core/budget.py",
+    # Decides whenever few GPUs are stale; the sovereignty filter; the operator's whole decision.
+    "sovereignspec/core/scalar.py",
+    "sovereignspec/core/sovereignty.py",
+    "sovereignspec/operator/plan.py",
 ]
 # Fast and sharp first: `-x` stops at the first failure, so most mutants die in seconds.
 TESTS = [
@@ -55,7 +63,8 @@ TESTS = [
     "tests/unit/test_regimes.py",
     "tests/unit/test_laws.py",
 ]  # test_decision_properties.py (sovereignty over generated clusters, 40 s) is left to `make test`
-TIMEOUT_S = 600
+TIMEOUT_S = 600  # the whole run of the test files against one mutant
+TEST_TIMEOUT_S = 120  # one test (the slowest unmutated one takes a few seconds)
 
 _COMPARE = {
     ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq, ast.NotEq: ast.Eq,
@@ -65,6 +74,8 @@ _BINARY = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.M
            ast.FloorDiv: ast.Div, ast.Mod: ast.FloorDiv}  # fmt: skip
 _BOOL = {ast.And: ast.Or, ast.Or: ast.And}
 _SWAP_CALLS = {"min": "max", "max": "min", "minimum": "maximum", "maximum": "minimum"}
+_ORDERED = (ast.Lt, ast.LtE, ast.Gt, ast.GtE)  # comparisons whose operands' order matters
+OUTCOMES = ("killed", "survived", "timeout", "error")
 
 
 @dataclass(frozen=True)
@@ -125,10 +136,33 @@ def _sites(tree: ast.AST) -> Iterator[tuple[ast.AST, str]]:
                 yield node, f"{name} → {_SWAP_CALLS[name]}"
         elif (
             isinstance(node, ast.Constant)
-            and type(node.value) in (int, float)
+            and isinstance(node.value, (int, float))
             and not isinstance(node.value, bool)
         ):
             yield node, f"{node.value!r} → {_bumped(node.value)!r}"
+        elif isinstance(node, ast.Constant) and isinstance(node.value, bool):
+            yield node, f"{node.value!r} → {not node.value!r}"
+        elif isinstance(node, ast.Return) and node.value is not None and not _is_none(node.value):
+            yield node, "return x → return None"
+        if isinstance(node, ast.Compare) and len(node.ops) == 1 and isinstance(node.ops[0], _ORDERED):
+            yield node, "a ? b → b ? a"
+
+
+def _is_none(node: ast.AST) -> bool:
+    return isinstance(node, ast.Constant) and node.value is None
+
+
+def outcome(rc: int, output: str) -> str:
+    """What one mutant's test run says: pytest's exit code 0 (every test passed: survived), 1 (a
+    test failed: killed, unless the failure is pytest-timeout's), our own time limit (-1), or an
+    exit code of 2-5 (interrupted, internal error, usage, no tests: the tests never judged it)."""
+    if rc == -1 or (rc == 1 and "+ Timeout +" in output):
+        return "timeout"
+    if rc == 0:
+        return "survived"
+    if rc == 1:
+        return "killed"
+    return "error"
 
 
 def _bumped(value: float) -> float:
@@ -147,7 +181,13 @@ def _sym(op: ast.AST) -> str:
 
 
 def _apply(node: ast.AST, what: str, position: int) -> None:
-    if isinstance(node, ast.Compare):
+    if isinstance(node, ast.Compare) and what == "a ? b → b ? a":
+        node.left, node.comparators[0] = node.comparators[0], node.left
+    elif isinstance(node, ast.Return):
+        node.value = ast.Constant(None)
+    elif isinstance(node, ast.Constant) and isinstance(node.value, bool):
+        node.value = not node.value
+    elif isinstance(node, ast.Compare):
         ops = [i for i, op in enumerate(node.ops) if type(op) in _COMPARE]
         i = ops[position]
         node.ops[i] = _COMPARE[type(node.ops[i])]()
@@ -164,6 +204,7 @@ def _apply(node: ast.AST, what: str, position: int) -> None:
             assert isinstance(node.func, ast.Name)
             node.func.id = _SWAP_CALLS[node.func.id]
     elif isinstance(node, ast.Constant):
+        assert isinstance(node.value, (int, float))
         node.value = _bumped(node.value)
 
 
@@ -178,7 +219,7 @@ def mutated_source(m: Mutant, source: str) -> str:
     sites = list(_sites(tree))
     node, what = sites[m.index]
     # A Compare with several operators yields one site per operator: which one is this?
-    position = sum(1 for n, _ in sites[: m.index] if n is node)
+    position = sum(1 for n, w in sites[: m.index] if n is node and w != "a ? b → b ? a")
     _apply(node, what, position)
     return ast.unparse(tree)
 
@@ -193,19 +234,19 @@ def _workdir(root: Path, k: int) -> Path:
     return work
 
 
-def _run_tests(work: Path, tests: list[str]) -> tuple[int, float]:
+def _run_tests(work: Path, tests: list[str]) -> tuple[str, float]:
     start = time.monotonic()
     try:
         proc = subprocess.run(
             [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-m", "not cluster",
-             "--timeout", str(TIMEOUT_S), *tests],
-            cwd=work, capture_output=True, timeout=TIMEOUT_S, check=False,
+             "--timeout", str(TEST_TIMEOUT_S), *tests],
+            cwd=work, capture_output=True, text=True, timeout=TIMEOUT_S, check=False,
             env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
         )  # fmt: skip
-        rc = proc.returncode
+        rc, output = proc.returncode, proc.stdout + proc.stderr
     except subprocess.TimeoutExpired:
-        rc = -1  # a mutant that loops forever is caught (killed by the time limit)
-    return rc, time.monotonic() - start
+        rc, output = -1, ""  # a mutant that loops forever is caught by the time limit
+    return outcome(rc, output), time.monotonic() - start
 
 
 def main() -> int:
@@ -233,52 +274,59 @@ def main() -> int:
         todo = [m for m in todo if (f"{m.path}:{m.line}", m.what) in {(a, w.strip()) for a, w in alive}]
     root = Path(tempfile.mkdtemp(prefix="sovereignspec-mutants-"))
     works = [_workdir(root, k) for k in range(args.jobs)]
-    rc, seconds = _run_tests(works[0], TESTS)
-    if rc != 0:
-        print(f"mutants: the tests fail on the unmutated tree (exit {rc})", file=sys.stderr)
+    state, seconds = _run_tests(works[0], TESTS)
+    if state != "survived":
+        print(f"mutants: the tests do not pass on the unmutated tree ({state})", file=sys.stderr)
         return 2
     print(f"baseline: the {len(TESTS)} test files pass in {seconds:.0f} s; {len(todo)} mutants", flush=True)
 
     free = list(works)
-    results: dict[Mutant, tuple[int, float]] = {}
+    results: dict[Mutant, tuple[str, float]] = {}
 
-    def one(m: Mutant) -> tuple[Mutant, int, float]:
+    def one(m: Mutant) -> tuple[Mutant, str, float]:
         work = free.pop()
         target = work / m.path
         try:
             target.write_text(mutated_source(m, sources[m.path]))
-            rc, took = _run_tests(work, TESTS)
+            state, took = _run_tests(work, TESTS)
         finally:
             target.write_text(sources[m.path])
             free.append(work)
-        return m, rc, took
+        return m, state, took
 
     done = 0
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        for m, rc, took in pool.map(one, todo):
-            results[m] = (rc, took)
+        for m, state, took in pool.map(one, todo):
+            results[m] = (state, took)
             done += 1
-            state = "survived" if rc == 0 else "killed"
             print(f"[{done}/{len(todo)}] {m.path}:{m.line} {m.what}: {state} ({took:.0f} s)", flush=True)
     shutil.rmtree(root, ignore_errors=True)
 
-    print("\nper module: killed / mutants")
-    survivors = []
-    total_killed = 0
-    for f in args.files:
-        mine = [m for m in todo if m.path == f]
-        killed = sum(1 for m in mine if results[m][0] != 0)
-        total_killed += killed
-        if mine:
-            print(f"  {f}: {killed} / {len(mine)} ({100 * killed / len(mine):.0f} %)")
-        survivors += [m for m in mine if results[m][0] == 0]
-    print(f"  all: {total_killed} / {len(todo)} ({100 * total_killed / max(len(todo), 1):.1f} %)")
+    print(report(args.files, todo, {m: r[0] for m, r in results.items()}))
+    survivors = [m for m in todo if results[m][0] == "survived"]
     if survivors:
         print("\nsurvivors (see docs/mutants.md):")
         for m in survivors:
             source = sources[m.path].splitlines()[m.line - 1].strip()
             print(f"  {m.path}:{m.line}  {m.what}   | {source}")
     return 0
+
+
+def report(files: list[str], todo: list[Mutant], states: dict[Mutant, str]) -> str:
+    """Per module and in all: each outcome's count, and the score killed / (killed + survived)."""
+    lines = ["", "per module: killed / survived / timed out / errors; score = killed / (killed + survived)"]
+    rows = [(f, [m for m in todo if m.path == f]) for f in files] + [("all", todo)]
+    for name, mine in rows:
+        if not mine:
+            continue
+        count = {o: sum(1 for m in mine if states[m] == o) for o in OUTCOMES}
+        judged = count["killed"] + count["survived"]
+        score = f"{100 * count['killed'] / judged:.1f} %" if judged else "n/a"
+        lines.append(
+            f"  {name}: {count['killed']} / {count['survived']} / {count['timeout']} / {count['error']}"
+            f" of {len(mine)}; score {score}"
+        )
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
