@@ -33,6 +33,7 @@ from sovereignspec.keys import BUDGET, DECIDED_AT, GPU_TYPE, MODE, PREFIX  # inl
 from sovereignspec.launchkit import (  # inline: sovereignspec/launchkit.py
     Launcher,
     LaunchError,
+    budget,
     config_file_keys,
     conflicts,
     option_name,
@@ -185,7 +186,7 @@ def plan(
     if isinstance(spec, str):  # what the engine cannot run of the decision leaves it plain
         return _plain(command, engine, f"plain decode decided on {where} ({spec})")
     extra, table, warning, files = spec
-    light = " (0 at the declared batch: speculates only at lighter batches)" if _int(gamma) <= 0 else ""
+    light = " (0 at the declared batch: speculates only at lighter batches)" if budget(gamma) <= 0 else ""
     line = f"speculative γ={gamma}{light} decided on {where}{table}: appending {shlex.join(extra)}{warning}"
     return command + extra, line, files
 
@@ -200,13 +201,6 @@ def _plain(command: list[str], engine: str, decided: str) -> tuple[list[str], st
             "the decision; remove it, or declare what the workload needs and let SovereignSpec decide"
         )
     return command, f"{decided}: running the command as given", {}
-
-
-def _int(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise LaunchError(f"draft-budget annotation: got {text!r}; accepted: an integer >= 0") from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -239,8 +233,8 @@ def main(argv: list[str] | None = None) -> int:
             )
         notes = read_annotations(Path(args.annotations))
         config_dir = Path(args.config_dir or tempfile.gettempdir())
-        options = {flag[2:].replace("-", "_"): True for e in LAUNCHERS for flag, _ in e.options}
-        chosen = {name: bool(getattr(args, name)) for name in options}
+        dests = (flag[2:].replace("-", "_") for e in LAUNCHERS for flag, _ in e.options)
+        chosen = {name: bool(getattr(args, name)) for name in dests}
         final, line, files = plan(notes, engine, command, config_dir, chosen)
         for path, text in files.items():
             Path(path).write_text(text, encoding="utf-8")
