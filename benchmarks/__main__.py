@@ -1,11 +1,12 @@
 """`python -m benchmarks` (or `make bench`): placement speed against the scalar reference and
 against an older tree, measured side by side in one run.
 
-On one cluster of 2,000 mixed GPUs (benchmarks/cluster.py, seeded):
+On two clusters of mixed GPUs (benchmarks/cluster.py, seeded): 2,000 GPUs (250 nodes) with a tick
+of 10,000 pending workloads, and 10,000 GPUs (1,250 nodes) with a tick of 20,000 (`--sizes`):
 
-1. one workload placed over all 2,000 GPUs, from scratch (no cached γ tables): median and p99,
+1. one workload placed over all the GPUs, from scratch (no cached γ tables): median and p99,
    decision only and decision plus the full decision record, beside the scalar reference;
-2. one scheduling tick deciding 10,000 pending workloads (200 tenants' workload shapes) over the
+2. one scheduling tick deciding the pending workloads (200 tenants' workload shapes) over the
    same GPUs, beside the scalar reference. The reference recomputes every GPU for every workload,
    so its cost per workload is constant; it runs the first 100 workloads of the tick (checked
    decision for decision against the fast tick) and its total is scaled from that.
@@ -21,6 +22,7 @@ not runs.
 
     make bench
     make bench ARGS="--base 2ed12d4 --rounds 3"
+    make bench ARGS="--sizes 2000x10000"      # the smaller cluster alone
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 PROBE = REPO / "benchmarks" / "placement.py"
 BASE = "ac55e90"  # main when issue 31 was filed: 2.17 ms median, 3.13 ms p99, 14x the reference
+SIZES = ((2_000, 10_000), (10_000, 20_000))  # (GPUs, pending workloads in the tick)
 
 
 def pct(values: list[float], q: float) -> float:
@@ -95,13 +98,26 @@ def pooled(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "outcomes": runs[-1]["outcomes"],
         "speculative": runs[-1]["speculative"],
         "shape": f"{runs[-1]['gpus']} GPUs on {runs[-1]['nodes']} nodes",
+        "pooled": len(single),
     }
+
+
+def size(text: str) -> tuple[int, int]:
+    gpus, _, pending = text.partition("x")
+    try:
+        return int(gpus), int(pending)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected GPUSxPENDING, e.g. 10000x20000") from None
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base", default=BASE, help="the older tree's commit (default %(default)s), or none")
     parser.add_argument("--rounds", type=int, default=2, help="measurements per tree, alternating")
+    parser.add_argument(
+        "--sizes", type=lambda t: [size(x) for x in t.split(",")], default=list(SIZES),
+        help="clusters as GPUSxPENDING, comma-separated (default 2000x10000,10000x20000)",
+    )  # fmt: skip
     args = parser.parse_args()
     trees: dict[str, tuple[Path, tuple[str, ...]]] = {
         "this tree": (REPO, ()),
@@ -109,18 +125,28 @@ def main() -> int:
     }
     if args.base != "none":
         trees = {f"{args.base} (base)": (unpack(args.base), ()), **trees}
-    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in trees}
+    runs: dict[tuple[int, int], dict[str, list[dict[str, Any]]]] = {
+        shape: {name: [] for name in trees} for shape in args.sizes
+    }
     for _ in range(args.rounds):
-        for name, (tree, flags) in trees.items():
-            runs[name].append(probe(tree, *flags))
-    figures = {name: pooled(r) for name, r in runs.items()}
+        for (gpus, pending), per_tree in runs.items():
+            for name, (tree, flags) in trees.items():
+                per_tree[name].append(probe(tree, *flags, "--gpus", str(gpus), "--pending", str(pending)))
+    print(f"python {sys.version.split()[0]}; {args.rounds} rounds per column, alternating")
+    same = [
+        report(shape, {name: pooled(r) for name, r in per_tree.items()}, args.base)
+        for shape, per_tree in runs.items()
+    ]
+    return 0 if all(same) else 1
+
+
+def report(shape: tuple[int, int], figures: dict[str, dict[str, Any]], base_name: str) -> bool:
+    """One cluster's table; whether this tree's first decisions were the reference's."""
+    gpus, pending = shape
     names = list(figures)
     here = figures["this tree"]
-    base = figures[names[0]] if args.base != "none" else None
-    print(
-        f"cluster: {here['shape']}; python {sys.version.split()[0]}; {args.rounds} rounds per column, "
-        f"alternating; {len(runs['this tree'][0]['single']) * args.rounds} single placements pooled"
-    )
+    base = figures[names[0]] if base_name != "none" else None
+    print(f"\ncluster: {here['shape']}; {here['pooled']} single placements pooled per column")
     header = "".join(f"{n:>18}" for n in names) + ("   this / base" if base else "")
 
     def row(label: str, key: str, scale: float, unit: str, fmt: str = "9.3f") -> None:
@@ -128,7 +154,7 @@ def main() -> int:
         ratio = f"  {here[key] / base[key]:9.2f}x" if base and base[key] else ""
         print(f"  {label:38}{cells}{ratio}")
 
-    print(f"\n{'one workload over 2,000 GPUs (no cache)':40}{header}")
+    print(f"{f'one workload over {gpus:,} GPUs (no cache)':40}{header}")
     row("decision, median", "median", 1e3, "ms")
     row("decision, p99", "p99", 1e3, "ms")
     row("decision, CPU time, median", "cpu_median", 1e3, "ms")
@@ -137,7 +163,7 @@ def main() -> int:
     row("decision + record, p99", "explained_p99", 1e3, "ms")
     row("scalar reference, median", "reference", 1e3, "ms", "9.1f")
     row("speed-up over the reference (medians)", "speedup", 1, "x", "9.1f")
-    print(f"\n{'one tick: 10,000 pending workloads':40}{header}")
+    print(f"{f'one tick: {pending:,} pending workloads':40}{header}")
     row("vectorised", "tick", 1, "s")
     row("scalar reference (scaled from 100)", "reference_tick", 1, "s", "9.1f")
     for n in names:
@@ -146,7 +172,7 @@ def main() -> int:
             f"  {n}: {f['reference_tick'] / f['tick']:.1f}x the reference; first 100 decisions "
             f"identical to it: {f['same']}; outcomes {f['outcomes']}, speculative {f['speculative']}"
         )
-    return 0 if here["same"] else 1
+    return bool(here["same"])
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-"""One tree's placement figures, as JSON on stdout: `python -P benchmarks/placement.py` with
-PYTHONPATH naming the tree to measure (this one, or an older commit's unpacked by `make bench`).
+"""One tree's placement figures, as JSON on stdout: `python -P benchmarks/placement.py [--gpus N]
+[--pending M]` with PYTHONPATH naming the tree to measure (this one, or an older commit's unpacked
+by `make bench`).
 
 It imports only what every tree since the benchmark's first version has (`Placer`, `tick_order`,
 `load_profiles`, `benchmarks.cluster`, the scalar reference), so the same measurement runs on both
@@ -9,6 +10,7 @@ with `--default-allocator`)."""
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import sys
@@ -26,16 +28,16 @@ try:
 except ImportError:  # a tree from before the reference moved out of tests/
     from tests.reference import reference_tick  # type: ignore[no-redef]
 
-N_GPUS = 2_000
+N_GPUS = 2_000  # the sizes when neither flag is given
 N_PENDING = 10_000
 SINGLE_RUNS = 300
 REF_SINGLE = 20
 REF_TICK = 100
 
 
-def measure() -> dict[str, Any]:
+def measure(n_gpus: int = N_GPUS, n_pending: int = N_PENDING) -> dict[str, Any]:
     profiles = load_profiles()
-    view = mixed_cluster(N_GPUS)
+    view = mixed_cluster(n_gpus)
     singles = one_off_workloads(SINGLE_RUNS)
     placer = Placer(profiles, view)
     placer.place(singles[0], commit=False)  # warm imports and per-model coefficients
@@ -56,14 +58,14 @@ def measure() -> dict[str, Any]:
         reference_tick(profiles, view, [w])
         ref.append(time.perf_counter() - t)
 
-    pending = pending_workloads(N_PENDING)
+    pending = pending_workloads(n_pending)
     t = time.perf_counter()
     decisions = Placer(profiles, view).tick(pending, explain=False)
     tick_s = time.perf_counter() - t
     first = sorted(pending, key=tick_order)[:REF_TICK]
     t = time.perf_counter()
     ref_decisions = reference_tick(profiles, view, first)
-    ref_tick_s = (time.perf_counter() - t) / REF_TICK * N_PENDING
+    ref_tick_s = (time.perf_counter() - t) / REF_TICK * n_pending
     same = all(
         (d.workload, d.outcome, d.node, d.gpu_index, d.gamma)
         == (r.workload, r.outcome, r.node, r.gpu_index, r.gamma)
@@ -73,6 +75,7 @@ def measure() -> dict[str, Any]:
         "tree": str(Path(placement_module.__file__).parents[2]),
         "gpus": len(view.gpus),
         "nodes": len(view.nodes),
+        "pending": n_pending,
         "single": fast,
         "single_cpu": fast_cpu,
         "single_explained": explained,
@@ -85,9 +88,9 @@ def measure() -> dict[str, Any]:
     }
 
 
-def heap_pad() -> bool:
+def heap_pad(default_allocator: bool) -> bool:
     """The allocator setting the tree's own processes start with (`sovereignspec.cli.main`)."""
-    if "--default-allocator" in sys.argv or importlib.util.find_spec("sovereignspec.heap") is None:
+    if default_allocator or importlib.util.find_spec("sovereignspec.heap") is None:
         return False
     from sovereignspec.heap import keep_heap_pad
 
@@ -95,5 +98,10 @@ def heap_pad() -> bool:
 
 
 if __name__ == "__main__":
-    padded = heap_pad()
-    json.dump({**measure(), "heap_pad": padded}, sys.stdout)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gpus", type=int, default=N_GPUS)
+    parser.add_argument("--pending", type=int, default=N_PENDING)
+    parser.add_argument("--default-allocator", action="store_true", help="leave glibc's malloc as it is")
+    args = parser.parse_args()
+    padded = heap_pad(args.default_allocator)
+    json.dump({**measure(args.gpus, args.pending), "heap_pad": padded}, sys.stdout)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from sovereignspec.core.roofline import roofline_for, step_at, step_formula, step_rates
+from sovereignspec.core.roofline import negligible_ratio, roofline_for, step_at, step_formula, step_rates
 from sovereignspec.core.specs import GpuSpec, ModelSpec
 from sovereignspec.core.speedup import NEAR_ONE, speculative_step, tau_geometric, verify_tokens
 
@@ -65,8 +65,9 @@ class Coeffs:
 
 
 def _smax(a: float, b: float, p: float) -> float:
+    """`roofline.smooth_max` for floats: hi itself where lo is negligible beside it (the same bound)."""
     hi, lo = (a, b) if a >= b else (b, a)
-    if p == math.inf or hi <= 0.0:
+    if lo <= negligible_ratio(p) * hi:  # p = inf and hi = 0 included
         return hi
     return float(hi * (1.0 + (lo / hi) ** p) ** (1.0 / p))
 

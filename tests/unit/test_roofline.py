@@ -210,3 +210,40 @@ def test_the_step_is_one_formula_for_arrays_and_floats(profiles, gpu):
         floats = [step_at(c, c.rates(ctx), n, n / 2.0, _smax) for n in tokens.tolist()]  # as best_gamma
         assert floats == [c.step(n, n / 2.0, ctx) for n in tokens.tolist()]
         assert arrays == pytest.approx(floats, rel=1e-15, abs=0.0)  # an ulp of pow at most
+
+
+def _smooth_max_in_full(a, b, p):
+    # The formula with both powers everywhere: what `smooth_max` computed before it skipped them.
+    hi, lo = np.maximum(a, b), np.minimum(a, b)
+    return hi * (1.0 + (lo / np.maximum(hi, np.finfo(np.float64).tiny)) ** p) ** (1.0 / p)
+
+
+@pytest.mark.parametrize("p", [1.5, 8.0, 63.578, 64.0, math.inf])
+def test_the_smooth_maximum_skips_its_powers_only_where_they_change_nothing(p):
+    from sovereignspec.core.roofline import negligible_ratio, smooth_max
+
+    rng = np.random.default_rng(11)
+    edge = float(negligible_ratio(p))
+    # Ratios everywhere in [0, 1] and densely on both sides of the bound the shortcut uses.
+    ratios = np.concatenate([rng.random(4000), edge * (1.0 + rng.uniform(-1e-5, 1e-5, 4000)), [0.0, 1.0]])
+    hi = rng.uniform(1e-6, 1.0, ratios.size)
+    a, b = hi, ratios * hi
+    got = smooth_max(a, b, p)
+    assert np.array_equal(got, _smooth_max_in_full(a, b, p))
+    assert np.array_equal(smooth_max(b, a, p), got)
+    # Below the bound the power is under half an ulp of 1, so 1 + power is 1 exactly.
+    below = ratios[ratios <= edge]
+    assert (1.0 + below**p == 1.0).all()
+
+
+def test_the_smooth_maximum_with_one_exponent_per_gpu_is_the_full_formula_per_column():
+    from sovereignspec.core.roofline import smooth_max
+
+    rng = np.random.default_rng(12)
+    p = rng.choice([8.0, 63.578, 64.0, math.inf], size=500)  # GPU types of a mixed cluster
+    a = rng.uniform(1e-6, 1.0, (9, 500))  # a row per draft length, a column per GPU
+    b = a * rng.random((9, 500))
+    assert np.array_equal(smooth_max(a, b, p), _smooth_max_in_full(a, b, p))
+    assert np.array_equal(smooth_max(a, b, p[None, :]), _smooth_max_in_full(a, b, p))
+    one = smooth_max(0.5, 0.45, 8.0)
+    assert isinstance(one, np.floating) and one == _smooth_max_in_full(0.5, 0.45, 8.0)
