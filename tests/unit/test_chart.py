@@ -57,6 +57,8 @@ def test_the_default_render_has_crd_rbac_controller_policy_and_check(helm):
         "Service", "SpeculationPolicy", "AdmissionCheck", "Role", "RoleBinding", "PodDisruptionBudget",
         "ClusterRole",  # RELEASE-metrics-reader, for Prometheus
         "Secret",  # RELEASE-metrics-cert: the metrics endpoint's certificate and its CA
+        # RELEASE-queue-required: GPU work in tenant namespaces goes through Kueue
+        "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
     ])  # fmt: skip
 
 
@@ -274,14 +276,42 @@ def test_the_dispatcher_role_ships_a_policy_that_lets_only_it_and_kueue_nominate
         "system:serviceaccount:kueue-system:kueue-controller-manager",
     ]
     # The workers' role has nothing to guard; the policy can be left out; before 1.30 there is no v1.
-    assert not any(d["kind"] == "ValidatingAdmissionPolicy" for d in render(helm))
+    assert not any(d["metadata"]["name"].endswith("-nomination") for d in render(helm))
     off = render(helm, "role=dispatcher", "dispatcher.guardNomination=false")
-    assert not any(d["kind"].startswith("ValidatingAdmissionPolicy") for d in off)
+    assert not any(d["metadata"]["name"].endswith("-nomination") for d in off)
     old = subprocess.run(
         [str(helm), "template", "t", str(CHART), "--kube-version", "1.29.4", "--set", "role=dispatcher"],
         capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
     assert "ValidatingAdmissionPolicy" not in old
+
+
+def test_the_queue_required_policy_is_on_by_default_and_its_values_reach_it(helm):
+    def queue_policy(*sets: str) -> list[dict]:
+        return [d for d in render(helm, *sets) if d["metadata"]["name"] == "t-sovereignspec-queue-required"]
+
+    policy, binding = queue_policy()
+    assert binding["spec"] == {"policyName": "t-sovereignspec-queue-required", "validationActions": ["Deny"]}
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    selector = policy["spec"]["matchConstraints"]["namespaceSelector"]
+    assert selector == {"matchExpressions": [{"key": "sovereignspec.io/jurisdiction", "operator": "Exists"}]}
+    variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
+    assert json.loads(variables["resources"]) == ["nvidia.com/gpu"]
+    assert "system:serviceaccount:kube-system:job-controller" in json.loads(variables["controllers"])
+    # Both roles: a MultiKueue manager's tenant namespaces are tenant namespaces too.
+    assert len(queue_policy("role=dispatcher")) == 2
+    _, warn = queue_policy("admissionPolicies.queueRequired.validationActions={Warn,Audit}")
+    assert warn["spec"]["validationActions"] == ["Warn", "Audit"]
+    policy, _ = queue_policy("admissionPolicies.queueRequired.gpuResources={nvidia.com/gpu,amd.com/gpu}")
+    resources = next(v["expression"] for v in policy["spec"]["variables"] if v["name"] == "resources")
+    assert json.loads(resources) == ["nvidia.com/gpu", "amd.com/gpu"]
+    assert queue_policy("admissionPolicies.queueRequired.enabled=false") == []
+    refused = subprocess.run(
+        [str(helm), "template", "t", str(CHART), "--kube-version", "1.36.3",
+         "--set", "admissionPolicies.queueRequired.validationActions={Allow}"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert refused.returncode != 0 and "validationActions" in refused.stderr
 
 
 def notes(helm: Path, tmp_path: Path, *sets: str) -> str:
