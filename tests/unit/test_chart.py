@@ -57,7 +57,9 @@ def test_the_default_render_has_crd_rbac_controller_policy_and_check(helm):
         "Service", "SpeculationPolicy", "AdmissionCheck", "Role", "RoleBinding", "PodDisruptionBudget",
         "ClusterRole",  # RELEASE-metrics-reader, for Prometheus
         "Secret",  # RELEASE-metrics-cert: the metrics endpoint's certificate and its CA
-        # RELEASE-queue-required: GPU work in tenant namespaces goes through Kueue
+        # RELEASE-queue-required (GPU work in tenant namespaces goes through Kueue) and
+        # RELEASE-plain-kept (a pod decided plain does not turn speculation on)
+        "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
         "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
     ])  # fmt: skip
 
@@ -263,7 +265,7 @@ def test_the_values_schema_refuses_an_unknown_role(helm):
 
 
 def test_the_dispatcher_role_ships_a_policy_that_lets_only_it_and_kueue_nominate_workers(helm):
-    docs = render(helm, "role=dispatcher")
+    docs = [d for d in render(helm, "role=dispatcher") if d["metadata"]["name"].endswith("-nomination")]
     policy = next(d for d in docs if d["kind"] == "ValidatingAdmissionPolicy")
     binding = next(d for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding")
     assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
@@ -488,3 +490,44 @@ def test_metrics_are_served_over_https_to_whom_rbac_allows_and_the_servicemonito
     role = next(d for d in docs if d["kind"] == "ClusterRole")
     assert role["rules"] == rules("") and not [d for d in docs if d["metadata"]["name"].endswith("-reader")]
     assert "scheme" not in next(d for d in docs if d["kind"] == "ServiceMonitor")["spec"]["endpoints"][0]
+
+
+def test_the_plain_kept_pattern_matches_every_spelling_a_launcher_refuses_and_no_other_engine_flag(helm):
+    import re
+
+    from sovereignspec.engines.launchers import LAUNCHERS
+    from sovereignspec.launchkit import option_name
+
+    policy = next(d for d in render(helm) if d["metadata"]["name"] == "t-sovereignspec-plain-kept")
+    assert policy["kind"] == "ValidatingAdmissionPolicy"
+    expression = next(v["expression"] for v in policy["spec"]["variables"] if v["name"] == "pattern")
+    pattern = re.compile(json.loads(expression))  # a CEL string literal is a JSON one here; RE2 = re
+    spellings = set()
+    for launcher in LAUNCHERS:
+        spellings |= set(getattr(launcher, "speculative", ())) | set(getattr(launcher, "flags", ()))
+    words = set()
+    for s in spellings:
+        if not s.startswith("--"):
+            words |= {s, f"{s}=1", f"{s}.method"}
+            continue
+        stem = s.rstrip("-")
+        forms = {stem, stem.replace("-", "_").replace("__", "--", 1)}
+        forms |= {stem[:n] for n in range(len("--spec"), len(stem))}  # argparse's abbreviations
+        for f in forms:
+            words |= {f, f"{f}=1", f"{f}.method", f"vllm serve m {f} 4"}
+    refused = {
+        w
+        for w in words
+        if any(
+            launcher.sets_speculation(option_name(w.split()[-2] if " " in w else w) or "")
+            for launcher in LAUNCHERS
+        )
+    }
+    assert refused and not [w for w in refused if not pattern.search(w)]
+    # Flags of both engines that do not draft are never matched: a plain pod keeps its own settings.
+    others = [
+        "--max-num-seqs", "--served-model-name", "--tensor-parallel-size", "-tp", "--num-scheduler-steps",
+        "--seed", "--port", "--model-path", "--tp-size", "--mem-fraction-static", "--max-model-len",
+        "--enable-prefix-caching", "--kv-cache-dtype", "--num-gpu-blocks-override", "-s", "serve",
+    ]  # fmt: skip
+    assert not [w for w in others if pattern.search(w) or pattern.search(f"vllm serve m {w} 1")]

@@ -1,10 +1,14 @@
-"""The chart's queue-required ValidatingAdmissionPolicy on the real API server: in a tenant namespace
-(labelled sovereignspec.io/jurisdiction), GPU work a tenant writes without a Kueue queue name is
-refused with a message that says what to do; everything else passes (issue 46, item 2).
+"""The chart's ValidatingAdmissionPolicies on the real API server (issue 46, item 2):
 
-The policy's objects are the chart's own, rendered by `helm template` and applied with `kubectl
-apply`; each request is a server-side dry run made by kubectl as the user it names (impersonated by
-the harness's admin), so RBAC and admission run as they would for that user."""
+- queue-required: in a tenant namespace (labelled sovereignspec.io/jurisdiction), GPU work a tenant
+  writes without a Kueue queue name is refused with a message that says what to do;
+- plain-kept: a Pod decided plain whose command or arguments turn speculative decoding on is
+  refused;
+
+and everything else passes. The policies' objects are the chart's own, rendered by `helm template`
+and applied with `kubectl apply`; each request is a server-side dry run made by kubectl as the user
+it names (impersonated by the harness's admin), so RBAC and admission run as they would for that
+user."""
 
 from __future__ import annotations
 
@@ -75,16 +79,15 @@ def _dry_run(obj: dict[str, Any], namespace: str, user: str) -> tuple[bool, str]
     return done.returncode == 0, done.stdout + done.stderr
 
 
-@pytest.fixture
-def policy(api: client.ApiClient) -> Any:
-    """The chart's policy and binding, applied under names of their own; removed afterwards."""
+def _applied(suffix: str) -> Any:
+    """The chart's policy and binding named `suffix`, applied under names of their own; removed
+    afterwards."""
     helm = _helm_path()
     assert helm is not None, "make binaries builds helm"
-    token = secrets.token_hex(3)
     docs = [d for d in render(helm) if d["kind"].startswith("ValidatingAdmissionPolicy")]
-    docs = [d for d in docs if d["metadata"]["name"].endswith("-queue-required")]
+    docs = [d for d in docs if d["metadata"]["name"].endswith(suffix)]
     assert [d["kind"] for d in docs] == ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
-    name = f"queue-required-{token}"
+    name = f"{suffix.strip('-')}-{secrets.token_hex(3)}"
     for d in docs:
         d["metadata"]["name"] = name
     docs[1]["spec"]["policyName"] = name
@@ -93,6 +96,16 @@ def policy(api: client.ApiClient) -> Any:
     assert done.returncode == 0, done.stderr
     yield name
     controlplane.kubectl("delete", "-f", "-", "--ignore-not-found", stdin=manifest)
+
+
+@pytest.fixture
+def policy(api: client.ApiClient) -> Any:
+    yield from _applied("-queue-required")
+
+
+@pytest.fixture
+def plain_kept(api: client.ApiClient) -> Any:
+    yield from _applied("-plain-kept")
 
 
 def _namespace(api: client.ApiClient, jurisdiction: str | None) -> str:
@@ -123,15 +136,15 @@ def _namespace(api: client.ApiClient, jurisdiction: str | None) -> str:
     return name
 
 
-def _until_enforced(namespace: str) -> None:
+def _until_enforced(namespace: str, probe: dict[str, Any] | None = None) -> None:
     """The API server compiles a new policy a moment after it is written: wait for its first refusal."""
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        allowed, _ = _dry_run(_obj("Pod", "limits", None), namespace, TENANT)
+        allowed, _ = _dry_run(probe or _obj("Pod", "limits", None), namespace, TENANT)
         if not allowed:
             return
         time.sleep(0.5)
-    raise AssertionError("the queue-required policy refused nothing within 60 s")
+    raise AssertionError("the policy refused nothing within 60 s")
 
 
 KINDS = ["Pod", "Job", "CronJob", "Deployment", "ReplicaSet", "StatefulSet", "DaemonSet", "LeaderWorkerSet"]
@@ -196,3 +209,67 @@ def test_adding_a_gpu_to_unqueued_work_in_a_tenant_namespace_is_refused(
         "patch", "deployment", name, "-n", tenant_ns, "--as", TENANT, "--type", "strategic", "-p", patch
     )
     assert done.returncode != 0 and "without a kueue.x-k8s.io/queue-name label" in done.stderr, done
+
+
+def _engine_pod(
+    mode: str | None, command: list[str] | None = None, args: list[str] | None = None
+) -> dict[str, Any]:
+    container: dict[str, Any] = {"name": "engine", "image": "registry.k8s.io/pause:3.10"}
+    if command is not None:
+        container["command"] = command
+    if args is not None:
+        container["args"] = args
+    meta: dict[str, Any] = {"name": f"engine-{secrets.token_hex(2)}"}
+    if mode is not None:
+        meta["annotations"] = {"sovereignspec.io/mode": mode}
+    sidecar = {"name": "proxy", "image": "registry.k8s.io/pause:3.10", "args": ["--port", "8080"]}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": {"containers": [container, sidecar]}}
+
+
+def test_a_pod_decided_plain_that_turns_speculation_on_by_its_arguments_is_refused(
+    api: client.ApiClient, plain_kept: str
+) -> None:
+    ns = _namespace(api, None)
+    vllm = ["vllm", "serve", "/models/target", "--max-num-seqs", "8"]
+    spec = json.dumps({"method": "ngram", "num_speculative_tokens": 4})
+    _until_enforced(ns, _engine_pod("plain", args=[*vllm, "--speculative-config", spec]))
+    sglang = ["python3", "-m", "sglang.launch_server", "--model-path", "m"]
+    shell = ["sh", "-c", "exec vllm serve m --speculative-config '{}'"]
+    plain = "plain"
+    # (what, mode, command, args, allowed)
+    table = [
+        ("vLLM's --speculative-config", plain, None, [*vllm, "--speculative-config", spec], False),
+        ("vLLM's -sc=", plain, None, [*vllm, f"-sc={spec}"], False),
+        (
+            "vLLM's --speculative_config.method",
+            plain,
+            None,
+            [*vllm, "--speculative_config.method", "x"],
+            False,
+        ),
+        ("an abbreviation", plain, None, [*vllm, "--speculative-conf", spec], False),
+        ("vLLM's --num-speculative-tokens", plain, None, [*vllm, "--num-speculative-tokens=4"], False),
+        (
+            "SGLang's --speculative-algorithm",
+            plain,
+            [*sglang, "--speculative-algorithm", "EAGLE"],
+            None,
+            False,
+        ),
+        ("a shell string", plain, shell, None, False),
+        ("plain and no speculation", plain, sglang, vllm, True),
+        ("decided speculative", "speculative", None, [*vllm, "--speculative-config", spec], True),
+        ("no decision", None, None, [*vllm, "--speculative-config", spec], True),
+    ]
+    cases = [(what, _engine_pod(mode, command, args), ok) for what, mode, command, args, ok in table]
+    wrong = []
+    for what, pod, expected in cases:
+        allowed, said = _dry_run(pod, ns, TENANT)
+        if allowed != expected:
+            wrong.append(f"{what}: {'allowed' if allowed else 'refused'}: {said.strip()}")
+    assert not wrong, "\n".join(wrong)
+    pod = _engine_pod("plain", args=[*vllm, "--speculative-config", spec])
+    _, said = _dry_run(pod, ns, TENANT)
+    name = pod["metadata"]["name"]
+    assert f"Pod {ns}/{name} was decided plain by SovereignSpec" in said, said
+    assert "its container(s) engine set speculative decoding" in said, said
