@@ -59,6 +59,8 @@ class EngineStandIn:
                 "sglang:inter_token_latency_seconds", "ITL", own, buckets=BUCKETS, registry=r
             )
             self.event_seconds = seconds_per_token * t
+        self.life_tokens = 0.0  # draft tokens counted since the last restart
+        self.earlier_tokens = 0.0  # and before it
         self._lock = threading.Lock()
         self._server = _serve_text_format(self.registry, self._lock)
         self.port = self._server.server_address[1]
@@ -81,12 +83,25 @@ class EngineStandIn:
                         self.itl.labels(*labels).observe(self.event_seconds)
                     continue
                 n = 250
+                self.life_tokens += n * self.gamma
                 self.drafts.labels(*labels).inc(n)
                 self.drafted.labels(*labels).inc(n * self.gamma)
                 for pos in range(self.gamma):
                     accepted = n * self.alpha ** (pos + 1)
                     self.per_pos.labels(*labels, str(pos)).inc(accepted)
                     self.accepted.labels(*labels).inc(accepted)
+
+    def restart(self) -> None:
+        """As an engine process restarted in place: every counter and histogram starts again from
+        nothing on the same endpoint (Prometheus sees the values fall: a reset)."""
+        with self._lock:
+            self.earlier_tokens += self.life_tokens
+            self.life_tokens = 0.0
+            for metric in (
+                getattr(self, n, None) for n in ("drafts", "drafted", "accepted", "per_pos", "tpot", "itl")
+            ):
+                if metric is not None:
+                    metric.clear()
 
     def close(self) -> None:
         self._stop.set()

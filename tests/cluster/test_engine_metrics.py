@@ -102,3 +102,40 @@ def test_alpha_and_tpot_of_stand_in_vllm_and_sglang_reach_the_decision_by_namesp
         unlabelled.close()
         replica.close()
         member.close()
+
+
+@pytest.mark.prometheus
+def test_an_engine_restarted_inside_the_window_reads_as_the_counts_it_made_never_a_negative_one(prometheus):
+    # Its counters fall to nothing and count again. Read as a difference of the values at the window's
+    # edges, the draft tokens would be negative (and the reading dropped as invalid) or the acceptance
+    # skewed; read as Prometheus's increase(), the window holds what both lives of the engine counted.
+    engine = EngineStandIn("vllm", MODEL, alpha=0.3, gamma=4, seconds_per_token=0.018)
+    try:
+        prometheus.add_scrape_config(discovered([(engine.target, "team-a", "chat-a", True)]))
+        reader = PrometheusReader(prometheus.url, window="1m")
+        key = ("team-a", MODEL)
+        time.sleep(3)  # increase() needs two scrapes
+        before = wait_until(lambda: reader.acceptance().get(key), timeout=45, what="the engine's α")
+        assert before[0] == pytest.approx(0.3, abs=1e-6)
+        time.sleep(4)  # a few seconds of counts, so that the restart drops the counters from well above 0
+        engine.restart()
+        time.sleep(4)  # and a few after it, inside the same 1-minute window
+
+        def reset_seen() -> float | None:
+            rows = reader.query(
+                'sum(resets(vllm:spec_decode_num_draft_tokens_total{namespace="team-a"}[1m]))'
+            )
+            return rows[0][1] if rows and rows[0][1] >= 1 else None
+
+        wait_until(reset_seen, timeout=20, what="Prometheus seeing the counters fall")
+        alpha, tokens = reader.acceptance()[key]
+        with engine._lock:
+            first, second = engine.earlier_tokens, engine.life_tokens
+        assert alpha == pytest.approx(0.3, abs=1e-6)
+        # Both lives' draft tokens (of the first, what came after its first scrape, a second at most
+        # of its seven or more), not the second life's alone.
+        assert tokens > second + 0.5 * first, (tokens, first, second)
+        assert reader.rejected.get("invalid-counters", 0) == 0, reader.rejected
+    finally:
+        prometheus.remove_scrape_config("sovereignspec-serving-engines")
+        engine.close()
