@@ -40,6 +40,9 @@ class Metrics:
     tpot: tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]
     running: tuple[str, ...] = ()  # gauges of requests in the batch
     kv_usage: tuple[str, ...] = ()  # gauges of the KV cache's use, 0-1
+    # Counters of draft tokens proposed: rising only while the engine speculates (a plain decision
+    # kept, none rises). An engine without one is not watched for ignored decisions.
+    drafted: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,8 @@ class Sglang:
         ),
         running=("sglang:num_running_reqs",),
         kv_usage=("sglang:token_usage",),
+        # No counter of draft tokens: its speculation is seen only through gauges of the accept
+        # length and rate, which hold their last value, so whether it drafts now is not watched.
     )
 
     def configure(self, method: str, draft: str, gamma: int, top: int, table: Table | None) -> dict[str, str]:

@@ -38,7 +38,7 @@ from sovereignspec.operator.role import Role, Settings, TickReport
 from sovereignspec.operator.scoring import score
 from sovereignspec.operator.telemetry_source import TelemetryCache
 from sovereignspec.operator.view import View, build
-from sovereignspec.operator.violations import violations
+from sovereignspec.operator.violations import ignored, violations
 from sovereignspec.operator.workloads import (
     KEYS_ON_OWNER,
     condition,
@@ -79,6 +79,7 @@ class Controller(Role):
         self._loss_reported: set[str] = set()  # workloads told that their speculation is a net loss
         self._off_reported: set[str] = set()  # workloads told that their profile mispredicts them
         self._violations: set[tuple[str, str]] = set()  # (pod, node) found outside its jurisdictions
+        self._ignoring: set[str] = set()  # workloads decided plain whose engines draft: told once
         self._events_checked = False  # decisions' Events re-posted once after start-up
         # What the engines taught: the profiles decisions price with. Fits on a thread of their own.
         self._steps_read_at = -math.inf
@@ -171,6 +172,7 @@ class Controller(Role):
                     self._age(view)
                     self._score(view, snapshot.tpot, {c: s for c, (_, s) in active.items()}, spec)
                     self._watch_sovereignty(world, spec)
+                    self._watch_decisions(view, snapshot.drafting)
                     self._learn(view, spec, now)
                 if not self._events_checked:  # once: the ledger is the same in every group's view
                     self._events_checked = True
@@ -354,6 +356,19 @@ class Controller(Role):
                 log.warning("could not post the violation Event of %s/%s: %s", v.namespace, v.pod, exc.reason)
         self._violations &= now
         metrics.VIOLATIONS.set(len(now))
+
+    def _watch_decisions(self, view: View, drafting: dict[tuple[str, str], float]) -> None:
+        """Every running decision of plain decode against its engines' draft counters (`ignored`):
+        each one that drafts is counted and told on the Workload (a Warning Event) once while it
+        does, and the gauge says how many do now. Nothing is evicted: the decision stands."""
+        found = ignored(view.committed, drafting)
+        now = {i.committed.key for i in found}
+        for i in found:
+            if i.committed.key not in self._ignoring:
+                metrics.DECISIONS_IGNORED_TOTAL.inc()
+            self._warn_once(self._ignoring, i.committed, "DecisionIgnored", i.message)
+        self._ignoring &= now
+        metrics.DECISIONS_IGNORED.set(len(now))
 
     def _warn_once(self, told: set[str], c: Committed, reason: str, message: str) -> None:
         """A Warning Event on a running workload, once while `told` holds its key (the caller drops

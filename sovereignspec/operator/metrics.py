@@ -103,6 +103,14 @@ VIOLATIONS = Gauge(
     "sovereignspec_sovereignty_violating_pods",
     "GPU pods running now on a node outside their namespace's jurisdictions",
 )
+DECISIONS_IGNORED_TOTAL = Counter(
+    "sovereignspec_decisions_ignored_total",
+    "Running workloads decided plain whose engines drafted anyway (once per workload until it stops)",
+)
+DECISIONS_IGNORED = Gauge(
+    "sovereignspec_decisions_ignored_workloads",
+    "Running workloads decided plain whose engines draft now",
+)
 # The watch-fed caches the ticks read from (informer.py).
 CACHE_OBJECTS = Gauge("sovereignspec_cache_objects", "Objects in the watch-fed cache", ["resource"])
 CACHE_LISTS = Counter(

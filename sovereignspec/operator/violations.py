@@ -1,4 +1,6 @@
-"""What actually runs, against where it may run: every GPU pod bound to a node, under Kueue or not,
+"""What actually runs, against where it may run and how it was decided.
+
+Where: every GPU pod bound to a node, under Kueue or not,
 checked against its namespace's jurisdictions (`world.tenancy_of`: what the namespace's
 administrators set, never what a workload claims) at every tick while it runs.
 
@@ -7,16 +9,20 @@ name (Kueue never sees it), a node relabelled under running work, a scheduler's 
 own binding: each can put a tenant's work where its namespace may not run. This finds them after
 the fact; it prevents nothing (the chart's admission policies and the decision do that).
 
+How: a running workload decided plain whose engines' draft counters rise (`ignored`) speculates
+against its decision, by arguments or a configuration file no admission policy reads.
+
 No I/O: plain dicts in, plain data out.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sovereignspec.operator.ledger import pod_gpus
+from sovereignspec.operator.annotations import OUT_MODE
+from sovereignspec.operator.ledger import Committed, pod_gpus
 from sovereignspec.operator.policy import PolicySpec
 from sovereignspec.operator.world import NAMESPACE_JURISDICTION_LABEL, World, safe_key, tenancy_of
 
@@ -116,3 +122,47 @@ def _jurisdictions_from(namespace: str, labels: Mapping[str, str] | None, policy
     if mapped is not None and mapped.jurisdictions is not None:
         said.append("the SpeculationPolicy's tenancy.namespaces")
     return " and ".join(said)
+
+
+@dataclass(frozen=True)
+class Ignored:
+    """A running workload decided plain whose engines drafted: the decision was not kept."""
+
+    committed: Committed
+    draft_tokens: float  # proposed over the reading's window
+
+    @property
+    def message(self) -> str:
+        c = self.committed
+        return (
+            f"decided plain decode ({OUT_MODE}: plain) on node {c.node}, but its engine proposed "
+            f"{self.draft_tokens:.0f} draft tokens over the last readings: it speculates against the "
+            "decision, which was plain because drafting there costs the GPU's other tenants or the "
+            "workload itself more than it gives. Its own arguments or configuration turn speculation "
+            "on; remove that, or let `sovereignspec launch` start the engine."
+        )
+
+
+def decided_mode(entry: Mapping[str, Any]) -> str | None:
+    """The mode our check entry handed the workload's pods (its podSetUpdates' annotation)."""
+    for update in entry.get("podSetUpdates") or []:
+        mode = (update.get("annotations") or {}).get(OUT_MODE)
+        if mode is not None:
+            return str(mode)
+    return None
+
+
+def ignored(committed: Iterable[Committed], drafting: Mapping[tuple[str, str], float]) -> list[Ignored]:
+    """Every running decision of plain decode whose engines drafted in the telemetry's window
+    (`drafting`: (namespace, owner) -> draft tokens). A decision armed at a lighter batch or
+    speculative is not one: its engine was handed a configuration. One per workload, not per
+    spread pod. Engines with no draft counter (SGLang) are never found here."""
+    out: list[Ignored] = []
+    seen: set[str] = set()
+    for c in committed:
+        tokens = drafting.get((c.namespace, c.job), 0.0)
+        if tokens <= 0 or c.key in seen or decided_mode(c.entry) != "plain":
+            continue
+        seen.add(c.key)
+        out.append(Ignored(c, tokens))
+    return out

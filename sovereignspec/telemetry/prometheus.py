@@ -239,11 +239,7 @@ class PrometheusReader:
         conservative for a neighbour's SLO, never optimistic."""
         out: dict[tuple[str, str], float] = {}
         for metric in engines.tpot_metrics():
-            for owner, match in (
-                ("job_name", ""),
-                ("workload", '{job_name=""}'),
-                ("pod", '{job_name="",workload=""}'),
-            ):
+            for owner, match in OWNERS:
                 rate = f"rate({metric}_bucket{match}[2m])"
                 q = f"histogram_quantile(0.9, sum by (le, namespace, {owner}) ({rate}))"
                 for labels, value, _ in self.query(q):
@@ -264,7 +260,7 @@ class PrometheusReader:
         as rejected: one mean over several engines is no engine's step. Rates are of counters, so
         an engine restarted inside the window (its counters reset) reads as Prometheus's rate()
         makes of it: the increase it saw, not a negative step."""
-        owners = (("job_name", ""), ("workload", '{job_name=""}'), ("pod", '{job_name="",workload=""}'))
+        owners = OWNERS
         w = f"{self.step_window_s}s"
         resolution = f"{max(self.step_window_s // 24, 1)}s"
         step_s: dict[tuple[str, str], float] = {}
@@ -293,6 +289,21 @@ class PrometheusReader:
                 out[key] = (values[0], step_s[key])
         return out
 
+    def drafting(self) -> dict[tuple[str, str], float]:
+        """(namespace, owner) -> draft tokens its engines proposed over the last `step_window_s`
+        (the engines' `drafted` counters; owners as `tpot` reads them). Only owners whose engines
+        drafted are named: a plain engine's counter stays at 0 or is not exported at all. A
+        restart inside the window reads as increase() makes of it: the counts of both lives."""
+        out: dict[tuple[str, str], float] = {}
+        for metric in engines.gauges("drafted"):
+            for owner, match in OWNERS:
+                q = f"sum by (namespace, {owner}) (increase({metric}{match}[{self.step_window_s}s]))"
+                for labels, value, _ in self.query(q):
+                    key = (labels.get("namespace", ""), labels.get(owner, ""))
+                    if math.isfinite(value) and value > 0 and key[1]:
+                        out[key] = out.get(key, 0.0) + value
+        return out
+
     def snapshot(self) -> Snapshot:
         now = time.time()
         try:
@@ -302,12 +313,19 @@ class PrometheusReader:
         errors = []
         acceptance: dict[tuple[str, str], tuple[float, float]] = {}
         tpot: dict[tuple[str, str], float] = {}
+        drafting: dict[tuple[str, str], float] = {}
         try:
             acceptance = self.acceptance()
             tpot = self.tpot()
+            drafting = self.drafting()
         except PrometheusError as exc:
             errors.append(str(exc))
-        return Snapshot(gpus, acceptance, tpot, now, "; ".join(errors) or None, dict(self.rejected))
+        return Snapshot(gpus, acceptance, tpot, now, "; ".join(errors) or None, dict(self.rejected), drafting)
+
+
+# Who owns an engine's series, as the scrape job's relabelling names them, each with the matcher that
+# keeps a series to its first owner: a Job's pods (`job_name`), a group's (`workload`), a pod alone.
+OWNERS = (("job_name", ""), ("workload", '{job_name=""}'), ("pod", '{job_name="",workload=""}'))
 
 
 def _sample(row: object) -> tuple[dict[str, str], float, float] | None:

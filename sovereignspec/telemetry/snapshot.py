@@ -46,6 +46,7 @@ class Snapshot:
     fetched_at: float = 0.0
     error: str | None = None  # why nothing (or not everything) could be read
     rejected: dict[str, int] = field(default_factory=dict)  # reason -> series/counters treated as missing
+    drafting: dict[tuple[str, str], float] = field(default_factory=dict)  # (namespace, owner) -> draft tokens
 
 
 def normalise_activity(name: str, values: list[float]) -> list[float]:

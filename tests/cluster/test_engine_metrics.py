@@ -14,7 +14,15 @@ import yaml
 from sovereignspec.telemetry.prometheus import PrometheusReader
 from tests.cluster.conftest import wait_until
 from tests.cluster.engine_standins import FORGED, EngineStandIn
-from tests.cluster.operator_env import add_namespace, decided, in_namespace, make_pool, our_entry, submit
+from tests.cluster.operator_env import (
+    add_namespace,
+    decided,
+    event,
+    in_namespace,
+    make_pool,
+    our_entry,
+    submit,
+)
 from tests.scrape_job import discovered
 
 REPO = Path(__file__).resolve().parents[2]
@@ -138,4 +146,37 @@ def test_an_engine_restarted_inside_the_window_reads_as_the_counts_it_made_never
         assert reader.rejected.get("invalid-counters", 0) == 0, reader.rejected
     finally:
         prometheus.remove_scrape_config("sovereignspec-serving-engines")
+        engine.close()
+
+
+@pytest.mark.prometheus
+def test_a_workload_decided_plain_whose_engine_drafts_anyway_is_told_on_its_workload_and_counted(
+    env, operator, namespace
+):
+    # Its own arguments or a configuration file turned speculation on, which no admission policy
+    # reads: the engine's draft counters, scraped as the shipped job scrapes them, say so.
+    pool = make_pool(env, namespace, [("H100-SXM", "eu", 4, [0.95] * 4)])
+    engine = EngineStandIn("vllm", MODEL, alpha=0.05, gamma=4, seconds_per_token=0.018)
+    try:
+        env.prometheus.add_scrape_config(discovered([(engine.target, namespace, "stubborn", True)]))
+        submit(pool, "stubborn", model=MODEL, drafter="eagle3", acceptance_rate=0.05, latency_class="latency")
+        wl = decided(pool, "stubborn")
+        entry = our_entry(pool, wl)
+        modes = [(u.get("annotations") or {}).get("sovereignspec.io/mode") for u in entry["podSetUpdates"]]
+        assert entry["state"] == "Ready" and modes == ["plain"], entry
+        told = event(pool, "DecisionIgnored", name=wl["metadata"]["name"], timeout=60)
+        assert told.type == "Warning" and told.involved_object.kind == "Workload"
+        assert "decided plain decode (sovereignspec.io/mode: plain)" in told.message, told.message
+        assert "draft tokens over the last readings" in told.message, told.message
+
+        def counted() -> float | None:
+            for line in operator.metrics().splitlines():
+                if line.startswith("sovereignspec_decisions_ignored_total "):
+                    value = float(line.split()[1])
+                    return value if value >= 1 else None
+            return None
+
+        wait_until(counted, timeout=30, what="sovereignspec_decisions_ignored_total")
+    finally:
+        env.prometheus.remove_scrape_config("sovereignspec-serving-engines")
         engine.close()

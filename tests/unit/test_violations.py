@@ -1,17 +1,21 @@
 """What actually runs against where it may run: every bound GPU pod against its namespace's
-jurisdictions, under Kueue or not."""
+jurisdictions, under Kueue or not; and against how it was decided: a plain decision whose engines
+draft."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from kubernetes import client
 
+from sovereignspec.core.cluster import WorkloadRequest
 from sovereignspec.operator import metrics
 from sovereignspec.operator.controller import Controller
+from sovereignspec.operator.ledger import Committed
 from sovereignspec.operator.policy import PolicySpec
-from sovereignspec.operator.violations import violations
+from sovereignspec.operator.violations import ignored, violations
 from sovereignspec.operator.world import World
 from sovereignspec.profiles import load_profiles
 from tests.unit.builders import CHECK, JURISDICTION, node, policy
@@ -130,3 +134,57 @@ def test_the_controller_counts_and_tells_each_violation_once_while_it_lasts() ->
     assert metrics.VIOLATIONS._value.get() == 0
     controller._watch_sovereignty(running, policy())  # bound again (a new binding): counted again
     assert _total() == before + 2 and len(events.posted) == 2
+
+
+def decided(name: str, mode: str | None, namespace: str = "team-a", part: int = 0) -> Committed:
+    request = WorkloadRequest(f"{namespace}/{name}", namespace, "llama-3.1-8b", "eagle3", 0.8)
+    workload = {"metadata": {"name": f"job-{name}-1a2b3", "namespace": namespace, "uid": name}}
+    notes = {} if mode is None else {"sovereignspec.io/mode": mode}
+    entry = {"name": CHECK, "state": "Ready", "podSetUpdates": [{"name": "main", "annotations": notes}]}
+    gamma = 4 if mode == "speculative" else 0
+    return Committed(
+        f"{namespace}/{name}", namespace, name, "h-eu", 0, gamma, 1, request, 0.0, None, CHECK, workload,
+        entry, part=part,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("mode", "tokens", "found"),
+    [
+        ("plain", 1200.0, True),  # drafts against its decision
+        ("plain", 0.0, False),  # kept it
+        ("speculative", 1200.0, False),  # handed a configuration: drafting is the decision
+        (None, 1200.0, False),  # an entry without our mode annotation is no decision of plain
+    ],
+)
+def test_a_plain_decision_is_ignored_only_where_its_engines_draft(mode, tokens, found) -> None:
+    c = decided("chat", mode)
+    drafting = {("team-a", "chat"): tokens, ("team-b", "chat"): 5.0}
+    result = ignored([c], drafting)
+    assert [i.committed.key for i in result] == (["team-a/chat"] if found else [])
+    if found:
+        assert "decided plain decode (sovereignspec.io/mode: plain) on node h-eu" in result[0].message
+        assert "1200 draft tokens" in result[0].message
+
+
+def test_a_spread_workload_is_one_ignored_decision_and_other_namespaces_owners_are_not_its() -> None:
+    parts = [decided("chat", "plain", part=k) for k in range(3)]
+    other = decided("chat", "plain", namespace="team-b")
+    assert len(ignored([*parts, other], {("team-a", "chat"): 10.0})) == 1
+
+
+def test_the_controller_counts_and_tells_each_ignored_decision_once_while_it_lasts() -> None:
+    controller = Controller(client.ApiClient(client.Configuration()), load_profiles())
+    events = Events()
+    controller.writer = events  # type: ignore[assignment]
+    view = SimpleNamespace(committed=[decided("chat", "plain"), decided("kept", "plain")])
+    total = metrics.DECISIONS_IGNORED_TOTAL._value.get
+    before = total()
+    for _ in range(3):
+        controller._watch_decisions(view, {("team-a", "chat"): 40.0})  # type: ignore[arg-type]
+    assert total() == before + 1 and events.posted == [("Workload", "job-chat-1a2b3", "DecisionIgnored")]
+    assert metrics.DECISIONS_IGNORED._value.get() == 1
+    controller._watch_decisions(view, {})  # type: ignore[arg-type]  # it stopped drafting
+    assert metrics.DECISIONS_IGNORED._value.get() == 0
+    controller._watch_decisions(view, {("team-a", "chat"): 3.0})  # type: ignore[arg-type]  # and again
+    assert total() == before + 2 and len(events.posted) == 2
