@@ -74,16 +74,19 @@ def vllm_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def serve(engine_python: Path, tiny: Path, go_quote: Path, vllm_cache: Path, tmp_path: Path) -> Iterator[Any]:
     """serve(notes, *extra) -> Served: the target behind `sovereignspec launch`, given `notes` as the
-    pod's annotations; waits for /health and fails with the engine's log if it dies first."""
+    pod's annotations; waits for /health and fails with the engine's log if it dies first. With
+    `by_hand`, `vllm serve` is started as an image's own entrypoint would, without the launcher."""
     started: list[Served] = []
 
-    def start(notes: dict[str, str], *extra: str, max_num_seqs: int = 64) -> Served:
+    def start(notes: dict[str, str], *extra: str, max_num_seqs: int = 64, by_hand: bool = False) -> Served:
         annotations = tmp_path / f"annotations-{len(started)}"
         annotations.write_bytes(go_quoted(go_quote, notes))
         port = free_port()
         log = tmp_path / f"vllm-{len(started)}.log"
         launcher = [sys.executable, "-m", "sovereignspec.cli", "launch", "--annotations", str(annotations),
                     "--config-dir", str(tmp_path), "--"]  # fmt: skip
+        if by_hand:
+            launcher = []
         command = [str(engine_python.parent / "vllm"), "serve", str(tiny / "target"),
                    "--served-model-name", SERVED, "--host", "127.0.0.1", "--port", str(port),
                    "--max-model-len", "1024", "--max-num-seqs", str(max_num_seqs), "--seed", "0",

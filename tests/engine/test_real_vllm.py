@@ -15,14 +15,20 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import yaml
+from kubernetes import client
 
 from localdev.prometheus import LocalPrometheus
 from sovereignspec.core.calibration import COEFFICIENTS
+from sovereignspec.core.cluster import WorkloadRequest
 from sovereignspec.operator import annotations as ann
+from sovereignspec.operator import metrics
+from sovereignspec.operator.controller import Controller
+from sovereignspec.operator.ledger import Committed
 from sovereignspec.operator.plan import Write, plan
 from sovereignspec.operator.view import build
 from sovereignspec.profiles import load_profiles
@@ -300,5 +306,55 @@ def test_the_engines_plain_steps_teach_a_wrong_profile_and_the_next_decision_say
             assert in_force.extra_margin > 0.0
         print(f"readings (concurrency, batch, step ms): {seen}; {in_force.why}; "
               f"fit RMS {learned.fitted.rms_error:.1%}")  # fmt: skip
+    finally:
+        prom.close()
+
+
+def test_an_engine_started_by_hand_with_speculation_under_a_plain_decision_is_seen_ignoring_it(
+    serve, tiny: Path, tmp_path: Path
+) -> None:
+    """The image's own entrypoint runs `vllm serve --speculative-config ...` where the decision was
+    plain (a configuration no admission policy reads): its draft counters, scraped through the
+    shipped relabelling, make the operator's watch tell the Workload and count it."""
+    profiles_dir = local_profiles(tmp_path / "p", (DRAFT,))
+    plain = decision(profiles_dir, DRAFT, snapshot(BUSY), tiny / "perturbed")
+    (update,) = plain.pod_set_updates or []
+    notes = dict(update["annotations"])
+    assert notes[ann.OUT_MODE] == "plain", notes
+    config = decide(profiles_dir, DRAFT, IDLE, tiny / "perturbed")[OUT_VLLM]  # what a speculative one hands
+    served = serve(notes, "--speculative-config", config, by_hand=True)
+    served.complete(1, tokens=32)  # the series exist before the first scrape (see the test above)
+    prom = LocalPrometheus().start()
+    try:
+        prom.add_scrape_config(discovered([(served.target, NAMESPACE, "chat", True)]))
+        series = 'vllm:spec_decode_num_draft_tokens_total{namespace="team-a"}'
+        wait_until(lambda: prom.query(series), timeout=60, what="a relabelled scrape")
+        time.sleep(1.5)
+        done = served.complete(1, tokens=128)
+        assert done["drafts"] > 0, done
+        wait_until(
+            lambda: served.scraped_by(prom.query, 'namespace="team-a"'), timeout=60, what="the last scrape"
+        )
+        reader = PrometheusReader(prom.url, window="5m")
+        drafting = wait_until(lambda: reader.snapshot().drafting or None, timeout=60, what="its draft tokens")
+        assert set(drafting) == {(NAMESPACE, "chat")} and drafting[(NAMESPACE, "chat")] > 0, drafting
+        request = WorkloadRequest(f"{NAMESPACE}/chat", NAMESPACE, SERVED, DRAFT, 0.8)
+        workload = {"metadata": {"name": "job-chat-1a2b3", "namespace": NAMESPACE, "uid": "u1"}}
+        entry = {"name": CHECK, "state": "Ready", "podSetUpdates": plain.pod_set_updates}
+        running = Committed(f"{NAMESPACE}/chat", NAMESPACE, "chat", "h1", 0, 0, 1, request, 0.0, None, CHECK,
+                            workload, entry)  # fmt: skip
+        controller = Controller(client.ApiClient(client.Configuration()), load_profiles())
+        told: list[tuple[str, str, str]] = []
+        controller.writer = SimpleNamespace(  # type: ignore[assignment]
+            event=lambda obj, kind, reason, message, warning: told.append((kind, reason, message))
+        )
+        before = metrics.DECISIONS_IGNORED_TOTAL._value.get()
+        controller._watch_decisions(SimpleNamespace(committed=[running]), drafting)  # type: ignore[arg-type]
+        assert [(kind, reason) for kind, reason, _ in told] == [("Workload", "DecisionIgnored")], told
+        assert (
+            "decided plain decode" in told[0][2]
+            and metrics.DECISIONS_IGNORED_TOTAL._value.get() == before + 1
+        )
+        print(f"drafted {drafting[(NAMESPACE, 'chat')]:.0f} tokens under a plain decision: {told[0][2]}")
     finally:
         prom.close()
