@@ -35,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
         _simulate_parser,
         _passthrough_parsers,
         _operator_parser,
+        _audit_parser,
     ):
         add(sub)
     return parser
@@ -381,6 +382,18 @@ def _predict(args: argparse.Namespace) -> int:
     return 0
 
 
+def _audit_parser(sub: Subparsers) -> None:
+    from sovereignspec.auditing import add_parser
+
+    add_parser(sub)
+
+
+def _audit(args: argparse.Namespace) -> int:
+    from sovereignspec.auditing import command
+
+    return command(args)
+
+
 def _calibrate(args: argparse.Namespace) -> int:
     from sovereignspec.calibrate import command
 
@@ -419,6 +432,7 @@ def _profile(args: argparse.Namespace) -> int:
 HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "profile": _profile,
     "calibrate": _calibrate,
+    "audit": _audit,
     "regimes": _regimes,
     "predict": _predict,
     "operator": _operator,

@@ -29,6 +29,8 @@ from kubernetes.client.exceptions import ApiException
 from sovereignspec.core.running import LedgerMemo
 from sovereignspec.core.specs import ProfileSet
 from sovereignspec.operator import kinds, metrics
+from sovereignspec.operator.audit import RECORDED, AuditLog, binding_facts, decision_facts
+from sovereignspec.operator.identity import operator_identity
 from sovereignspec.operator.informer import ClusterCache, rv_int
 from sovereignspec.operator.learning import Learner, readings
 from sovereignspec.operator.ledger import Committed
@@ -91,6 +93,10 @@ class Controller(Role):
         )
         self._unsynced_since: float | None = None
         self._ledger_memo: LedgerMemo = {}  # GPUs' implied load, from one tick to the next
+        # The sovereignty record: this tick's decisions and bindings, appended to the chain.
+        self.audit = AuditLog(api, self.settings.identity or operator_identity())
+        self._bindings_seen: set[tuple[str, str, str | None]] = set()
+        self._written: list[Write] = []  # this tick's decisions written, for the record
 
     # -- the tick ------------------------------------------------------------------------------
 
@@ -190,9 +196,22 @@ class Controller(Role):
                 report.failures.append(f"policy {policy_name}: {type(exc).__name__}: {exc}")
                 metrics.TICK_FAILURES.labels(part="policy").inc()
                 log.exception("deciding for policy %s failed; the other policies go on", policy_name)
+        self._record(world, groups)
         metrics.PENDING.set(pending_total)
         metrics.TICK_SECONDS.observe(time.monotonic() - started)
         return report
+
+    def _record(self, world: World, groups: dict[str, tuple[PolicySpec, set[str]]]) -> None:
+        """This tick's written decisions and the GPU pods' bindings (and changes of their nodes'
+        jurisdiction labels) into the sovereignty record, then the record written: what cannot
+        be written now waits, in order, for the next tick."""
+        written, self._written = self._written, []
+        if groups:
+            default = min(groups.items())[1][0]  # the first group's, as the tick's watches use
+            at, replica = now_rfc3339(), self.audit.writer
+            self.audit.add(decision_facts(written, world, default, replica, at))
+            self.audit.add(binding_facts(world, default, replica, at, self._bindings_seen))
+        self.audit.flush()
 
     def _not_synced(self, started: float, report: TickReport) -> None:
         """No decisions until the caches are listed and watching; refusals and a long wait said."""
@@ -410,8 +429,10 @@ class Controller(Role):
 
     def _carry_out(self, writes: list[Write], report: TickReport) -> None:
         futures = [self._pool.submit(self._write, w) for w in writes]
-        for f in futures:
+        for w, f in zip(writes, futures, strict=True):
             outcome = f.result()
+            if outcome in RECORDED:
+                self._written.append(w)
             report.outcomes[outcome] += 1
             if outcome == "conflict":
                 report.conflicts += 1

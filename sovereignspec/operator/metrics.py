@@ -111,6 +111,17 @@ DECISIONS_IGNORED = Gauge(
     "sovereignspec_decisions_ignored_workloads",
     "Running workloads decided plain whose engines draft now",
 )
+# The sovereignty record (audit.py).
+AUDIT_RECORDS = Counter(
+    "sovereignspec_audit_records_total",
+    "Records of decisions and pod bindings written to the sovereignty record",
+)
+AUDIT_BACKLOG = Gauge(
+    "sovereignspec_audit_backlog_records", "Records waiting to be written because the record's store failed"
+)
+AUDIT_FAILURES = Counter(
+    "sovereignspec_audit_write_failures_total", "Writes of the sovereignty record that failed"
+)
 # The watch-fed caches the ticks read from (informer.py).
 CACHE_OBJECTS = Gauge("sovereignspec_cache_objects", "Objects in the watch-fed cache", ["resource"])
 CACHE_LISTS = Counter(

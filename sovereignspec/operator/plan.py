@@ -51,6 +51,7 @@ class Write:
     speedup: float | None = None
     bad_fields: tuple[str, ...] = ()
     drift: str = ""  # for drift writes: the reason reported
+    placed: tuple[str, ...] = ()  # "node/gpuN" per pod placed, for the sovereignty record
 
 
 def shorten(text: str, limit: int) -> str:
@@ -295,6 +296,7 @@ def _placed(
         gamma=record.gamma,
         speedup=record.speedup,
         bad_fields=tuple(x.field for x in problems),
+        placed=tuple(f"{n}/gpu{g}" for n, g, _ in record.pods or [(record.node, record.gpu_index, 0)] if n),
     )
 
 

@@ -38,7 +38,15 @@ def api_client(kubeconfig: str | None) -> client.ApiClient:
     return client.ApiClient()
 
 
-def elector(api: client.ApiClient, args: argparse.Namespace, field_manager: str) -> LeaderElector | None:
+def replica_identity() -> str:
+    """One identity per process, as client-go's hostname_uuid: a container restarted in the same
+    Pod is a new candidate, never mistaken for the holder it replaces."""
+    return f"{os.environ.get('POD_NAME') or operator_identity()}_{uuid.uuid4().hex[:12]}"
+
+
+def elector(
+    api: client.ApiClient, args: argparse.Namespace, field_manager: str, identity: str
+) -> LeaderElector | None:
     if not getattr(args, "leader_elect", False):
         return None
     namespace = args.leader_election_namespace or os.environ.get("POD_NAMESPACE")
@@ -49,9 +57,6 @@ def elector(api: client.ApiClient, args: argparse.Namespace, field_manager: str)
             "sovereignspec operator: --leader-elect needs --leader-election-namespace (or POD_NAMESPACE, "
             "or to run in a Pod)"
         )
-    # One identity per process, as client-go's hostname_uuid: a container restarted in the same
-    # Pod is a new candidate, never mistaken for the holder it replaces.
-    identity = f"{os.environ.get('POD_NAME') or operator_identity()}_{uuid.uuid4().hex[:12]}"
     try:
         return LeaderElector(
             api,
@@ -83,10 +88,13 @@ def run(args: argparse.Namespace) -> int:
         nominate=getattr(args, "nominate", 1),
         learn_refit_seconds=getattr(args, "learn_refit_seconds", 60.0),
         learn_window_seconds=getattr(args, "learn_window_seconds", 3600.0),
+        identity=replica_identity(),
     )
     kind = DispatchController if dispatcher else Controller
     api = api_client(args.kubeconfig)
-    handlers.configure(kind(api, profiles, settings), elector(api, args, settings.field_manager))
+    handlers.configure(
+        kind(api, profiles, settings), elector(api, args, settings.field_manager, settings.identity)
+    )
     logging.getLogger("sovereignspec").info("role %s, controllerName %s", role, settings.controller_name)
     if args.metrics_port and getattr(args, "metrics_secure", False):
         secure_metrics.serve(api, args.metrics_port, args.bind, args.metrics_cert_dir)

@@ -39,6 +39,7 @@ class Settings:
     # Online calibration (operator/learning.py): how often a profile is refitted, over how long.
     learn_refit_seconds: float = 60.0
     learn_window_seconds: float = 3600.0
+    identity: str = ""  # this replica, as its Lease names it (the sovereignty record's writer)
 
 
 @dataclass

@@ -53,6 +53,7 @@ def test_the_default_render_has_crd_rbac_controller_policy_and_check(helm):
     kinds = sorted(d["kind"] for d in render(helm))
     assert kinds == sorted([
         "CustomResourceDefinition", "CustomResourceDefinition",  # SpeculationPolicy, LearnedProfile
+        "CustomResourceDefinition",  # AuditSegment: the sovereignty record
         "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Deployment",
         "Service", "SpeculationPolicy", "AdmissionCheck", "Role", "RoleBinding", "PodDisruptionBudget",
         "ClusterRole",  # RELEASE-metrics-reader, for Prometheus
@@ -74,12 +75,15 @@ def test_rbac_is_least_privilege_and_the_same_as_the_harness_uses(helm):
     assert role["rules"] == rules("") + rules("-metrics-auth")
     for rule in role["rules"]:
         assert "*" not in rule["verbs"] and "*" not in rule["resources"]
-        # Nothing is created but Events, reviews (answers, not objects) and our own LearnedProfiles
-        # (a server-side apply that creates one needs create); nothing is updated or deleted.
+        # Nothing is created but Events, reviews (answers, not objects), our own LearnedProfiles
+        # (a server-side apply that creates one needs create) and the sovereignty record's segments
+        # (created once, never patched); nothing is updated or deleted.
         assert not {"delete", "deletecollection", "update"} & set(rule["verbs"])
         assert "create" not in rule["verbs"] or rule["resources"] in (
-            ["events"], ["tokenreviews"], ["subjectaccessreviews"], ["learnedprofiles"]
+            ["events"], ["tokenreviews"], ["subjectaccessreviews"], ["learnedprofiles"], ["auditsegments"]
         )  # fmt: skip
+        if rule["resources"] == ["auditsegments"]:
+            assert sorted(rule["verbs"]) == ["create", "list"]
         if any(r.endswith("/status") for r in rule["resources"]):
             assert set(rule["verbs"]) <= {"get", "patch"}
     assert not any("secrets" in r["resources"] for r in role["rules"])

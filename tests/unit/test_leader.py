@@ -63,14 +63,15 @@ def test_leader_election_outside_a_pod_without_a_namespace_says_what_to_give(mon
     args = argparse.Namespace(leader_elect=True, leader_election_namespace=None, leader_election_id=None,
                               lease_duration=15.0, renew_deadline=10.0, retry_period=2.0)  # fmt: skip
     with pytest.raises(SystemExit, match="--leader-elect needs --leader-election-namespace"):
-        process.elector(client.ApiClient(), args, "sovereignspec-controller")
+        process.elector(client.ApiClient(), args, "sovereignspec-controller", "me_1")
     monkeypatch.setenv("POD_NAMESPACE", "sovereignspec-system")
-    made = process.elector(client.ApiClient(), args, "sovereignspec-controller")
-    assert made is not None and (made.namespace, made.name) == (
+    made = process.elector(client.ApiClient(), args, "sovereignspec-controller", "me_1")
+    assert made is not None and (made.namespace, made.name, made.identity) == (
         "sovereignspec-system",
         "sovereignspec-controller",
+        "me_1",
     )
-    assert process.elector(client.ApiClient(), argparse.Namespace(leader_elect=False), "x") is None
+    assert process.elector(client.ApiClient(), argparse.Namespace(leader_elect=False), "x", "me_1") is None
 
 
 class _SlowAnswers(LeaderElector):

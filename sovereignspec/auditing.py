@@ -1,0 +1,150 @@
+"""`sovereignspec audit`: what a regulator receives from the sovereignty record kept in the cluster.
+
+    sovereignspec audit verify                       # the chain intact from its first record, every
+                                                     # admitted workload recorded, every binding inside
+                                                     # its jurisdictions; each failure named (exit 1)
+    sovereignspec audit export --since 2026-12-01T00:00:00Z --format csv [--namespace team-a]
+    sovereignspec audit where team-a/chat            # where a workload (or its Job) was decided and ran
+
+The record's segments are read through the API with the caller's kubeconfig (it needs list on
+auditsegments.sovereignspec.io, and on Kueue Workloads for `verify`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, cast
+
+from sovereignspec.errors import ConfigError
+from sovereignspec.operator import annotations as ann
+from sovereignspec.operator import record
+
+KUEUE = ("kueue.x-k8s.io", "v1beta2", "workloads")
+
+
+def add_parser(sub: Any) -> None:
+    audit = sub.add_parser("audit", help="verify, export or query the sovereignty record kept in the cluster")
+    audit.add_argument(
+        "--kubeconfig", help="kubeconfig file (default: in-cluster, then $KUBECONFIG / ~/.kube/config)"
+    )
+    verbs = audit.add_subparsers(dest="audit_command", required=True)
+    verbs.add_parser(
+        "verify", help="the chain intact, every admitted workload recorded, every binding inside"
+    )
+    ex = verbs.add_parser("export", help="the records as JSON lines or CSV")
+    ex.add_argument("--since", help="RFC 3339 time: records at or after it (e.g. 2026-12-01T00:00:00Z)")
+    ex.add_argument("--until", help="RFC 3339 time: records before it")
+    ex.add_argument("--namespace", help="only this namespace's records")
+    ex.add_argument("--format", choices=("jsonl", "csv"), default="jsonl")
+    wh = verbs.add_parser("where", help="the decisions on a workload and the nodes its pods ran on")
+    wh.add_argument("workload", help="NAMESPACE/NAME: the Workload's or its owner's (a Job's) name")
+
+
+def _segments(api: Any) -> list[dict[str, Any]]:
+    from kubernetes import client
+
+    from sovereignspec.operator.audit import GROUP, PLURAL, VERSION
+
+    found = cast(
+        dict[str, Any], client.CustomObjectsApi(api).list_cluster_custom_object(GROUP, VERSION, PLURAL)
+    )
+    return [{"name": o["metadata"]["name"], **o["spec"]} for o in found["items"]]
+
+
+def _admitted(api: Any) -> list[str]:
+    """UIDs of admitted Workloads one of our checks decided (an entry that handed a mode)."""
+    from kubernetes import client
+
+    found = cast(dict[str, Any], client.CustomObjectsApi(api).list_cluster_custom_object(*KUEUE))
+    out = []
+    for wl in found["items"]:
+        status = wl.get("status") or {}
+        ours = any(
+            ann.OUT_MODE in (u.get("annotations") or {})
+            for c in status.get("admissionChecks") or []
+            for u in c.get("podSetUpdates") or []
+        )
+        if ours and status.get("admission"):
+            out.append(str(wl["metadata"]["uid"]))
+    return out
+
+
+def verify(segments: list[dict[str, Any]], admitted: list[str]) -> list[str]:
+    """Every failure, named: the chain's breaks, admitted workloads with no decision record,
+    bindings on a node outside their namespace's jurisdictions."""
+    failures = [str(f) for f in record.verify(segments)]
+    records = record.records_of(segments)
+    failures += [
+        f"admitted workload {uid} has no decision record" for uid in record.unrecorded(records, admitted)
+    ]
+    for r in record.outside(records):
+        pod = r.get("pod") or {}
+        where = r.get("nodeJurisdiction") or "no jurisdiction"
+        allowed = ", ".join(r.get("jurisdictions") or [])
+        failures.append(
+            f"record {r.get('seq')}: pod {pod.get('namespace')}/{pod.get('name')} bound to node "
+            f"{r.get('node')} in {where}, outside {allowed}"
+        )
+    return failures
+
+
+def _describe(r: dict[str, Any]) -> str:
+    w = r.get("workload") or {}
+    if r.get("kind") == "binding":
+        pod = r.get("pod") or {}
+        return (
+            f"{r.get('at')}  #{r.get('seq')} pod {pod.get('name')} bound to {r.get('node')} "
+            f"({r.get('nodeJurisdiction') or 'no jurisdiction label'}; allowed: "
+            f"{', '.join(r.get('jurisdictions') or []) or 'anywhere'}) seen by {r.get('replica')}"
+        )
+    return (
+        f"{r.get('at')}  #{r.get('seq')} {w.get('name')}: {r.get('state')} ({r.get('outcome')}) "
+        f"on {r.get('node') or 'no node'} ({r.get('nodeJurisdiction') or '-'}), {r.get('mode')} "
+        f"γ={r.get('gamma')}, check {r.get('check')}, decided by {r.get('replica')}"
+    )
+
+
+def command(args: argparse.Namespace) -> int:
+    from kubernetes.client.exceptions import ApiException
+    from kubernetes.config.config_exception import ConfigException
+
+    from sovereignspec.operator.process import api_client
+
+    try:
+        api = api_client(args.kubeconfig)
+        segments = _segments(api)
+        admitted = _admitted(api) if args.audit_command == "verify" else []
+    except ConfigException as exc:
+        raise ConfigError(f"audit: no cluster to read the record from: {exc} (give --kubeconfig)") from None
+    except ApiException as exc:
+        raise ConfigError(f"audit: reading the record failed: {exc.status} {exc.reason}") from None
+    records = record.records_of(segments)
+    if args.audit_command == "verify":
+        failures = verify(segments, admitted)
+        for f in failures:
+            print(f"audit verify: {f}")
+        if failures:
+            return 1
+        print(f"audit verify: the chain is intact: {len(records)} records in {len(segments)} segments, "
+              "every admitted workload recorded, every binding inside its jurisdictions")  # fmt: skip
+        return 0
+    if args.audit_command == "export":
+        chosen = [
+            r for r in records
+            if (not args.since or str(r.get("at", "")) >= args.since)
+            and (not args.until or str(r.get("at", "")) < args.until)
+            and (not args.namespace or (r.get("workload") or {}).get("namespace") == args.namespace)
+        ]  # fmt: skip
+        sys.stdout.write(record.export(chosen, args.format))
+        return 0
+    namespace, _, name = args.workload.partition("/")
+    if not name:
+        raise ConfigError(f"audit where: {args.workload!r}: expected NAMESPACE/NAME")
+    found = record.where(records, namespace, name)
+    if not found:
+        print(f"audit where: no record of {namespace}/{name}")
+        return 1
+    for r in found:
+        print(_describe(r))
+    return 0

@@ -1,0 +1,207 @@
+"""The sovereignty record's facts and its writer (the chain itself: `record.py`).
+
+`decision_facts` and `binding_facts` turn a tick's written decisions and its bound GPU pods into
+records (plain data; `binding_facts` remembers what it has recorded, so a binding is recorded once,
+and again when its node's jurisdiction label changes). `AuditLog` appends them to the chain as
+`AuditSegment` objects through the API: the embedded store, in the cluster itself. A write that
+fails keeps its facts in a backlog, in order, written first the next time (nothing lost while the
+process lives); a segment another replica wrote first (409) makes it read the head again and
+write after it, so the chain never forks.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, cast
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from sovereignspec.core.sovereignty import DEFAULT_JURISDICTION_LABEL
+from sovereignspec.operator import annotations as ann
+from sovereignspec.operator import metrics
+from sovereignspec.operator.ledger import pod_gpus
+from sovereignspec.operator.plan import Write, shorten
+from sovereignspec.operator.policy import PolicySpec
+from sovereignspec.operator.record import Head, chain, head_of
+from sovereignspec.operator.world import World, tenancy_of
+from sovereignspec.operator.writer import TRANSPORT_ERRORS
+
+log = logging.getLogger(__name__)
+
+GROUP, VERSION, PLURAL = "sovereignspec.io", "v1alpha1", "auditsegments"
+SEGMENT_RECORDS = 200  # records per segment: a few hundred bytes each, far under an object's limit
+RECORDED = ("placed", "retry", "rejected", "drift")  # outcomes that are decisions (not "waiting")
+
+
+def _owner(meta: Mapping[str, Any]) -> dict[str, str]:
+    refs = meta.get("ownerReferences") or []
+    ref = next((r for r in refs if r.get("controller")), refs[0] if refs else None)
+    return {"kind": str(ref.get("kind", "")), "name": str(ref.get("name", ""))} if ref else {}
+
+
+def _where(world: World, namespace: str, policy: PolicySpec) -> tuple[str, list[str] | None, str, str]:
+    """The namespace's tenant, allowed jurisdictions (None: anywhere) and where they came from,
+    and the node label that names a node's jurisdiction under `policy`."""
+    t = tenancy_of(namespace, world.namespaces.get(namespace), policy)
+    allowed = None if t.jurisdictions is None else sorted(t.jurisdictions)
+    return t.tenant, allowed, t.source, policy.sovereignty.jurisdiction_label or DEFAULT_JURISDICTION_LABEL
+
+
+def _node_labels(world: World) -> dict[str, Mapping[str, str]]:
+    """Node labels by node name and by hostname label (decisions name nodes by hostname)."""
+    out: dict[str, Mapping[str, str]] = {}
+    for n in world.nodes:
+        labels = n["metadata"].get("labels") or {}
+        out[str(n["metadata"]["name"])] = labels
+        if ann.HOSTNAME in labels:
+            out.setdefault(str(labels[ann.HOSTNAME]), labels)
+    return out
+
+
+def decision_facts(
+    writes: Iterable[Write], world: World, default: PolicySpec, replica: str, at: str
+) -> list[dict[str, Any]]:
+    """One record per decision written: who, under which rule, where, in which mode."""
+    nodes = _node_labels(world)
+    out = []
+    for w in writes:
+        if w.outcome not in RECORDED:
+            continue
+        meta: Mapping[str, Any] = w.workload.get("metadata") or {}  # type: ignore[assignment]
+        namespace = str(meta.get("namespace", ""))
+        policy = world.policies.get(w.check, default)
+        tenant, allowed, source, label = _where(world, namespace, policy)
+        placed = list(w.placed)
+        node = placed[0].rpartition("/")[0] if placed else None
+        out.append({
+            "kind": "decision", "at": at, "replica": replica, "check": w.check,
+            "workload": {"namespace": namespace, "name": str(meta.get("name", "")),
+                         "uid": str(meta.get("uid", "")), "owner": _owner(meta)},
+            "tenant": tenant, "jurisdictions": allowed, "jurisdictionsFrom": source,
+            "state": w.state, "outcome": w.outcome, "mode": w.mode, "gamma": w.gamma,
+            "node": node, "gpus": placed, "jurisdictionLabel": label,
+            "nodeJurisdiction": (nodes.get(node) or {}).get(label) if node else None,
+            "message": shorten(w.message, 300),
+        })  # fmt: skip
+    return out
+
+
+def binding_facts(
+    world: World, default: PolicySpec, replica: str, at: str, seen: set[tuple[str, str, str | None]]
+) -> list[dict[str, Any]]:
+    """A record for every running GPU pod on a node, once per (pod, node, the node's jurisdiction
+    label): its binding, and again when that label changes under it. `seen` is updated (pods
+    gone are forgotten)."""
+    nodes = _node_labels(world)
+    out, now = [], set()
+    for pod in world.pods:
+        meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+        node = spec.get("nodeName")
+        if (
+            not node
+            or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+            or pod_gpus(pod) <= 0
+        ):
+            continue
+        namespace = str(meta.get("namespace", ""))
+        tenant, allowed, source, label = _where(world, namespace, default)
+        juris = (nodes.get(str(node)) or {}).get(label)
+        key = (str(meta.get("uid") or f"{namespace}/{meta.get('name')}"), str(node), juris)
+        now.add(key)
+        if key in seen:
+            continue
+        owner = _owner(meta)
+        out.append({
+            "kind": "binding", "at": at, "replica": replica,
+            "pod": {"namespace": namespace, "name": str(meta.get("name", "")),
+                    "uid": str(meta.get("uid", ""))},
+            "workload": {"namespace": namespace, "name": owner.get("name", ""), "owner": owner},
+            "tenant": tenant, "jurisdictions": allowed, "jurisdictionsFrom": source,
+            "node": str(node), "jurisdictionLabel": label, "nodeJurisdiction": juris,
+            "phase": (pod.get("status") or {}).get("phase"),
+        })  # fmt: skip
+    seen.clear()
+    seen.update(now)
+    return out
+
+
+class AuditLog:
+    """Appends records to the chain in the cluster (AuditSegment objects)."""
+
+    def __init__(self, api: client.ApiClient, writer: str) -> None:
+        self.objects = client.CustomObjectsApi(api)
+        self.writer = writer
+        self.head: Head | None = None  # read from the API before the first write and after a 409
+        self.backlog: list[dict[str, Any]] = []
+        self.written = 0
+        self.off: str | None = None  # why the record is not kept (its CRD is not installed)
+        log.info("sovereignty record: kept in this cluster (AuditSegment objects); no bucket is configured")
+
+    def read_segments(self) -> list[dict[str, Any]]:
+        found = cast(dict[str, Any], self.objects.list_cluster_custom_object(GROUP, VERSION, PLURAL))
+        return [{"name": o["metadata"]["name"], **o["spec"]} for o in found["items"]]
+
+    def add(self, facts: Sequence[Mapping[str, Any]]) -> None:
+        if self.off is None:
+            self.backlog.extend(dict(f) for f in facts)
+
+    def flush(self) -> bool:
+        """Write the backlog, oldest first, in segments; False (and the rest kept) on a failure."""
+        while self.backlog:
+            batch = self.backlog[:SEGMENT_RECORDS]
+            try:
+                self._write(batch)
+            except ApiException as exc:
+                if exc.status in (403, 404):  # an operator newer than the chart it runs under
+                    self.off = (
+                        "the AuditSegment CRD is not installed (upgrade the chart)"
+                        if exc.status == 404
+                        else "the operator's role may not create AuditSegments (upgrade the chart's RBAC)"
+                    )
+                    log.error("the sovereignty record is off: %s; decisions go on unrecorded", self.off)
+                    self.backlog.clear()
+                    return False
+                return self._failed(exc.reason or str(exc.status))
+            except TRANSPORT_ERRORS as exc:
+                return self._failed(f"{type(exc).__name__}: {exc}")
+            del self.backlog[: len(batch)]
+        metrics.AUDIT_BACKLOG.set(0)
+        return True
+
+    def _failed(self, reason: str) -> bool:
+        log.warning(
+            "the sovereignty record could not be written (%d records wait): %s", len(self.backlog), reason
+        )
+        metrics.AUDIT_BACKLOG.set(len(self.backlog))
+        metrics.AUDIT_FAILURES.inc()
+        return False
+
+    def _write(self, batch: list[dict[str, Any]]) -> None:
+        for attempt in range(3):
+            if self.head is None:
+                self.head = head_of(self.read_segments())
+            records, after = chain(self.head, batch)
+            name = f"audit-{self.head.segment:012d}"
+            body = {
+                "apiVersion": f"{GROUP}/{VERSION}",
+                "kind": "AuditSegment",
+                "metadata": {"name": name},
+                "spec": {"index": self.head.segment, "first": self.head.seq, "count": len(records),
+                         "writer": self.writer, "records": records},
+            }  # fmt: skip
+            try:
+                self.objects.create_cluster_custom_object(GROUP, VERSION, PLURAL, body)
+            except ApiException as exc:
+                if exc.status != 409 or attempt == 2:
+                    raise
+                # Another replica wrote that segment (a leader that lost its Lease while paused):
+                # read the chain's head again and write after it.
+                log.warning("segment %s was written by another replica; appending after it", name)
+                self.head = None
+                continue
+            self.head = after
+            self.written += len(records)
+            metrics.AUDIT_RECORDS.inc(len(records))
+            return

@@ -1,0 +1,201 @@
+"""The sovereignty record: what was decided and where the work actually ran, as a hash chain.
+
+Each record is a plain JSON object with a sequence number (`seq`, from 0, no gaps), the digest of
+the record before it (`prev`; the first names `GENESIS`) and its own `digest`: SHA-256 over its
+canonical JSON (sorted keys, no spaces, UTF-8) without the `digest` field. Editing a record breaks
+its digest; deleting or re-ordering one breaks the next record's `prev` or the sequence. Records are
+kept in segments (`AuditSegment` objects, `operator/audit.py`), one per write, named by their index,
+so two replicas can never both write the next one: the API server refuses the second name.
+
+Two kinds, with the facts a regulator asks for:
+
+- `decision`: the workload (namespace, name, UID, owner), its tenant and allowed jurisdictions with
+  where they came from, the check and policy, the outcome (Ready/Retry/Rejected/drift), the node
+  and its jurisdiction label at that moment, mode and γ, the replica that decided;
+- `binding`: a GPU pod bound to a node, with the node's jurisdiction label when it was seen (and
+  again whenever that label changes while the pod runs), its phase and owner.
+
+No I/O, no clock: plain dicts in, plain dicts and findings out.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+GENESIS = "0" * 64  # the `prev` of the first record
+KINDS = ("decision", "binding")
+
+
+def canonical(record: Mapping[str, Any]) -> bytes:
+    """The bytes a digest is taken over: the record without `digest`, keys sorted, no spaces."""
+    body = {k: v for k, v in record.items() if k != "digest"}
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def digest_of(record: Mapping[str, Any]) -> str:
+    return hashlib.sha256(canonical(record)).hexdigest()
+
+
+@dataclass(frozen=True)
+class Head:
+    """Where the chain ends: the next record's sequence number, the last digest, the next segment."""
+
+    seq: int = 0
+    digest: str = GENESIS
+    segment: int = 0
+
+
+def chain(head: Head, facts: Sequence[Mapping[str, Any]]) -> tuple[list[dict[str, Any]], Head]:
+    """`facts` as records following `head`, and the head after them."""
+    out: list[dict[str, Any]] = []
+    seq, prev = head.seq, head.digest
+    for fact in facts:
+        record = {**fact, "seq": seq, "prev": prev}
+        record["digest"] = digest_of(record)
+        out.append(record)
+        seq, prev = seq + 1, record["digest"]
+    return out, Head(seq, prev, head.segment + 1)
+
+
+def head_of(segments: Sequence[Mapping[str, Any]]) -> Head:
+    """The head after the last of `segments` ({"index", "records"}), as the writer resumes it."""
+    if not segments:
+        return Head()
+    last = max(segments, key=lambda s: int(s["index"]))
+    records = list(last.get("records") or [])
+    if not records:
+        return Head(segment=int(last["index"]) + 1)
+    return Head(int(records[-1]["seq"]) + 1, str(records[-1]["digest"]), int(last["index"]) + 1)
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One way the record fails: where (segment and record) and what."""
+
+    segment: str
+    seq: int | None
+    what: str
+
+    def __str__(self) -> str:
+        at = (
+            f"record {self.seq} of segment {self.segment}"
+            if self.seq is not None
+            else f"segment {self.segment}"
+        )
+        return f"{at}: {self.what}"
+
+
+def verify(segments: Sequence[Mapping[str, Any]]) -> list[Finding]:
+    """Every break in the chain, from the first record: a segment missing from the sequence, a
+    record whose digest is not its content's, one that does not follow the one before (`prev`),
+    a sequence number out of place. An intact chain gives []."""
+    found: list[Finding] = []
+    ordered = sorted(segments, key=lambda s: int(s["index"]))
+    prev, seq = GENESIS, 0
+    for expected, segment in enumerate(ordered):
+        name = str(segment.get("name", segment["index"]))
+        if int(segment["index"]) != expected:
+            found.append(
+                Finding(name, None, f"segment {expected} is missing (the next present is {segment['index']})")
+            )
+        for record in segment.get("records") or []:
+            at = record.get("seq")
+            if record.get("digest") != digest_of(record):
+                found.append(
+                    Finding(name, at, "its digest is not its content's: edited after it was written")
+                )
+            if record.get("prev") != prev:
+                found.append(
+                    Finding(
+                        name, at, "it does not follow the record before it (removed, reordered or forked)"
+                    )
+                )
+            if at != seq:
+                found.append(Finding(name, at, f"sequence number {at} where {seq} was due"))
+            prev = str(record.get("digest"))
+            seq = (at if isinstance(at, int) else seq) + 1
+    return found
+
+
+def records_of(segments: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Every record, in chain order."""
+    ordered = sorted(segments, key=lambda s: int(s["index"]))
+    return [dict(r) for s in ordered for r in (s.get("records") or [])]
+
+
+def outside(records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Bindings on a node whose jurisdiction (when seen) is not one its namespace allowed."""
+    out = []
+    for r in records:
+        allowed = r.get("jurisdictions")
+        if r.get("kind") == "binding" and allowed is not None and r.get("nodeJurisdiction") not in allowed:
+            out.append(dict(r))
+    return out
+
+
+def unrecorded(records: Iterable[Mapping[str, Any]], admitted: Iterable[str]) -> list[str]:
+    """UIDs of admitted workloads (`admitted`) no decision record names."""
+    seen = {r.get("workload", {}).get("uid") for r in records if r.get("kind") == "decision"}
+    return sorted(uid for uid in admitted if uid not in seen)
+
+
+def where(records: Iterable[Mapping[str, Any]], namespace: str, name: str) -> list[dict[str, Any]]:
+    """The decisions on workload (or Job) `name` in `namespace` and the bindings of its pods."""
+    out = []
+    for r in records:
+        w = r.get("workload") or {}
+        owner = w.get("owner") or {}
+        if w.get("namespace") == namespace and name in (w.get("name"), owner.get("name")):
+            out.append(dict(r))
+    return out
+
+
+EXPORT_FIELDS = (
+    "seq", "at", "kind", "namespace", "workload", "owner", "uid", "pod", "tenant", "jurisdictions",
+    "node", "nodeJurisdiction", "state", "mode", "gamma", "check", "replica", "digest",
+)  # fmt: skip
+
+
+def flat(record: Mapping[str, Any]) -> dict[str, str]:
+    """One record as a CSV row (EXPORT_FIELDS)."""
+    w = record.get("workload") or {}
+    owner = w.get("owner") or {}
+    row = {
+        "seq": record.get("seq"),
+        "at": record.get("at"),
+        "kind": record.get("kind"),
+        "namespace": w.get("namespace"),
+        "workload": w.get("name"),
+        "owner": f"{owner.get('kind', '')}/{owner.get('name', '')}" if owner else "",
+        "uid": w.get("uid"),
+        "pod": (record.get("pod") or {}).get("name", ""),
+        "tenant": record.get("tenant"),
+        "jurisdictions": " ".join(record.get("jurisdictions") or []),
+        "node": record.get("node"),
+        "nodeJurisdiction": record.get("nodeJurisdiction"),
+        "state": record.get("state") or record.get("phase"),
+        "mode": record.get("mode"),
+        "gamma": record.get("gamma"),
+        "check": record.get("check"),
+        "replica": record.get("replica"),
+        "digest": record.get("digest"),
+    }
+    return {k: "" if v is None else str(v) for k, v in row.items()}
+
+
+def export(records: Iterable[Mapping[str, Any]], fmt: str) -> str:
+    """`records` as JSON lines (each record whole, digests included) or CSV (EXPORT_FIELDS)."""
+    if fmt == "jsonl":
+        return "".join(json.dumps(r, sort_keys=True, separators=(",", ":")) + "\n" for r in records)
+    buf = io.StringIO()
+    out = csv.DictWriter(buf, EXPORT_FIELDS, lineterminator="\n")
+    out.writeheader()
+    for r in records:
+        out.writerow(flat(r))
+    return buf.getvalue()

@@ -1,0 +1,283 @@
+"""The sovereignty record: the hash chain and what `audit verify` finds in it, the facts a tick
+records, and the writer's way through a failed store and a segment another replica wrote."""
+
+from __future__ import annotations
+
+import copy
+import csv
+import io
+import json
+from typing import Any
+
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from sovereignspec.auditing import verify as audit_verify
+from sovereignspec.operator import record
+from sovereignspec.operator.audit import SEGMENT_RECORDS, AuditLog, binding_facts, decision_facts
+from sovereignspec.operator.plan import Write
+from sovereignspec.operator.world import World
+from tests.unit.builders import CHECK, policy
+
+
+def fact(i: int, namespace: str = "team-a", kind: str = "decision") -> dict[str, Any]:
+    return {
+        "kind": kind, "at": f"2026-12-06T01:{i // 60:02d}:{i % 60:02d}Z", "replica": "op-0_abc",
+        "workload": {"namespace": namespace, "name": f"job-chat-{i}", "uid": f"u{i}",
+                     "owner": {"kind": "Job", "name": f"chat-{i}"}},
+        "tenant": namespace, "jurisdictions": ["eu"], "node": "h-eu", "nodeJurisdiction": "eu",
+        "state": "Ready", "mode": "speculative", "gamma": 3, "check": CHECK,
+    }  # fmt: skip
+
+
+def segments(n_records: int = 7, per: int = 3) -> list[dict[str, Any]]:
+    head, out = record.Head(), []
+    facts = [fact(i) for i in range(n_records)]
+    for start in range(0, n_records, per):
+        index = head.segment
+        records, head = record.chain(head, facts[start : start + per])
+        out.append({"name": f"audit-{index:012d}", "index": index, "records": records})
+    return out
+
+
+def test_an_intact_chain_verifies_and_resumes_where_it_ended() -> None:
+    segs = segments()
+    assert record.verify(segs) == []
+    head = record.head_of(segs)
+    assert (head.seq, head.segment, head.digest) == (7, 3, segs[-1]["records"][-1]["digest"])
+    more, _ = record.chain(head, [fact(7)])
+    assert record.verify([*segs, {"name": "audit-000000000003", "index": 3, "records": more}]) == []
+    assert record.head_of([]) == record.Head()
+
+
+def _findings(segs: list[dict[str, Any]]) -> list[str]:
+    return [str(f) for f in record.verify(segs)]
+
+
+def test_a_record_edited_after_it_was_written_is_named() -> None:
+    segs = segments()
+    segs[1]["records"][0]["node"] = "h-kr"  # the fourth record: where it ran, rewritten
+    (finding,) = _findings(segs)
+    edited = "its digest is not its content's: edited after it was written"
+    assert finding == f"record 3 of segment audit-000000000001: {edited}"
+
+
+def test_a_record_edited_with_its_digest_recomputed_breaks_the_next_one() -> None:
+    segs = segments()
+    r = segs[1]["records"][0]
+    r["node"] = "h-kr"
+    r["digest"] = record.digest_of(r)  # a careful forger: the next record still names the old digest
+    (finding,) = _findings(segs)
+    assert finding.startswith(
+        "record 4 of segment audit-000000000001: it does not follow the record before it"
+    )
+
+
+def test_a_deleted_record_and_a_deleted_segment_are_named() -> None:
+    segs = segments()
+    del segs[1]["records"][1]  # record 4
+    found = _findings(segs)
+    assert "record 5 of segment audit-000000000001: it does not follow the record before it" in found[0]
+    assert "record 5 of segment audit-000000000001: sequence number 5 where 4 was due" in found
+    segs = segments()
+    del segs[1]
+    found = _findings(segs)
+    assert found[0] == "segment audit-000000000002: segment 1 is missing (the next present is 2)"
+
+
+def test_reordered_records_are_named() -> None:
+    segs = segments()
+    rs = segs[0]["records"]
+    rs[0], rs[1] = rs[1], rs[0]
+    found = _findings(segs)
+    assert any(f.startswith("record 1 of segment audit-000000000000: it does not follow") for f in found)
+    assert "record 1 of segment audit-000000000000: sequence number 1 where 0 was due" in found
+
+
+def test_the_audit_verdict_names_unrecorded_workloads_and_bindings_outside_their_jurisdictions() -> None:
+    segs = segments(2)
+    outside_fact = {**fact(2, kind="binding"), "pod": {"namespace": "team-a", "name": "chat-2-x"},
+                    "node": "h-kr", "nodeJurisdiction": "kr"}  # fmt: skip
+    records, _ = record.chain(record.head_of(segs), [outside_fact])
+    segs.append({"name": "audit-000000000001", "index": 1, "records": records})
+    failures = audit_verify(segs, ["u0", "u1", "u9"])
+    assert failures == [
+        "admitted workload u9 has no decision record",
+        "record 2: pod team-a/chat-2-x bound to node h-kr in kr, outside eu",
+    ]
+
+
+def test_export_as_json_lines_keeps_every_record_whole_and_csv_flattens_it() -> None:
+    records = record.records_of(segments(3))
+    lines = record.export(records, "jsonl").splitlines()
+    assert [json.loads(x) for x in lines] == records
+    rows = list(csv.DictReader(io.StringIO(record.export(records, "csv"))))
+    assert [r["seq"] for r in rows] == ["0", "1", "2"]
+    assert rows[0]["owner"] == "Job/chat-0" and rows[0]["jurisdictions"] == "eu" and rows[0]["node"] == "h-eu"
+    assert rows[0]["digest"] == records[0]["digest"]
+
+
+def test_where_finds_a_workload_by_its_own_name_or_its_owners() -> None:
+    records = record.records_of(segments(3))
+    assert [r["seq"] for r in record.where(records, "team-a", "chat-1")] == [1]
+    assert [r["seq"] for r in record.where(records, "team-a", "job-chat-2")] == [2]
+    assert record.where(records, "team-b", "chat-1") == []
+
+
+# -- the facts a tick records ----------------------------------------------------------------------
+
+
+def _world(pods: list[dict[str, Any]], kr_label: str = "kr") -> World:
+    label = "node-restriction.kubernetes.io/jurisdiction"
+    nodes = [
+        {"metadata": {"name": "h-eu", "labels": {label: "eu", "kubernetes.io/hostname": "h-eu"}}},
+        {"metadata": {"name": "h-kr", "labels": {label: kr_label, "kubernetes.io/hostname": "h-kr"}}},
+    ]
+    return World(
+        [], nodes, {}, {"team-a": {"sovereignspec.io/jurisdiction": "eu"}}, pods, {}, {CHECK: policy()}
+    )
+
+
+def _pod(name: str, node: str, gpus: str = "1") -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "namespace": "team-a", "uid": f"uid-{name}",
+                     "ownerReferences": [{"kind": "Job", "name": "chat", "controller": True}]},
+        "spec": {"nodeName": node,
+                 "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": gpus}}}]},
+        "status": {"phase": "Running"},
+    }  # fmt: skip
+
+
+def test_a_decision_is_recorded_with_its_tenancy_its_node_and_that_nodes_jurisdiction() -> None:
+    owner = [{"kind": "Job", "name": "chat", "controller": True}]
+    workload = {
+        "metadata": {"name": "job-chat-1a2b", "namespace": "team-a", "uid": "w1", "ownerReferences": owner}
+    }
+    updates = [{"name": "main", "annotations": {"sovereignspec.io/mode": "plain"}}]
+    placed = Write("team-a/job-chat-1a2b", workload, CHECK, {}, "Ready", "placed on h-eu", updates,
+                   outcome="placed", mode="plain", gamma=0, placed=("h-eu/gpu2",))  # fmt: skip
+    waiting = Write(
+        "team-a/x", workload, CHECK, {}, "Pending", "its owner is not cached yet", outcome="waiting"
+    )
+    (d,) = decision_facts([placed, waiting], _world([]), policy(), "op-0_abc", "2026-12-06T01:00:00Z")
+    assert d["workload"] == {"namespace": "team-a", "name": "job-chat-1a2b", "uid": "w1",
+                             "owner": {"kind": "Job", "name": "chat"}}  # fmt: skip
+    assert (d["tenant"], d["jurisdictions"], d["jurisdictionsFrom"]) == (
+        "team-a", ["eu"], "the namespace name",
+    )  # fmt: skip
+    assert (d["node"], d["gpus"], d["nodeJurisdiction"], d["mode"], d["gamma"]) == (
+        "h-eu",
+        ["h-eu/gpu2"],
+        "eu",
+        "plain",
+        0,
+    )
+    assert (d["state"], d["replica"], d["check"]) == ("Ready", "op-0_abc", CHECK)
+
+
+def test_a_binding_is_recorded_once_and_again_when_its_nodes_jurisdiction_changes_under_it() -> None:
+    seen: set[Any] = set()
+    pods = [_pod("a", "h-eu"), _pod("b", "h-kr"), _pod("cpu", "h-eu", gpus="0")]
+    first = binding_facts(_world(pods), policy(), "op", "t0", seen)
+    assert [(f["pod"]["name"], f["node"], f["nodeJurisdiction"]) for f in first] == [
+        ("a", "h-eu", "eu"),
+        ("b", "h-kr", "kr"),
+    ]
+    assert first[0]["workload"] == {
+        "namespace": "team-a",
+        "name": "chat",
+        "owner": {"kind": "Job", "name": "chat"},
+    }
+    assert binding_facts(_world(pods), policy(), "op", "t1", seen) == []  # nothing new
+    relabelled = binding_facts(_world(pods, kr_label="eu"), policy(), "op", "t2", seen)
+    assert [(f["pod"]["name"], f["nodeJurisdiction"]) for f in relabelled] == [("b", "eu")]
+    assert binding_facts(_world([]), policy(), "op", "t3", seen) == [] and seen == set()
+
+
+# -- the writer --------------------------------------------------------------------------------------
+
+
+class Store:
+    """The AuditSegment objects as the API server keeps them: names unique, creation refused as
+    it refuses it (409 for a name taken, `fail` for anything else)."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, dict[str, Any]] = {}
+        self.fail: ApiException | None = None
+
+    def list_cluster_custom_object(self, group: str, version: str, plural: str) -> dict[str, Any]:
+        return {"items": [copy.deepcopy(o) for _, o in sorted(self.objects.items())]}
+
+    def create_cluster_custom_object(
+        self, group: str, version: str, plural: str, body: dict[str, Any]
+    ) -> None:
+        if self.fail is not None:
+            raise self.fail
+        name = body["metadata"]["name"]
+        if name in self.objects:
+            raise ApiException(status=409, reason="AlreadyExists")
+        self.objects[name] = copy.deepcopy(body)
+
+
+def _log(store: Store, writer: str = "op-0") -> AuditLog:
+    log = AuditLog.__new__(AuditLog)
+    log.objects, log.writer, log.head, log.backlog, log.written, log.off = store, writer, None, [], 0, None
+    return log
+
+
+def test_records_wait_while_the_store_fails_and_are_written_in_order_when_it_returns() -> None:
+    store = Store()
+    log = _log(store)
+    log.add([fact(0)])
+    assert log.flush()
+    store.fail = ApiException(status=503, reason="ServiceUnavailable")
+    log.add([fact(1)])
+    assert not log.flush() and len(log.backlog) == 1
+    log.add([fact(2)])
+    store.fail = None
+    assert log.flush() and log.backlog == []
+    segs = log.read_segments()
+    assert record.verify(segs) == [] and [r["workload"]["uid"] for r in record.records_of(segs)] == [
+        "u0",
+        "u1",
+        "u2",
+    ]
+
+
+def test_a_long_backlog_is_written_in_segments_that_fit_an_object() -> None:
+    store = Store()
+    log = _log(store)
+    log.add([fact(i % 600) for i in range(2 * SEGMENT_RECORDS + 5)])
+    assert log.flush()
+    segs = log.read_segments()
+    assert [s["count"] for s in segs] == [SEGMENT_RECORDS, SEGMENT_RECORDS, 5] and record.verify(segs) == []
+
+
+def test_a_segment_another_replica_wrote_first_is_followed_never_forked() -> None:
+    store = Store()
+    old, new = _log(store, "op-0"), _log(store, "op-1")
+    old.add([fact(0)])
+    assert old.flush()  # the old leader's head: segment 1 next
+    new.add([fact(1)])
+    assert new.flush()  # the new leader wrote segment 1
+    old.add([fact(2)])  # the old leader, resumed from a pause, still thinks segment 1 is next
+    assert old.flush()
+    segs = old.read_segments()
+    assert record.verify(segs) == []
+    assert [(s["index"], s["writer"]) for s in segs] == [(0, "op-0"), (1, "op-1"), (2, "op-0")]
+
+
+@pytest.mark.parametrize(("status", "said"), [(404, "AuditSegment CRD"), (403, "role may not create")])
+def test_without_the_crd_or_the_rbac_the_record_is_off_and_said_so_and_nothing_piles_up(status, said) -> None:
+    store = Store()
+    store.fail = ApiException(status=status, reason="NotFound")
+    log = _log(store)
+    log.add([fact(0)])
+    assert not log.flush() and log.off is not None and said in log.off
+    log.add([fact(1)])
+    assert log.backlog == []
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv"])
+def test_an_empty_record_exports_to_an_empty_document(fmt: str) -> None:
+    assert record.export([], fmt) in ("", ",".join(record.EXPORT_FIELDS) + "\n")
