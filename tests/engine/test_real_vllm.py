@@ -72,6 +72,31 @@ def decide(
     return dict(update["annotations"])
 
 
+def scraped_traffic(served: Any, series: str, tokens: int) -> tuple[LocalPrometheus, dict[str, Any]]:
+    """A Prometheus scraping `served` through the shipped relabelling, and one request of `tokens`
+    made between two of its scrapes, its last scrape waited for; the caller closes the Prometheus.
+
+    vLLM creates a series at its first observation: Prometheus's first sample of it would already
+    hold part of the traffic, which increase() never sees. So traffic first (the series exist),
+    then the scraping, as with an engine that has served for a while, then the measured traffic."""
+    served.complete(1, tokens=32)
+    prom = LocalPrometheus().start()
+    try:
+        prom.add_scrape_config(discovered([(served.target, NAMESPACE, "chat", True)]))
+        # Scraped before the traffic (increase() needs a sample on each side of it), relabelled.
+        wait_until(
+            lambda: prom.query(f'{series}{{namespace="team-a"}}'), timeout=60, what="a relabelled scrape"
+        )
+        time.sleep(1.5)
+        done = served.complete(1, tokens=tokens)
+        selector = 'namespace="team-a"'
+        wait_until(lambda: served.scraped_by(prom.query, selector), timeout=60, what="the run's last scrape")
+    except BaseException:
+        prom.close()
+        raise
+    return prom, done
+
+
 def table_of(notes: dict[str, str]) -> list[list[int]]:
     return list(json.loads(notes[OUT_VLLM]).get(PER_BATCH) or [])
 
@@ -124,22 +149,10 @@ def test_prometheus_through_the_shipped_relabelling_gives_the_reader_the_drafts_
     """A perturbed draft: the reader's α is the engine's own first-position acceptance, below 1."""
     notes = decide(local_profiles(tmp_path / "p", (DRAFT,)), DRAFT, IDLE, tiny / "perturbed")
     served = serve(notes)
-    # vLLM creates a series at its first observation: Prometheus's first sample of it would already
-    # hold part of the traffic, which increase() never sees. Traffic first, then the scraping, as
-    # with an engine that has served for a while.
-    served.complete(1, tokens=32)
-    prom = LocalPrometheus().start()
+    prom, done = scraped_traffic(served, "vllm:spec_decode_num_drafts_total", tokens=256)
     try:
-        prom.add_scrape_config(discovered([(served.target, NAMESPACE, "chat", True)]))
-        # Scraped before the traffic (increase() needs a sample on each side of it), relabelled.
-        series = 'vllm:spec_decode_num_drafts_total{namespace="team-a"}'
-        wait_until(lambda: prom.query(series), timeout=60, what="a relabelled scrape")
-        time.sleep(1.5)
-        done = served.complete(1, tokens=256)
         measured = done["alpha_position0"]
         assert measured is not None and 0.3 < measured < 0.97, done
-        selector = 'namespace="team-a"'
-        wait_until(lambda: served.scraped_by(prom.query, selector), timeout=60, what="the run's last scrape")
         reader = PrometheusReader(prom.url, window="5m")
 
         def learned() -> tuple[float, float] | None:
@@ -323,18 +336,9 @@ def test_an_engine_started_by_hand_with_speculation_under_a_plain_decision_is_se
     assert notes[ann.OUT_MODE] == "plain", notes
     config = decide(profiles_dir, DRAFT, IDLE, tiny / "perturbed")[OUT_VLLM]  # what a speculative one hands
     served = serve(notes, "--speculative-config", config, by_hand=True)
-    served.complete(1, tokens=32)  # the series exist before the first scrape (see the test above)
-    prom = LocalPrometheus().start()
+    prom, done = scraped_traffic(served, "vllm:spec_decode_num_draft_tokens_total", tokens=128)
     try:
-        prom.add_scrape_config(discovered([(served.target, NAMESPACE, "chat", True)]))
-        series = 'vllm:spec_decode_num_draft_tokens_total{namespace="team-a"}'
-        wait_until(lambda: prom.query(series), timeout=60, what="a relabelled scrape")
-        time.sleep(1.5)
-        done = served.complete(1, tokens=128)
         assert done["drafts"] > 0, done
-        wait_until(
-            lambda: served.scraped_by(prom.query, 'namespace="team-a"'), timeout=60, what="the last scrape"
-        )
         reader = PrometheusReader(prom.url, window="5m")
         drafting = wait_until(lambda: reader.snapshot().drafting or None, timeout=60, what="its draft tokens")
         assert set(drafting) == {(NAMESPACE, "chat")} and drafting[(NAMESPACE, "chat")] > 0, drafting
