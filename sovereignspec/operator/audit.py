@@ -26,7 +26,7 @@ from sovereignspec.operator.plan import Write, shorten
 from sovereignspec.operator.policy import PolicySpec
 from sovereignspec.operator.record import Head, chain, head_of
 from sovereignspec.operator.world import World, tenancy_of
-from sovereignspec.operator.writer import TRANSPORT_ERRORS
+from sovereignspec.operator.writer import TRANSPORT_ERRORS, now_rfc3339
 
 log = logging.getLogger(__name__)
 
@@ -89,21 +89,29 @@ def decision_facts(
 
 
 def binding_facts(
-    world: World, default: PolicySpec, replica: str, at: str, seen: set[tuple[str, str, str | None]]
+    world: World,
+    default: PolicySpec,
+    replica: str,
+    at: str,
+    seen: set[tuple[str, str, str | None]],
+    errors: list[str] | None = None,
 ) -> list[dict[str, Any]]:
     """A record for every running GPU pod on a node, once per (pod, node, the node's jurisdiction
     label): its binding, and again when that label changes under it. `seen` is updated (pods
-    gone are forgotten)."""
+    gone are forgotten). A pod that cannot be read (a GPU quantity that is none) is named in
+    `errors` and skipped alone, as the violations watch skips it."""
     nodes = _node_labels(world)
     out, now = [], set()
     for pod in world.pods:
         meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
         node = spec.get("nodeName")
-        if (
-            not node
-            or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
-            or pod_gpus(pod) <= 0
-        ):
+        try:
+            gpus = pod_gpus(pod)
+        except Exception as exc:
+            if errors is not None:
+                errors.append(f"Pod {meta.get('namespace')}/{meta.get('name')}: {type(exc).__name__}: {exc}")
+            continue
+        if not node or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed") or gpus <= 0:
             continue
         namespace = str(meta.get("namespace", ""))
         tenant, allowed, source, label = _where(world, namespace, default)
@@ -125,6 +133,29 @@ def binding_facts(
     seen.clear()
     seen.update(now)
     return out
+
+
+def record_tick(
+    audit: AuditLog,
+    written: Sequence[Write],
+    world: World,
+    default: PolicySpec | None,
+    seen: set[tuple[str, str, str | None]],
+) -> None:
+    """A tick's written decisions and its GPU pods' bindings into the record (`default`: the policy
+    the tick's watches use; None when no check of ours is active), then the record written. It
+    fails alone: the failure is counted and logged, and the decisions go on."""
+    try:
+        if default is not None:
+            at, errors = now_rfc3339(), list[str]()
+            audit.add(decision_facts(written, world, default, audit.writer, at))
+            audit.add(binding_facts(world, default, audit.writer, at, seen, errors))
+            for text in errors:
+                log.warning("the record skipped a pod that cannot be read: %s", text)
+        audit.flush()
+    except Exception:
+        metrics.TICK_FAILURES.labels(part="record").inc()
+        log.exception("recording this tick's decisions and bindings failed")
 
 
 class AuditLog:

@@ -29,7 +29,7 @@ from kubernetes.client.exceptions import ApiException
 from sovereignspec.core.running import LedgerMemo
 from sovereignspec.core.specs import ProfileSet
 from sovereignspec.operator import kinds, metrics
-from sovereignspec.operator.audit import RECORDED, AuditLog, binding_facts, decision_facts
+from sovereignspec.operator.audit import RECORDED, AuditLog, record_tick
 from sovereignspec.operator.identity import operator_identity
 from sovereignspec.operator.informer import ClusterCache, rv_int
 from sovereignspec.operator.learning import Learner, readings
@@ -206,12 +206,8 @@ class Controller(Role):
         jurisdiction labels) into the sovereignty record, then the record written: what cannot
         be written now waits, in order, for the next tick."""
         written, self._written = self._written, []
-        if groups:
-            default = min(groups.items())[1][0]  # the first group's, as the tick's watches use
-            at, replica = now_rfc3339(), self.audit.writer
-            self.audit.add(decision_facts(written, world, default, replica, at))
-            self.audit.add(binding_facts(world, default, replica, at, self._bindings_seen))
-        self.audit.flush()
+        default = min(groups.items())[1][0] if groups else None  # the first group's, as the watches'
+        record_tick(self.audit, written, world, default, self._bindings_seen)
 
     def _not_synced(self, started: float, report: TickReport) -> None:
         """No decisions until the caches are listed and watching; refusals and a long wait said."""

@@ -194,6 +194,30 @@ def test_a_binding_is_recorded_once_and_again_when_its_nodes_jurisdiction_change
     assert binding_facts(_world([]), policy(), "op", "t3", seen) == [] and seen == set()
 
 
+def test_a_pod_that_cannot_be_read_is_skipped_alone_and_named() -> None:
+    seen: set[Any] = set()
+    errors: list[str] = []
+    pods = [_pod("bad", "h-eu", gpus="lots"), _pod("a", "h-eu")]
+    facts = binding_facts(_world(pods), policy(), "op", "t0", seen, errors)
+    assert [f["pod"]["name"] for f in facts] == ["a"]
+    assert len(errors) == 1 and errors[0].startswith("Pod team-a/bad: ")
+
+
+def test_the_record_fails_alone_its_failure_counted() -> None:
+    from sovereignspec.operator import metrics
+    from sovereignspec.operator.audit import record_tick
+
+    class Broken(Store):
+        def list_cluster_custom_object(self, group: str, version: str, plural: str) -> dict[str, Any]:
+            raise RuntimeError("a store that answers nonsense")
+
+    log = _log(Broken())
+    failures = metrics.TICK_FAILURES.labels(part="record")
+    before = failures._value.get()
+    record_tick(log, [], _world([_pod("a", "h-eu")]), policy(), set())  # no exception escapes
+    assert failures._value.get() == before + 1 and len(log.backlog) == 1  # kept for the next tick
+
+
 # -- the writer --------------------------------------------------------------------------------------
 
 
