@@ -17,7 +17,6 @@ import sys
 from typing import Any, cast
 
 from sovereignspec.errors import ConfigError
-from sovereignspec.operator import annotations as ann
 from sovereignspec.operator import record
 
 KUEUE = ("kueue.x-k8s.io", "v1beta2", "workloads")
@@ -44,27 +43,22 @@ def add_parser(sub: Any) -> None:
 def _segments(api: Any) -> list[dict[str, Any]]:
     from kubernetes import client
 
-    from sovereignspec.operator.audit import GROUP, PLURAL, VERSION
+    from sovereignspec.operator.audit import read_segments
 
-    found = cast(
-        dict[str, Any], client.CustomObjectsApi(api).list_cluster_custom_object(GROUP, VERSION, PLURAL)
-    )
-    return [{"name": o["metadata"]["name"], **o["spec"]} for o in found["items"]]
+    return read_segments(client.CustomObjectsApi(api))
 
 
 def _admitted(api: Any) -> list[str]:
     """UIDs of admitted Workloads one of our checks decided (an entry that handed a mode)."""
     from kubernetes import client
 
+    from sovereignspec.operator.violations import decided_mode
+
     found = cast(dict[str, Any], client.CustomObjectsApi(api).list_cluster_custom_object(*KUEUE))
     out = []
     for wl in found["items"]:
         status = wl.get("status") or {}
-        ours = any(
-            ann.OUT_MODE in (u.get("annotations") or {})
-            for c in status.get("admissionChecks") or []
-            for u in c.get("podSetUpdates") or []
-        )
+        ours = any(decided_mode(c) is not None for c in status.get("admissionChecks") or [])
         if ours and status.get("admission"):
             out.append(str(wl["metadata"]["uid"]))
     return out

@@ -101,6 +101,7 @@ def binding_facts(
     gone are forgotten). A pod that cannot be read (a GPU quantity that is none) is named in
     `errors` and skipped alone, as the violations watch skips it."""
     nodes = _node_labels(world)
+    label = default.sovereignty.jurisdiction_label or DEFAULT_JURISDICTION_LABEL  # as `_where` reads it
     out, now = [], set()
     for pod in world.pods:
         meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
@@ -114,12 +115,12 @@ def binding_facts(
         if not node or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed") or gpus <= 0:
             continue
         namespace = str(meta.get("namespace", ""))
-        tenant, allowed, source, label = _where(world, namespace, default)
         juris = (nodes.get(str(node)) or {}).get(label)
         key = (str(meta.get("uid") or f"{namespace}/{meta.get('name')}"), str(node), juris)
         now.add(key)
-        if key in seen:
+        if key in seen:  # recorded already: most pods, most ticks
             continue
+        tenant, allowed, source, _ = _where(world, namespace, default)
         owner = _owner(meta)
         out.append({
             "kind": "binding", "at": at, "replica": replica,
@@ -158,6 +159,13 @@ def record_tick(
         log.exception("recording this tick's decisions and bindings failed")
 
 
+def read_segments(objects: Any) -> list[dict[str, Any]]:
+    """Every AuditSegment as {"name", **spec}, through `objects` (a CustomObjectsApi): the writer's
+    head after a start-up, and what `sovereignspec audit` reads."""
+    found = cast(dict[str, Any], objects.list_cluster_custom_object(GROUP, VERSION, PLURAL))
+    return [{"name": o["metadata"]["name"], **o["spec"]} for o in found["items"]]
+
+
 class AuditLog:
     """Appends records to the chain in the cluster (AuditSegment objects)."""
 
@@ -171,8 +179,7 @@ class AuditLog:
         log.info("sovereignty record: kept in this cluster (AuditSegment objects); no bucket is configured")
 
     def read_segments(self) -> list[dict[str, Any]]:
-        found = cast(dict[str, Any], self.objects.list_cluster_custom_object(GROUP, VERSION, PLURAL))
-        return [{"name": o["metadata"]["name"], **o["spec"]} for o in found["items"]]
+        return read_segments(self.objects)
 
     def add(self, facts: Sequence[Mapping[str, Any]]) -> None:
         if self.off is None:
