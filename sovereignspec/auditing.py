@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Mapping
 from typing import Any, cast
 
 from sovereignspec.errors import ConfigError
@@ -48,29 +49,31 @@ def _segments(api: Any) -> list[dict[str, Any]]:
     return read_segments(client.CustomObjectsApi(api))
 
 
-def _admitted(api: Any) -> list[str]:
-    """UIDs of admitted Workloads one of our checks decided (an entry that handed a mode)."""
+def _admitted(api: Any) -> dict[str, str]:
+    """Admitted Workloads one of our checks decided (an entry that handed a mode): namespace/name
+    by UID."""
     from kubernetes import client
 
     from sovereignspec.operator.violations import decided_mode
 
     found = cast(dict[str, Any], client.CustomObjectsApi(api).list_cluster_custom_object(*KUEUE))
-    out = []
+    out = {}
     for wl in found["items"]:
-        status = wl.get("status") or {}
+        status, meta = wl.get("status") or {}, wl["metadata"]
         ours = any(decided_mode(c) is not None for c in status.get("admissionChecks") or [])
         if ours and status.get("admission"):
-            out.append(str(wl["metadata"]["uid"]))
+            out[str(meta["uid"])] = f"{meta.get('namespace')}/{meta.get('name')}"
     return out
 
 
-def verify(segments: list[dict[str, Any]], admitted: list[str]) -> list[str]:
+def verify(segments: list[dict[str, Any]], admitted: Mapping[str, str]) -> list[str]:
     """Every failure, named: the chain's breaks, admitted workloads with no decision record,
     bindings on a node outside their namespace's jurisdictions."""
     failures = [str(f) for f in record.verify(segments)]
     records = record.records_of(segments)
     failures += [
-        f"admitted workload {uid} has no decision record" for uid in record.unrecorded(records, admitted)
+        f"admitted workload {admitted[uid]} (uid {uid}) has no decision record"
+        for uid in record.unrecorded(records, admitted)
     ]
     for r in record.outside(records):
         pod = r.get("pod") or {}
@@ -92,6 +95,13 @@ def _describe(r: dict[str, Any]) -> str:
             f"({r.get('nodeJurisdiction') or 'no jurisdiction label'}; allowed: "
             f"{', '.join(r.get('jurisdictions') or []) or 'anywhere'}) seen by {r.get('replica')}"
         )
+    if r.get("kind") == "ended":
+        pod, finished = r.get("pod") or {}, r.get("finishedAt")
+        return (
+            f"{r.get('at')}  #{r.get('seq')} pod {pod.get('name')} left {r.get('node')}: {r.get('phase')}"
+            + (f", its containers finished at {finished}" if finished else "")
+            + f", seen by {r.get('replica')}"
+        )
     return (
         f"{r.get('at')}  #{r.get('seq')} {w.get('name')}: {r.get('state')} ({r.get('outcome')}) "
         f"on {r.get('node') or 'no node'} ({r.get('nodeJurisdiction') or '-'}), {r.get('mode')} "
@@ -108,7 +118,7 @@ def command(args: argparse.Namespace) -> int:
     try:
         api = api_client(args.kubeconfig)
         segments = _segments(api)
-        admitted = _admitted(api) if args.audit_command == "verify" else []
+        admitted = _admitted(api) if args.audit_command == "verify" else {}
     except ConfigException as exc:
         raise ConfigError(f"audit: no cluster to read the record from: {exc} (give --kubeconfig)") from None
     except ApiException as exc:

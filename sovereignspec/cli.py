@@ -247,6 +247,14 @@ def _operator_parser(sub: Subparsers) -> None:
         default=3600.0,
         help="readings older than this leave the fit (default 3600)",
     )
+    op.add_argument(
+        "--audit-required",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="write a placement only once its record is persisted; while the record cannot be "
+        "written the placement waits (Retry, with the reason). --no-audit-required decides on and "
+        "writes the backlog when the store returns (default: required)",
+    )
     op.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
     elect = op.add_argument_group("leader election (several replicas: only the Lease's holder decides)")
     elect.add_argument("--leader-elect", action="store_true", help="compete for a coordination.k8s.io Lease")

@@ -11,8 +11,10 @@ write after it, so the chain never forks.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, cast
 
 from kubernetes import client
@@ -22,7 +24,7 @@ from sovereignspec.core.sovereignty import DEFAULT_JURISDICTION_LABEL
 from sovereignspec.operator import annotations as ann
 from sovereignspec.operator import metrics
 from sovereignspec.operator.ledger import pod_gpus
-from sovereignspec.operator.plan import Write, shorten
+from sovereignspec.operator.plan import Write, held, shorten
 from sovereignspec.operator.policy import PolicySpec
 from sovereignspec.operator.record import Head, chain, head_of
 from sovereignspec.operator.world import World, tenancy_of
@@ -67,7 +69,7 @@ def decision_facts(
     nodes = _node_labels(world)
     out = []
     for w in writes:
-        if w.outcome not in RECORDED:
+        if w.outcome not in RECORDED or w.recorded:
             continue
         meta: Mapping[str, Any] = w.workload.get("metadata") or {}  # type: ignore[assignment]
         namespace = str(meta.get("namespace", ""))
@@ -88,52 +90,86 @@ def decision_facts(
     return out
 
 
+Seen = dict[tuple[str, str, str | None], dict[str, Any]]  # (pod uid, node, its label) -> who
+
+
 def binding_facts(
     world: World,
     default: PolicySpec,
     replica: str,
     at: str,
-    seen: set[tuple[str, str, str | None]],
+    seen: Seen,
     errors: list[str] | None = None,
 ) -> list[dict[str, Any]]:
     """A record for every running GPU pod on a node, once per (pod, node, the node's jurisdiction
-    label): its binding, and again when that label changes under it. `seen` is updated (pods
-    gone are forgotten). A pod that cannot be read (a GPU quantity that is none) is named in
-    `errors` and skipped alone, as the violations watch skips it."""
+    label): its binding, and again when that label changes under it; and an `ended` record when
+    a pod recorded leaves its node (finished, failed or deleted). `seen` is updated. A pod that
+    cannot be read (a GPU quantity that is none) is named in `errors` and skipped alone, as the
+    violations watch skips it (and is not taken for ended)."""
     nodes = _node_labels(world)
     label = default.sovereignty.jurisdiction_label or DEFAULT_JURISDICTION_LABEL  # as `_where` reads it
-    out, now = [], set()
+    out, now, unread, pods = [], Seen(), set(), {}
     for pod in world.pods:
         meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
-        node = spec.get("nodeName")
+        node, namespace = spec.get("nodeName"), str(meta.get("namespace", ""))
+        uid = str(meta.get("uid") or f"{namespace}/{meta.get('name')}")
+        pods[uid] = pod
         try:
             gpus = pod_gpus(pod)
         except Exception as exc:
+            unread.add(uid)
             if errors is not None:
-                errors.append(f"Pod {meta.get('namespace')}/{meta.get('name')}: {type(exc).__name__}: {exc}")
+                errors.append(f"Pod {namespace}/{meta.get('name')}: {type(exc).__name__}: {exc}")
             continue
         if not node or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed") or gpus <= 0:
             continue
-        namespace = str(meta.get("namespace", ""))
         juris = (nodes.get(str(node)) or {}).get(label)
-        key = (str(meta.get("uid") or f"{namespace}/{meta.get('name')}"), str(node), juris)
-        now.add(key)
+        key = (uid, str(node), juris)
         if key in seen:  # recorded already: most pods, most ticks
+            now[key] = seen[key]
             continue
         tenant, allowed, source, _ = _where(world, namespace, default)
-        owner = _owner(meta)
+        now[key] = who = _who(meta)
         out.append({
-            "kind": "binding", "at": at, "replica": replica,
-            "pod": {"namespace": namespace, "name": str(meta.get("name", "")),
-                    "uid": str(meta.get("uid", ""))},
-            "workload": {"namespace": namespace, "name": owner.get("name", ""), "owner": owner},
+            "kind": "binding", "at": at, "replica": replica, **who,
             "tenant": tenant, "jurisdictions": allowed, "jurisdictionsFrom": source,
             "node": str(node), "jurisdictionLabel": label, "nodeJurisdiction": juris,
             "phase": (pod.get("status") or {}).get("phase"),
         })  # fmt: skip
+    placed = {(uid, node) for uid, node, _ in now}
+    for (uid, node, juris), who in seen.items():
+        if uid in unread:
+            now[(uid, node, juris)] = who
+        elif (uid, node) not in placed:
+            placed.add((uid, node))  # once, whatever labels it was seen under
+            out.append({"kind": "ended", "at": at, "replica": replica, **who, "node": node,
+                        "nodeJurisdiction": juris, **_end(pods.get(uid))})  # fmt: skip
     seen.clear()
     seen.update(now)
     return out
+
+
+def _who(meta: Mapping[str, Any]) -> dict[str, Any]:
+    """A pod and the workload that owns it, as a binding record names them."""
+    namespace, owner = str(meta.get("namespace", "")), _owner(meta)
+    return {
+        "pod": {"namespace": namespace, "name": str(meta.get("name", "")), "uid": str(meta.get("uid", ""))},
+        "workload": {"namespace": namespace, "name": owner.get("name", ""), "owner": owner},
+    }
+
+
+def _end(pod: Mapping[str, Any] | None) -> dict[str, Any]:
+    """How a pod left its node: its phase and its containers' last finish, or deleted (gone from
+    the API: the time is when it was noticed)."""
+    if pod is None:
+        return {"phase": "Deleted"}
+    status = pod.get("status") or {}
+    finished = [
+        str(t["finishedAt"])
+        for c in status.get("containerStatuses") or []
+        if (t := (c.get("state") or {}).get("terminated")) and t.get("finishedAt")
+    ]
+    return {"phase": status.get("phase") or "Unknown", "finishedAt": max(finished) if finished else None}
 
 
 def record_tick(
@@ -141,7 +177,7 @@ def record_tick(
     written: Sequence[Write],
     world: World,
     default: PolicySpec | None,
-    seen: set[tuple[str, str, str | None]],
+    seen: Seen,
 ) -> None:
     """A tick's written decisions and its GPU pods' bindings into the record (`default`: the policy
     the tick's watches use; None when no check of ours is active), then the record written. It
@@ -166,6 +202,16 @@ def read_segments(objects: Any) -> list[dict[str, Any]]:
     return [{"name": o["metadata"]["name"], **o["spec"]} for o in found["items"]]
 
 
+def _refusal(exc: ApiException) -> str:
+    """What the API server said (its Status message: an admission policy's own words), else the
+    HTTP status."""
+    try:
+        said = json.loads(exc.body or "{}").get("message")
+    except (ValueError, AttributeError):
+        said = None
+    return f"{exc.status} {exc.reason}: {said}" if said else f"{exc.status} {exc.reason}"
+
+
 class AuditLog:
     """Appends records to the chain in the cluster (AuditSegment objects)."""
 
@@ -176,6 +222,7 @@ class AuditLog:
         self.backlog: list[dict[str, Any]] = []
         self.written = 0
         self.off: str | None = None  # why the record is not kept (its CRD is not installed)
+        self.error: str | None = None  # why the last write failed
         log.info("sovereignty record: kept in this cluster (AuditSegment objects); no bucket is configured")
 
     def read_segments(self) -> list[dict[str, Any]]:
@@ -186,25 +233,31 @@ class AuditLog:
             self.backlog.extend(dict(f) for f in facts)
 
     def flush(self) -> bool:
-        """Write the backlog, oldest first, in segments; False (and the rest kept) on a failure."""
+        """Write the backlog, oldest first, in segments; False (and the rest kept, the reason in
+        `error`) on a failure."""
         while self.backlog:
             batch = self.backlog[:SEGMENT_RECORDS]
             try:
                 self._write(batch)
             except ApiException as exc:
                 if exc.status in (403, 404):  # an operator newer than the chart it runs under
-                    self.off = (
+                    off = (
                         "the AuditSegment CRD is not installed (upgrade the chart)"
                         if exc.status == 404
                         else "the operator's role may not create AuditSegments (upgrade the chart's RBAC)"
                     )
-                    log.error("the sovereignty record is off: %s; decisions go on unrecorded", self.off)
+                    if off != self.off:
+                        log.error("the sovereignty record is off: %s", off)
+                    self.off = self.error = off
                     self.backlog.clear()
                     return False
-                return self._failed(exc.reason or str(exc.status))
+                return self._failed(_refusal(exc))
             except TRANSPORT_ERRORS as exc:
                 return self._failed(f"{type(exc).__name__}: {exc}")
             del self.backlog[: len(batch)]
+        if self.off is not None:
+            log.info("the sovereignty record is on again: %s no longer holds", self.off)
+        self.off = self.error = None
         metrics.AUDIT_BACKLOG.set(0)
         return True
 
@@ -212,9 +265,18 @@ class AuditLog:
         log.warning(
             "the sovereignty record could not be written (%d records wait): %s", len(self.backlog), reason
         )
+        self.error = reason
         metrics.AUDIT_BACKLOG.set(len(self.backlog))
         metrics.AUDIT_FAILURES.inc()
         return False
+
+    def persist(self, facts: Sequence[Mapping[str, Any]]) -> int:
+        """Write `facts` now, after the backlog, even while the record is off (it may be on again):
+        how many of them (a prefix) are in the store. The rest stay last in the backlog."""
+        ahead, written = len(self.backlog), self.written
+        self.backlog.extend(dict(f) for f in facts)
+        self.flush()
+        return max(0, min(len(facts), self.written - written - ahead))
 
     def _write(self, batch: list[dict[str, Any]]) -> None:
         for attempt in range(3):
@@ -243,3 +305,29 @@ class AuditLog:
             self.written += len(records)
             metrics.AUDIT_RECORDS.inc(len(records))
             return
+
+
+def ahead(audit: AuditLog, writes: list[Write], world: World, spec: PolicySpec) -> list[Write]:
+    """audit.required: the decisions' records persisted before the decisions are written, so that
+    a crash loses no record of a decision written. A placement whose record cannot be persisted
+    is held (Retry, saying why, its record dropped: it is decided again); a Retry, Rejection or
+    eviction, which runs nothing, is written anyway and its record waits in the backlog."""
+    recordable = [w for w in writes if w.outcome in RECORDED]
+    if not recordable:
+        return writes
+    facts = decision_facts(recordable, world, spec, audit.writer, now_rfc3339())
+    done = audit.persist(facts)
+    if done < len(recordable):  # the unpersisted are the backlog's last: placements leave it
+        late = recordable[done:]
+        if audit.backlog:  # empty when the record is off: nothing is kept then
+            tail = audit.backlog[len(audit.backlog) - len(late) :]
+            del audit.backlog[len(audit.backlog) - len(late) :]
+            audit.backlog.extend(f for f, w in zip(tail, late, strict=True) if w.outcome != "placed")
+        metrics.AUDIT_HELD.inc(sum(w.outcome == "placed" for w in late))
+    why = audit.error or "unknown"
+    late_ids = {id(w) for w in recordable[done:]}
+    return [
+        held(w, why, spec) if id(w) in late_ids and w.outcome == "placed"
+        else replace(w, recorded=True) if w.outcome in RECORDED else w
+        for w in writes
+    ]  # fmt: skip

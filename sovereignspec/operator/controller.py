@@ -29,7 +29,7 @@ from kubernetes.client.exceptions import ApiException
 from sovereignspec.core.running import LedgerMemo
 from sovereignspec.core.specs import ProfileSet
 from sovereignspec.operator import kinds, metrics
-from sovereignspec.operator.audit import RECORDED, AuditLog, record_tick
+from sovereignspec.operator.audit import RECORDED, AuditLog, Seen, ahead, record_tick
 from sovereignspec.operator.identity import operator_identity
 from sovereignspec.operator.informer import ClusterCache, rv_int
 from sovereignspec.operator.learning import Learner, readings
@@ -95,7 +95,7 @@ class Controller(Role):
         self._ledger_memo: LedgerMemo = {}  # GPUs' implied load, from one tick to the next
         # The sovereignty record: this tick's decisions and bindings, appended to the chain.
         self.audit = AuditLog(api, self.settings.identity or operator_identity())
-        self._bindings_seen: set[tuple[str, str, str | None]] = set()
+        self._bindings_seen: Seen = {}
         self._written: list[Write] = []  # this tick's decisions written, for the record
 
     # -- the tick ------------------------------------------------------------------------------
@@ -172,7 +172,9 @@ class Controller(Role):
                 view = build(world, checks, spec, profiles, snapshot, now, self._ledger_memo)
                 self._observe(view, spec, checks)
                 pending_total += len(view.pending)
-                self._carry_out(drift_writes(_only(view, checks), spec, self._drift_reported), report)
+                self._carry_out(
+                    drift_writes(_only(view, checks), spec, self._drift_reported), report, world, spec
+                )
                 if not aging_seen:  # the ledger, and so its aging, is the same in every group's view
                     aging_seen = True
                     self._age(view)
@@ -191,7 +193,7 @@ class Controller(Role):
                 if report.decided:  # the previous policy group wrote decisions this tick: re-read first
                     report.more = True
                     break
-                self._carry_out(plan(policy_name, spec, view, profiles, now_rfc3339()), report)
+                self._carry_out(plan(policy_name, spec, view, profiles, now_rfc3339()), report, world, spec)
             except Exception as exc:  # one policy group fails alone; the others are still decided
                 report.failures.append(f"policy {policy_name}: {type(exc).__name__}: {exc}")
                 metrics.TICK_FAILURES.labels(part="policy").inc()
@@ -423,7 +425,9 @@ class Controller(Role):
                 f"(re-posted after a restart) {message}",
             )
 
-    def _carry_out(self, writes: list[Write], report: TickReport) -> None:
+    def _carry_out(self, writes: list[Write], report: TickReport, world: World, spec: PolicySpec) -> None:
+        if self.settings.audit_required:  # the records first; otherwise recorded after the tick
+            writes = ahead(self.audit, writes, world, spec)
         futures = [self._pool.submit(self._write, w) for w in writes]
         for w, f in zip(writes, futures, strict=True):
             outcome = f.result()

@@ -122,6 +122,10 @@ AUDIT_BACKLOG = Gauge(
 AUDIT_FAILURES = Counter(
     "sovereignspec_audit_write_failures_total", "Writes of the sovereignty record that failed"
 )
+AUDIT_HELD = Counter(
+    "sovereignspec_audit_held_decisions_total",
+    "Placements held (Retry) because their record could not be persisted first (audit.required)",
+)
 # The watch-fed caches the ticks read from (informer.py).
 CACHE_OBJECTS = Gauge("sovereignspec_cache_objects", "Objects in the watch-fed cache", ["resource"])
 CACHE_LISTS = Counter(

@@ -52,6 +52,7 @@ class Write:
     bad_fields: tuple[str, ...] = ()
     drift: str = ""  # for drift writes: the reason reported
     placed: tuple[str, ...] = ()  # "node/gpuN" per pod placed, for the sovereignty record
+    recorded: bool = False  # its record is in the store (or its backlog) already: written ahead
 
 
 def shorten(text: str, limit: int) -> str:
@@ -113,6 +114,31 @@ def _rejected(p: PendingWorkload, why: str, detail: str) -> Write:
     )
 
 
+def _backoff(entry: Mapping[str, object], spec: PolicySpec) -> tuple[int, int]:
+    """The retries so far (Kueue's retryCount) and the seconds before the next: doubling, capped."""
+    retries = entry.get("retryCount", 0)
+    retries = retries if isinstance(retries, int) and 0 <= retries < 64 else 0
+    return retries, int(min(spec.retry.max_seconds, spec.retry.base_seconds * 2**retries))
+
+
+def held(w: Write, why: str, spec: PolicySpec) -> Write:
+    """A placement that may not be written before its record is persisted (audit.required): Retry
+    in its place, saying why, so that Kueue releases the quota and asks again after the backoff."""
+    _, after = _backoff(w.entry, spec)
+    message = f"retry in {after}s: waiting for the sovereignty record (audit.required): {why}"
+    return Write(
+        w.key,
+        w.workload,
+        w.check,
+        w.entry,
+        "Retry",
+        shorten(message, MESSAGE_LIMIT),
+        requeue_after=after,
+        events=[EventNote("RecordUnavailable", shorten(message, EVENT_LIMIT), True)],
+        outcome="retry",
+    )
+
+
 def _decided(
     policy_name: str,
     spec: PolicySpec,
@@ -126,9 +152,7 @@ def _decided(
     if record.outcome == "placed":
         return _placed(policy_name, spec, view, profiles, p, record, stamp)
     if record.outcome == "retry":
-        retries = p.entry.get("retryCount", 0)
-        retries = retries if isinstance(retries, int) and 0 <= retries < 64 else 0
-        after = int(min(spec.retry.max_seconds, spec.retry.base_seconds * 2**retries))
+        retries, after = _backoff(p.entry, spec)
         message = f"retry in {after}s: {record.reason}"
         events = [EventNote("Retry", shorten(message + _excluded_text(record), EVENT_LIMIT))]
         if p.request is not None and p.request.exclusive and retries + 1 >= EXCLUSIVE_PATIENCE:

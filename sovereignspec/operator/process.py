@@ -89,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
         learn_refit_seconds=getattr(args, "learn_refit_seconds", 60.0),
         learn_window_seconds=getattr(args, "learn_window_seconds", 3600.0),
         identity=replica_identity(),
+        audit_required=getattr(args, "audit_required", True),
     )
     kind = DispatchController if dispatcher else Controller
     api = api_client(args.kubeconfig)

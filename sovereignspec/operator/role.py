@@ -40,6 +40,7 @@ class Settings:
     learn_refit_seconds: float = 60.0
     learn_window_seconds: float = 3600.0
     identity: str = ""  # this replica, as its Lease names it (the sovereignty record's writer)
+    audit_required: bool = True  # a placement is written only once its record is persisted
 
 
 @dataclass

@@ -6,34 +6,25 @@ binding outside its namespace's jurisdictions and a record edited in the cluster
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from typing import Any
 
 from kubernetes import client
 
 from localdev import controlplane
-from tests.cluster.operator_env import decided, make_pool, our_entry, submit
+from tests.cluster.auditing import audit, mine
+from tests.cluster.operator_env import (
+    admitted_job,
+    decided,
+    event,
+    make_pool,
+    our_entry,
+    submit,
+    workload_of,
+)
 from tests.waiting import wait_until
 
 CHAT = {"model": "llama-3.1-8b", "drafter": "eagle3", "acceptance_rate": 0.8, "latency_class": "latency"}
 GROUP, VERSION, PLURAL = "sovereignspec.io", "v1alpha1", "auditsegments"
-
-
-def audit(*args: str) -> subprocess.CompletedProcess[str]:
-    """`sovereignspec audit` as an administrator runs it, with the harness's admin kubeconfig."""
-    kubeconfig = str(controlplane.kubeconfig("admin"))
-    return subprocess.run(
-        [sys.executable, "-m", "sovereignspec.cli", "audit", "--kubeconfig", kubeconfig, *args],
-        capture_output=True, text=True, check=False, timeout=60,
-    )  # fmt: skip
-
-
-def mine(out: str, namespace: str) -> list[str]:
-    """`audit verify`'s failures that concern this test: its namespace's, and any break of the chain
-    (other tests' workloads share the cluster's one record)."""
-    breaks = ("digest", "does not follow", "is missing", "sequence number")
-    return [line for line in out.splitlines() if namespace in line or any(b in line for b in breaks)]
 
 
 def test_decisions_and_bindings_are_recorded_and_the_audit_commands_read_them_back(env, namespace) -> None:
@@ -114,5 +105,72 @@ def test_decisions_and_bindings_are_recorded_and_the_audit_commands_read_them_ba
         assert expected in out.stdout, out.stdout
     finally:  # the cluster's one record, as it was, for whatever runs next
         objects.patch_cluster_custom_object(GROUP, VERSION, PLURAL, name, {"spec": {"records": original}})
-        core.delete_namespaced_pod("rogue", namespace)
+        core.delete_namespaced_pod("rogue", namespace, grace_period_seconds=0)
     assert "edited after it was written" not in audit("verify").stdout
+
+    # The rogue pod deleted: its end is recorded (once).
+    def ended() -> list[dict[str, Any]] | None:
+        out = audit("export", "--namespace", namespace, "--format", "jsonl").stdout.splitlines()
+        found = [r for r in map(json.loads, out) if r["kind"] == "ended" and r["pod"]["name"] == "rogue"]
+        return found or None
+
+    (end,) = wait_until(ended, timeout=60, what="the rogue pod's end in the record")
+    assert (end["node"], end["nodeJurisdiction"], end["phase"]) == (kr_node, "kr", "Deleted"), end
+
+
+STORE_DOWN = "the record's store is down (a test's admission policy)"
+
+
+def _store_refused(api: client.ApiClient) -> bool:
+    """Whether creating an AuditSegment is refused now (a dry run: admission runs, nothing is kept)."""
+    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "AuditSegment", "metadata": {"name": "audit-probe"},
+            "spec": {"index": 0, "first": 0, "count": 0, "writer": "probe", "records": []}}  # fmt: skip
+    try:
+        client.CustomObjectsApi(api).create_cluster_custom_object(GROUP, VERSION, PLURAL, body, dry_run="All")
+    except client.ApiException as exc:
+        return STORE_DOWN in (exc.body or "")
+    return False
+
+
+def test_a_placement_waits_while_its_record_cannot_be_written_and_is_placed_and_recorded_after(
+    env, namespace
+) -> None:
+    """audit.required (the default): the record of a placement is persisted before the placement is
+    written. With the store refusing (a real admission policy refusing AuditSegments), the
+    workload is not admitted: Retry, naming the refusal; once the store takes records again it is
+    placed, and its decision is in the record."""
+    name = f"audit-down-{namespace[-6:]}"
+    policy = {
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": name},
+        "spec": {"failurePolicy": "Fail",
+                 "matchConstraints": {"resourceRules": [{"apiGroups": [GROUP], "apiVersions": [VERSION],
+                                      "operations": ["CREATE"], "resources": [PLURAL]}]},
+                 "validations": [{"expression": "false", "message": STORE_DOWN}]},
+    }  # fmt: skip
+    binding = {
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": name}, "spec": {"policyName": name, "validationActions": ["Deny"]},
+    }  # fmt: skip
+    manifest = json.dumps({"apiVersion": "v1", "kind": "List", "items": [policy, binding]})
+    applied = controlplane.kubectl("apply", "-f", "-", stdin=manifest)
+    assert applied.returncode == 0, applied.stderr
+    try:
+        wait_until(lambda: _store_refused(env.api), timeout=30, what="the store refusing records")
+        pool = make_pool(env, namespace, [("H100-SXM", "eu", 2, [0.95] * 2)])
+        submit(pool, "held", **CHAT)
+        entry = our_entry(pool, decided(pool, "held"))
+        assert entry["state"] == "Retry" or entry["message"].endswith("Previously: Retry"), entry
+        message = event(pool, "RecordUnavailable", timeout=30).message
+        assert "waiting for the sovereignty record (audit.required)" in message, message
+        assert STORE_DOWN in message, message
+        batch = client.BatchV1Api(env.api)
+        assert batch.read_namespaced_job("held", namespace).spec.suspend is True  # nothing ran
+    finally:
+        controlplane.kubectl("delete", "-f", "-", "--ignore-not-found", stdin=manifest)
+    wait_until(lambda: not _store_refused(env.api), timeout=30, what="the store taking records again")
+    admitted_job(pool, "held", timeout=180)  # after Kueue's requeue backoff
+    uid = workload_of(pool, "held")["metadata"]["uid"]
+    done = audit("export", "--namespace", namespace, "--format", "jsonl")
+    decisions = [r for r in map(json.loads, done.stdout.splitlines()) if r["workload"].get("uid") == uid]
+    assert [r["state"] for r in decisions][-1] == "Ready", decisions

@@ -11,13 +11,14 @@ non-zero, to be restarted as a standby.
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import subprocess
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -32,6 +33,7 @@ from localdev.gpunodes import server_side_apply
 from localdev.operator import OperatorProcess, policy, service_account_kubeconfig
 from sovereignspec.operator.leader import LeaderElector, LeaseRecord
 from sovereignspec.operator.writer import NotLeaderError
+from tests.cluster.auditing import audit, mine
 from tests.cluster.conftest import wait_until
 from tests.cluster.operator_env import decided, events, make_pool, our_entry, submit, workload_of
 
@@ -207,6 +209,23 @@ def elected(env: Any, namespace: str, unique: Any, what: str) -> tuple[Any, Any,
     return own, kubeconfig, flags
 
 
+def _recorded_through_the_failover(pool: Any, jobs: Iterable[str]) -> None:
+    """The sovereignty record after a failover: one chain, no gap and no fork (`audit verify` names
+    none), every placed workload's decision in it (audit.required: written before the decision),
+    written by both replicas."""
+    verified = audit("verify")
+    assert mine(verified.stdout, pool.namespace) == [], verified.stdout
+    records = [json.loads(x) for x in audit("export", "--namespace", pool.namespace).stdout.splitlines()]
+    decisions = [r for r in records if r["kind"] == "decision"]
+    placed = set()
+    for job in jobs:
+        wl = workload_of(pool, job)
+        if wl is not None and (k.check_state(wl, pool.env.check) or {}).get("state") == "Ready":
+            placed.add(wl["metadata"]["uid"])
+    assert placed and placed <= {r["workload"]["uid"] for r in decisions if r["state"] == "Ready"}
+    assert len({r["replica"] for r in decisions}) == 2, {r["replica"] for r in decisions}
+
+
 def test_two_operators_decide_each_workload_of_a_burst_exactly_once_when_the_leader_is_killed(
     env: Any, namespace: str, unique: Any
 ) -> None:
@@ -253,6 +272,7 @@ def test_two_operators_decide_each_workload_of_a_burst_exactly_once_when_the_lea
         assert set(spots.values()) == {1}, spots
         assert resumed < 4 + 3 * 0.5 + 30, resumed  # the lease, a retry or so, the rest of the burst
         assert "leads now" in second.logs()
+        _recorded_through_the_failover(pool, jobs)
     finally:
         for o in operators:
             o.stop()
@@ -468,6 +488,7 @@ def test_a_leader_paused_mid_burst_and_resumed_after_the_takeover_over_commits_n
             for _ in range(e.count or 1)
         )  # fmt: skip
         assert max(per_workload.values()) == 1, per_workload
+        _recorded_through_the_failover(pool, jobs)
     finally:
         for o in operators:
             if o.proc is not None and o.proc.poll() is None:

@@ -535,3 +535,13 @@ def test_the_plain_kept_pattern_matches_every_spelling_a_launcher_refuses_and_no
         "--enable-prefix-caching", "--kv-cache-dtype", "--num-gpu-blocks-override", "-s", "serve",
     ]  # fmt: skip
     assert not [w for w in others if pattern.search(w) or pattern.search(f"vllm serve m {w} 1")]
+
+
+@pytest.mark.parametrize(("value", "required"), [("true", True), ("false", False)])
+def test_audit_required_reaches_the_operator_as_the_cli_reads_it(helm, value, required):
+    """audit.required: the container's arguments, parsed by the operator's own parser."""
+    from sovereignspec.cli import build_parser
+
+    deployment = next(d for d in render(helm, f"audit.required={value}") if d["kind"] == "Deployment")
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert build_parser().parse_args(args).audit_required is required

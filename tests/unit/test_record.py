@@ -14,7 +14,7 @@ from kubernetes.client.exceptions import ApiException
 
 from sovereignspec.auditing import verify as audit_verify
 from sovereignspec.operator import record
-from sovereignspec.operator.audit import SEGMENT_RECORDS, AuditLog, binding_facts, decision_facts
+from sovereignspec.operator.audit import SEGMENT_RECORDS, AuditLog, ahead, binding_facts, decision_facts
 from sovereignspec.operator.plan import Write
 from sovereignspec.operator.world import World
 from tests.unit.builders import CHECK, policy
@@ -100,9 +100,9 @@ def test_the_audit_verdict_names_unrecorded_workloads_and_bindings_outside_their
                     "node": "h-kr", "nodeJurisdiction": "kr"}  # fmt: skip
     records, _ = record.chain(record.head_of(segs), [outside_fact])
     segs.append({"name": "audit-000000000001", "index": 1, "records": records})
-    failures = audit_verify(segs, ["u0", "u1", "u9"])
+    failures = audit_verify(segs, {"u0": "team-a/w0", "u1": "team-a/w1", "u9": "team-a/w9"})
     assert failures == [
-        "admitted workload u9 has no decision record",
+        "admitted workload team-a/w9 (uid u9) has no decision record",
         "record 2: pod team-a/chat-2-x bound to node h-kr in kr, outside eu",
     ]
 
@@ -176,7 +176,7 @@ def test_a_decision_is_recorded_with_its_tenancy_its_node_and_that_nodes_jurisdi
 
 
 def test_a_binding_is_recorded_once_and_again_when_its_nodes_jurisdiction_changes_under_it() -> None:
-    seen: set[Any] = set()
+    seen: dict[Any, Any] = {}
     pods = [_pod("a", "h-eu"), _pod("b", "h-kr"), _pod("cpu", "h-eu", gpus="0")]
     first = binding_facts(_world(pods), policy(), "op", "t0", seen)
     assert [(f["pod"]["name"], f["node"], f["nodeJurisdiction"]) for f in first] == [
@@ -191,16 +191,38 @@ def test_a_binding_is_recorded_once_and_again_when_its_nodes_jurisdiction_change
     assert binding_facts(_world(pods), policy(), "op", "t1", seen) == []  # nothing new
     relabelled = binding_facts(_world(pods, kr_label="eu"), policy(), "op", "t2", seen)
     assert [(f["pod"]["name"], f["nodeJurisdiction"]) for f in relabelled] == [("b", "eu")]
-    assert binding_facts(_world([]), policy(), "op", "t3", seen) == [] and seen == set()
+    gone = binding_facts(_world([]), policy(), "op", "t3", seen)
+    assert [(f["kind"], f["pod"]["name"], f["node"], f["phase"]) for f in gone] == [
+        ("ended", "a", "h-eu", "Deleted"),
+        ("ended", "b", "h-kr", "Deleted"),  # once, though seen under two labels
+    ]
+    assert seen == {} and binding_facts(_world([]), policy(), "op", "t4", seen) == []
+
+
+def test_a_pod_that_finishes_is_recorded_ended_with_its_containers_last_finish() -> None:
+    seen: dict[Any, Any] = {}
+    pod = _pod("a", "h-eu")
+    binding_facts(_world([pod]), policy(), "op", "t0", seen)
+    pod["status"] = {"phase": "Succeeded", "containerStatuses": [
+        {"state": {"terminated": {"finishedAt": "2026-12-06T03:00:00Z"}}},
+        {"state": {"terminated": {"finishedAt": "2026-12-06T03:00:05Z"}}},
+    ]}  # fmt: skip
+    (ended,) = binding_facts(_world([pod]), policy(), "op", "t1", seen)
+    assert ended["kind"] == "ended" and ended["workload"]["owner"] == {"kind": "Job", "name": "chat"}
+    assert (ended["phase"], ended["finishedAt"], ended["at"]) == ("Succeeded", "2026-12-06T03:00:05Z", "t1")
+    assert record.outside([ended]) == []  # an end is not a binding outside its jurisdictions
 
 
 def test_a_pod_that_cannot_be_read_is_skipped_alone_and_named() -> None:
-    seen: set[Any] = set()
+    seen: dict[Any, Any] = {}
     errors: list[str] = []
     pods = [_pod("bad", "h-eu", gpus="lots"), _pod("a", "h-eu")]
     facts = binding_facts(_world(pods), policy(), "op", "t0", seen, errors)
     assert [f["pod"]["name"] for f in facts] == ["a"]
     assert len(errors) == 1 and errors[0].startswith("Pod team-a/bad: ")
+    # A recorded pod that cannot be read now has not ended: nothing is said of it.
+    pods[1]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "lots"
+    assert binding_facts(_world(pods), policy(), "op", "t1", seen, []) == [] and len(seen) == 1
 
 
 def test_the_record_fails_alone_its_failure_counted() -> None:
@@ -214,7 +236,7 @@ def test_the_record_fails_alone_its_failure_counted() -> None:
     log = _log(Broken())
     failures = metrics.TICK_FAILURES.labels(part="record")
     before = failures._value.get()
-    record_tick(log, [], _world([_pod("a", "h-eu")]), policy(), set())  # no exception escapes
+    record_tick(log, [], _world([_pod("a", "h-eu")]), policy(), {})  # no exception escapes
     assert failures._value.get() == before + 1 and len(log.backlog) == 1  # kept for the next tick
 
 
@@ -245,7 +267,8 @@ class Store:
 
 def _log(store: Store, writer: str = "op-0") -> AuditLog:
     log = AuditLog.__new__(AuditLog)
-    log.objects, log.writer, log.head, log.backlog, log.written, log.off = store, writer, None, [], 0, None
+    log.objects, log.writer, log.head, log.backlog, log.written = store, writer, None, [], 0
+    log.off = log.error = None
     return log
 
 
@@ -302,6 +325,110 @@ def test_without_the_crd_or_the_rbac_the_record_is_off_and_said_so_and_nothing_p
     assert log.backlog == []
 
 
+# -- audit.required: the record written ahead of the decision -------------------------------------
+
+
+def _decisions() -> list[Write]:
+    def one(name: str, state: str, outcome: str) -> Write:
+        workload = {"metadata": {"name": name, "namespace": "team-a", "uid": f"u-{name}"}}
+        placed = outcome == "placed"
+        return Write(f"team-a/{name}", workload, CHECK, {"retryCount": 1}, state, f"{name} decided",
+                     [{"name": "main"}] if placed else None, outcome=outcome,
+                     placed=("h-eu/gpu0",) if placed else ())  # fmt: skip
+
+    waiting = Write("team-a/w", {"metadata": {"name": "w"}}, CHECK, {}, "Pending", "owner", outcome="waiting")
+    return [
+        one("a", "Ready", "placed"),
+        waiting,
+        one("r", "Rejected", "rejected"),
+        one("b", "Ready", "placed"),
+    ]
+
+
+def _uids(log: AuditLog) -> list[str]:
+    return [r["workload"]["uid"] for r in record.records_of(log.read_segments())]
+
+
+def test_a_placement_is_written_only_after_its_record_is_in_the_store_and_is_not_recorded_twice() -> None:
+    log = _log(Store())
+    log.add([fact(0, kind="binding")])  # an older record waiting: it stays first
+    out = ahead(log, _decisions(), _world([]), policy())
+    assert [(w.state, w.recorded) for w in out] == [
+        ("Ready", True), ("Pending", False), ("Rejected", True), ("Ready", True),
+    ]  # fmt: skip
+    assert _uids(log) == ["u0", "u-a", "u-r", "u-b"] and log.backlog == []
+    assert decision_facts(out, _world([]), policy(), "op-0", "t") == []  # after the tick: nothing again
+
+
+def test_a_placement_whose_record_cannot_be_written_waits_saying_why_and_other_decisions_go_on() -> None:
+    from sovereignspec.operator import metrics
+
+    store = Store()
+    store.fail = ApiException(status=503, reason="ServiceUnavailable")
+    log = _log(store)
+    held_before = metrics.AUDIT_HELD._value.get()
+    out = ahead(log, _decisions(), _world([]), policy())
+    a, waiting, rejected, b = out
+    for w in (a, b):
+        assert (w.state, w.outcome, w.pod_set_updates, w.requeue_after) == (
+            "Retry",
+            "retry",
+            None,
+            2 * policy().retry.base_seconds,
+        )
+        assert "waiting for the sovereignty record (audit.required): 503 ServiceUnavailable" in w.message
+        assert [(e.reason, e.warning) for e in w.events] == [("RecordUnavailable", True)]
+    assert (rejected.state, rejected.recorded, waiting.state) == ("Rejected", True, "Pending")
+    assert metrics.AUDIT_HELD._value.get() == held_before + 2
+    # The Rejection's record waits; the held placements' records are dropped (decided again).
+    assert [f["workload"]["uid"] for f in log.backlog] == ["u-r"]
+    store.fail = None
+    assert log.flush() and _uids(log) == ["u-r"]
+
+
+def test_while_the_crd_is_missing_placements_wait_naming_it_and_go_on_once_it_is_installed() -> None:
+    store = Store()
+    store.fail = ApiException(status=404, reason="NotFound")
+    log = _log(store)
+    out = ahead(log, _decisions(), _world([]), policy())
+    assert out[0].state == "Retry" and "the AuditSegment CRD is not installed" in out[0].message
+    assert log.off is not None and log.backlog == []
+    store.fail = None  # the chart upgraded
+    out = ahead(log, _decisions(), _world([]), policy())
+    assert [w.state for w in out] == ["Ready", "Pending", "Rejected", "Ready"] and log.off is None
+    assert _uids(log) == ["u-a", "u-r", "u-b"]
+
+
+def test_a_store_that_fails_mid_backlog_holds_every_placement_behind_the_failure() -> None:
+    class FailsSecond(Store):
+        def create_cluster_custom_object(self, group: str, version: str, plural: str, body: Any) -> None:
+            if self.objects:
+                raise ApiException(status=500, reason="InternalError")
+            super().create_cluster_custom_object(group, version, plural, body)
+
+    log = _log(FailsSecond())
+    log.add([fact(i) for i in range(SEGMENT_RECORDS + 1)])  # one segment is written, then a failure
+    out = ahead(log, _decisions(), _world([]), policy())
+    assert [w.state for w in out] == ["Retry", "Pending", "Rejected", "Retry"]
+    assert [f["workload"]["uid"] for f in log.backlog] == [f"u{SEGMENT_RECORDS}", "u-r"]
+
+
 @pytest.mark.parametrize("fmt", ["jsonl", "csv"])
 def test_an_empty_record_exports_to_an_empty_document(fmt: str) -> None:
     assert record.export([], fmt) in ("", ",".join(record.EXPORT_FIELDS) + "\n")
+
+
+def test_audit_where_says_where_a_workload_was_decided_bound_and_left() -> None:
+    from sovereignspec.auditing import _describe
+
+    decision = {**fact(1), "seq": 4, "outcome": "placed"}
+    binding = {"kind": "binding", "at": "t1", "seq": 5, "pod": {"name": "chat-1-x"}, "node": "h-eu",
+               "nodeJurisdiction": "eu", "jurisdictions": ["eu"], "replica": "op-0"}  # fmt: skip
+    ended = {"kind": "ended", "at": "t2", "seq": 9, "pod": {"name": "chat-1-x"}, "node": "h-eu",
+             "phase": "Failed", "finishedAt": "t1b", "replica": "op-1"}  # fmt: skip
+    assert [_describe(r) for r in (decision, binding, ended)] == [
+        "2026-12-06T01:00:01Z  #4 job-chat-1: Ready (placed) on h-eu (eu), speculative γ=3, check "
+        f"{CHECK}, decided by op-0_abc",
+        "t1  #5 pod chat-1-x bound to h-eu (eu; allowed: eu) seen by op-0",
+        "t2  #9 pod chat-1-x left h-eu: Failed, its containers finished at t1b, seen by op-1",
+    ]
