@@ -93,6 +93,10 @@ build_kueue() {
 # but not the module's version list, which `go install pkg@version` asks for.
 build_lws() { build_wrapped lws "$LWS_VERSION" sigs.k8s.io/lws sigs.k8s.io/lws/cmd; }
 
+build_versitygw() {
+  build_wrapped versitygw "$VERSITYGW_VERSION" github.com/versity/versitygw github.com/versity/versitygw/cmd/versitygw
+}
+
 build_helm() {
   local out=$BIN_DIR/helm-$HELM_VERSION
   [[ -x $out ]] && { log "helm $HELM_VERSION cached"; return; }
@@ -252,7 +256,7 @@ kueue_crd_dir() {
 }
 
 case ${1:-all} in
-  all) build_etcd; build_kubernetes; build_components; build_kueue; build_lws; build_helm; fetch_prometheus ;;
+  all) build_etcd; build_kubernetes; build_components; build_kueue; build_lws; build_helm; build_versitygw; fetch_prometheus ;;
   node) build_node ;;
   cni) build_cni ;;
   components) build_components ;;
@@ -263,7 +267,8 @@ case ${1:-all} in
   kubernetes) build_kubernetes ;;
   kueue) build_kueue ;;
   lws) build_lws ;;
+  versitygw) build_versitygw ;;
   crd-dir) kueue_crd_dir ;;
   lws-dir) lws_dir ;;
-  *) echo "usage: $0 [all|node|components|etcd|kubernetes|kueue|lws|helm|prometheus|prometheus-sd|crd-dir|lws-dir]" >&2; exit 2 ;;
+  *) echo "usage: $0 [all|node|components|etcd|kubernetes|kueue|lws|versitygw|helm|prometheus|prometheus-sd|crd-dir|lws-dir]" >&2; exit 2 ;;
 esac

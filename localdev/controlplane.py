@@ -107,6 +107,7 @@ _PINNED_BY = {
     "kube-apiserver": "KUBERNETES_VERSION",
     "kube-scheduler": "KUBERNETES_VERSION",
     "helm": "HELM_VERSION",
+    "versitygw": "VERSITYGW_VERSION",
 }
 
 

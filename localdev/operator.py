@@ -73,9 +73,14 @@ class OperatorProcess:
     """`sovereignspec operator` as a child process, with its own log file."""
 
     def __init__(
-        self, controller_name: str, extra: list[str] | None = None, kubeconfig: Path | None = None
+        self,
+        controller_name: str,
+        extra: list[str] | None = None,
+        kubeconfig: Path | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.controller_name = controller_name
+        self.env = {**os.environ, **(env or {})}
         self.kubeconfig = kubeconfig or controlplane.kubeconfig("operator")
         self.metrics_port = free_port()
         self.liveness_port = free_port()
@@ -95,7 +100,7 @@ class OperatorProcess:
         ]  # fmt: skip
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=os.environ
+            cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=self.env
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -1,4 +1,5 @@
-"""`sovereignspec audit`: what a regulator receives from the sovereignty record kept in the cluster.
+"""`sovereignspec audit`: what a regulator receives from the sovereignty record (kept in the cluster,
+or in a bucket under Object Lock with `--audit-bucket`).
 
     sovereignspec audit verify                       # the chain intact from its first record, every
                                                      # admitted workload recorded, every binding inside
@@ -7,7 +8,8 @@
     sovereignspec audit where team-a/chat            # where a workload (or its Job) was decided and ran
 
 The record's segments are read through the API with the caller's kubeconfig (it needs list on
-auditsegments.sovereignspec.io, and on Kueue Workloads for `verify`).
+auditsegments.sovereignspec.io, and on Kueue Workloads for `verify`), or from the bucket with the
+AWS_* credentials in the environment (then only `verify` needs a cluster, for the Workloads).
 """
 
 from __future__ import annotations
@@ -17,17 +19,36 @@ import sys
 from collections.abc import Mapping
 from typing import Any, cast
 
+from sovereignspec.arguments import bounded_int
 from sovereignspec.errors import ConfigError
 from sovereignspec.operator import record
 
 KUEUE = ("kueue.x-k8s.io", "v1beta2", "workloads")
 
 
+def add_bucket_arguments(parser: Any) -> None:
+    """Where the record is kept when not in the cluster: the operator's and `audit`'s flags."""
+    group = parser.add_argument_group(
+        "the sovereignty record's bucket (S3-compatible, Object Lock enabled; credentials from "
+        "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY; none: AuditSegment objects in the cluster)"
+    )
+    group.add_argument("--audit-bucket", default="", help="the bucket's name")
+    group.add_argument("--audit-endpoint", default="", help="http(s)://HOST[:PORT] of its S3 API")
+    group.add_argument("--audit-prefix", default="sovereignspec/audit/", help="key prefix of the segments")
+    group.add_argument(
+        "--audit-retention-days",
+        type=bounded_int("--audit-retention-days", 1, 36500),
+        default=400,
+        help="COMPLIANCE retention of each segment written (default 400)",
+    )
+
+
 def add_parser(sub: Any) -> None:
-    audit = sub.add_parser("audit", help="verify, export or query the sovereignty record kept in the cluster")
+    audit = sub.add_parser("audit", help="verify, export or query the sovereignty record")
     audit.add_argument(
         "--kubeconfig", help="kubeconfig file (default: in-cluster, then $KUBECONFIG / ~/.kube/config)"
     )
+    add_bucket_arguments(audit)
     verbs = audit.add_subparsers(dest="audit_command", required=True)
     verbs.add_parser(
         "verify", help="the chain intact, every admitted workload recorded, every binding inside"
@@ -113,18 +134,31 @@ def command(args: argparse.Namespace) -> int:
     from kubernetes.client.exceptions import ApiException
     from kubernetes.config.config_exception import ConfigException
 
+    from sovereignspec.operator.audit import StoreRefusedError, bucket_store
+    from sovereignspec.operator.bucket import BucketStore
     from sovereignspec.operator.process import api_client
 
+    store = bucket_store(args)  # None: the cluster's AuditSegments
+    checking = args.audit_command == "verify"
     try:
-        api = api_client(args.kubeconfig)
-        segments = _segments(api)
-        admitted = _admitted(api) if args.audit_command == "verify" else {}
+        segments = store.read_segments() if store is not None else None
+        overwritten = store.newer_versions() if isinstance(store, BucketStore) and checking else []
+        if segments is None or checking:  # verify reads the admitted Workloads from the cluster
+            api = api_client(args.kubeconfig)
+            segments = _segments(api) if segments is None else segments
+        admitted = _admitted(api) if checking else {}
     except ConfigException as exc:
-        raise ConfigError(f"audit: no cluster to read the record from: {exc} (give --kubeconfig)") from None
+        raise ConfigError(f"audit: no cluster to read from: {exc} (give --kubeconfig)") from None
     except ApiException as exc:
-        raise ConfigError(f"audit: reading the record failed: {exc.status} {exc.reason}") from None
+        raise ConfigError(f"audit: reading the cluster failed: {exc.status} {exc.reason}") from None
+    except StoreRefusedError as exc:
+        raise ConfigError(
+            f"audit: reading the record in {store.where() if store else '?'} failed: {exc}"
+        ) from None
     records = record.records_of(segments)
-    if args.audit_command == "verify":
+    if checking:
+        for key in overwritten:  # its first version stands and is what was verified
+            print(f"audit verify: note: {key} has later versions (a replica that lost the race, or a forger)")
         failures = verify(segments, admitted)
         for f in failures:
             print(f"audit verify: {f}")

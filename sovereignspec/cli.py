@@ -14,6 +14,7 @@ from dataclasses import replace
 from typing import TypeAlias
 
 from sovereignspec.arguments import Parser, bounded_float, bounded_int, float_list, id_range, int_list
+from sovereignspec.auditing import add_bucket_arguments
 from sovereignspec.core.defaults import GAMMA_LIMIT, GAMMA_MAX, HEADROOM_UNCERTAINTY, SELF_BENEFIT_MARGIN
 from sovereignspec.errors import ConfigError
 from sovereignspec.heap import keep_heap_pad
@@ -255,6 +256,7 @@ def _operator_parser(sub: Subparsers) -> None:
         "written the placement waits (Retry, with the reason). --no-audit-required decides on and "
         "writes the backlog when the store returns (default: required)",
     )
+    add_bucket_arguments(op)
     op.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
     elect = op.add_argument_group("leader election (several replicas: only the Lease's holder decides)")
     elect.add_argument("--leader-elect", action="store_true", help="compete for a coordination.k8s.io Lease")

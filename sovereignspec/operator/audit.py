@@ -15,7 +15,7 @@ import json
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -195,6 +195,24 @@ def record_tick(
         log.exception("recording this tick's decisions and bindings failed")
 
 
+class SegmentTakenError(Exception):
+    """Another writer wrote this segment first (the cluster's 409; a bucket's older version)."""
+
+
+class StoreRefusedError(Exception):
+    """The store refused a write or a read; the message says what it said."""
+
+
+class Store(Protocol):
+    """Where the segments are kept: the cluster (`ClusterStore`) or a bucket (`bucket.BucketStore`)."""
+
+    def where(self) -> str: ...
+
+    def read_segments(self) -> list[dict[str, Any]]: ...
+
+    def create(self, index: int, spec: dict[str, Any]) -> None: ...
+
+
 def read_segments(objects: Any) -> list[dict[str, Any]]:
     """Every AuditSegment as {"name", **spec}, through `objects` (a CustomObjectsApi): the writer's
     head after a start-up, and what `sovereignspec audit` reads."""
@@ -212,21 +230,58 @@ def _refusal(exc: ApiException) -> str:
     return f"{exc.status} {exc.reason}: {said}" if said else f"{exc.status} {exc.reason}"
 
 
-class AuditLog:
-    """Appends records to the chain in the cluster (AuditSegment objects)."""
+class ClusterStore:
+    """Segments as cluster-scoped AuditSegment objects, segment N named audit-N (the embedded
+    default: the API server refuses a second object of one name, so two writers cannot both
+    write segment N)."""
 
-    def __init__(self, api: client.ApiClient, writer: str) -> None:
-        self.objects = client.CustomObjectsApi(api)
+    def __init__(self, objects: Any) -> None:
+        self.objects = objects  # a CustomObjectsApi
+
+    def where(self) -> str:
+        return "this cluster (AuditSegment objects); no bucket is configured"
+
+    def read_segments(self) -> list[dict[str, Any]]:
+        return read_segments(self.objects)
+
+    def create(self, index: int, spec: dict[str, Any]) -> None:
+        name = f"audit-{index:012d}"
+        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "AuditSegment", "metadata": {"name": name},
+                "spec": spec}  # fmt: skip
+        try:
+            self.objects.create_cluster_custom_object(GROUP, VERSION, PLURAL, body)
+        except ApiException as exc:
+            if exc.status == 409:
+                raise SegmentTakenError(name) from None
+            raise
+
+
+def bucket_store(settings: Any) -> Store | None:
+    """The bucket `settings` name (operator Settings, or the audit CLI's arguments), or None."""
+    if not settings.audit_bucket:
+        return None
+    from sovereignspec.operator.bucket import BucketStore
+
+    return BucketStore(
+        settings.audit_endpoint, settings.audit_bucket, settings.audit_prefix, settings.audit_retention_days
+    )
+
+
+class AuditLog:
+    """Appends records to the chain in its store (the cluster's AuditSegments, or a bucket)."""
+
+    def __init__(self, api: client.ApiClient, writer: str, store: Store | None = None) -> None:
+        self.store: Store = store or ClusterStore(client.CustomObjectsApi(api))
         self.writer = writer
         self.head: Head | None = None  # read from the API before the first write and after a 409
         self.backlog: list[dict[str, Any]] = []
         self.written = 0
         self.off: str | None = None  # why the record is not kept (its CRD is not installed)
         self.error: str | None = None  # why the last write failed
-        log.info("sovereignty record: kept in this cluster (AuditSegment objects); no bucket is configured")
+        log.info("sovereignty record: kept in %s", self.store.where())
 
     def read_segments(self) -> list[dict[str, Any]]:
-        return read_segments(self.objects)
+        return self.store.read_segments()
 
     def add(self, facts: Sequence[Mapping[str, Any]]) -> None:
         if self.off is None:
@@ -252,6 +307,8 @@ class AuditLog:
                     self.backlog.clear()
                     return False
                 return self._failed(_refusal(exc))
+            except StoreRefusedError as exc:
+                return self._failed(str(exc))
             except TRANSPORT_ERRORS as exc:
                 return self._failed(f"{type(exc).__name__}: {exc}")
             del self.backlog[: len(batch)]
@@ -283,22 +340,16 @@ class AuditLog:
             if self.head is None:
                 self.head = head_of(self.read_segments())
             records, after = chain(self.head, batch)
-            name = f"audit-{self.head.segment:012d}"
-            body = {
-                "apiVersion": f"{GROUP}/{VERSION}",
-                "kind": "AuditSegment",
-                "metadata": {"name": name},
-                "spec": {"index": self.head.segment, "first": self.head.seq, "count": len(records),
-                         "writer": self.writer, "records": records},
-            }  # fmt: skip
+            spec = {"index": self.head.segment, "first": self.head.seq, "count": len(records),
+                    "writer": self.writer, "records": records}  # fmt: skip
             try:
-                self.objects.create_cluster_custom_object(GROUP, VERSION, PLURAL, body)
-            except ApiException as exc:
-                if exc.status != 409 or attempt == 2:
-                    raise
+                self.store.create(self.head.segment, spec)
+            except SegmentTakenError as exc:
+                if attempt == 2:
+                    raise StoreRefusedError(f"segment {exc} was taken three times running") from None
                 # Another replica wrote that segment (a leader that lost its Lease while paused):
                 # read the chain's head again and write after it.
-                log.warning("segment %s was written by another replica; appending after it", name)
+                log.warning("segment %s was written by another replica; appending after it", exc)
                 self.head = None
                 continue
             self.head = after

@@ -29,7 +29,7 @@ from kubernetes.client.exceptions import ApiException
 from sovereignspec.core.running import LedgerMemo
 from sovereignspec.core.specs import ProfileSet
 from sovereignspec.operator import kinds, metrics
-from sovereignspec.operator.audit import RECORDED, AuditLog, Seen, ahead, record_tick
+from sovereignspec.operator.audit import RECORDED, AuditLog, Seen, ahead, bucket_store, record_tick
 from sovereignspec.operator.identity import operator_identity
 from sovereignspec.operator.informer import ClusterCache, rv_int
 from sovereignspec.operator.learning import Learner, readings
@@ -94,7 +94,7 @@ class Controller(Role):
         self._unsynced_since: float | None = None
         self._ledger_memo: LedgerMemo = {}  # GPUs' implied load, from one tick to the next
         # The sovereignty record: this tick's decisions and bindings, appended to the chain.
-        self.audit = AuditLog(api, self.settings.identity or operator_identity())
+        self.audit = AuditLog(api, self.settings.identity or operator_identity(), bucket_store(self.settings))
         self._bindings_seen: Seen = {}
         self._written: list[Write] = []  # this tick's decisions written, for the record
 

@@ -90,6 +90,10 @@ def run(args: argparse.Namespace) -> int:
         learn_window_seconds=getattr(args, "learn_window_seconds", 3600.0),
         identity=replica_identity(),
         audit_required=getattr(args, "audit_required", True),
+        audit_bucket=getattr(args, "audit_bucket", "") or "",
+        audit_endpoint=getattr(args, "audit_endpoint", "") or "",
+        audit_prefix=getattr(args, "audit_prefix", "sovereignspec/audit/"),
+        audit_retention_days=getattr(args, "audit_retention_days", 400),
     )
     kind = DispatchController if dispatcher else Controller
     api = api_client(args.kubeconfig)

@@ -41,6 +41,11 @@ class Settings:
     learn_window_seconds: float = 3600.0
     identity: str = ""  # this replica, as its Lease names it (the sovereignty record's writer)
     audit_required: bool = True  # a placement is written only once its record is persisted
+    # The record's bucket (S3, Object Lock); none: AuditSegment objects in the cluster.
+    audit_bucket: str = ""
+    audit_endpoint: str = ""
+    audit_prefix: str = "sovereignspec/audit/"
+    audit_retention_days: int = 400
 
 
 @dataclass

@@ -545,3 +545,27 @@ def test_audit_required_reaches_the_operator_as_the_cli_reads_it(helm, value, re
     deployment = next(d for d in render(helm, f"audit.required={value}") if d["kind"] == "Deployment")
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     assert build_parser().parse_args(args).audit_required is required
+
+
+def test_an_audit_bucket_reaches_the_operator_with_its_credentials_from_a_secret(helm):
+    """audit.bucket: the flags the operator's own parser reads, the credentials from the named
+    Secret (never in values); a bucket with no endpoint is refused at install."""
+    from sovereignspec.cli import build_parser
+
+    sets = ("audit.bucket.name=record", "audit.bucket.endpoint=https://s3.example.internal:9000",
+            "audit.bucket.retentionDays=2555", "audit.bucket.credentialsSecret=record-writer")  # fmt: skip
+    deployment = next(d for d in render(helm, *sets) if d["kind"] == "Deployment")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    args = build_parser().parse_args(container["args"])
+    assert (args.audit_bucket, args.audit_endpoint, args.audit_prefix, args.audit_retention_days) == (
+        "record", "https://s3.example.internal:9000", "sovereignspec/audit/", 2555,
+    )  # fmt: skip
+    assert container["envFrom"] == [{"secretRef": {"name": "record-writer"}}]
+    default = next(d for d in render(helm) if d["kind"] == "Deployment")["spec"]["template"]["spec"]
+    assert not [a for a in default["containers"][0]["args"] if a.startswith("--audit-bucket")]
+    assert "envFrom" not in default["containers"][0]
+    args = [str(helm), "template", "t", str(CHART), "--kube-version", "1.36.3", "--set", sets[0]]
+    result = subprocess.run(args, capture_output=True, text=True, check=False)
+    assert (
+        result.returncode != 0 and "audit.bucket.endpoint: required with audit.bucket.name" in result.stderr
+    )

@@ -33,6 +33,10 @@ method, url, headers, body, _ = api.param_serialize(
 assert headers.get("authorization") == "Bearer t", headers
 import kopf
 assert "identity" in inspect.signature(kopf.run).parameters
+from minio import Minio
+assert {"retention"} <= set(inspect.signature(Minio.put_object).parameters)
+assert {"include_version"} <= set(inspect.signature(Minio.list_objects).parameters)
+assert {"credentials", "http_client", "region"} <= set(inspect.signature(Minio).parameters)
 print("floors ok")
 """
 

@@ -14,7 +14,14 @@ from kubernetes.client.exceptions import ApiException
 
 from sovereignspec.auditing import verify as audit_verify
 from sovereignspec.operator import record
-from sovereignspec.operator.audit import SEGMENT_RECORDS, AuditLog, ahead, binding_facts, decision_facts
+from sovereignspec.operator.audit import (
+    SEGMENT_RECORDS,
+    AuditLog,
+    ClusterStore,
+    ahead,
+    binding_facts,
+    decision_facts,
+)
 from sovereignspec.operator.plan import Write
 from sovereignspec.operator.world import World
 from tests.unit.builders import CHECK, policy
@@ -267,7 +274,7 @@ class Store:
 
 def _log(store: Store, writer: str = "op-0") -> AuditLog:
     log = AuditLog.__new__(AuditLog)
-    log.objects, log.writer, log.head, log.backlog, log.written = store, writer, None, [], 0
+    log.store, log.writer, log.head, log.backlog, log.written = ClusterStore(store), writer, None, [], 0
     log.off = log.error = None
     return log
 

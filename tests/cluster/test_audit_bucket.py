@@ -1,0 +1,217 @@
+"""The sovereignty record in an S3 bucket under Object Lock (issue 46), against a real S3 server
+(Versity's gateway, built from its Go module; localdev/s3.py): segments written once under
+COMPLIANCE retention, refused deletion, a second version that changes nothing a reader sees, a
+segment another replica wrote first followed never forked, a bucket without Object Lock or a store
+that does not answer holding placements with the reason, and `sovereignspec audit` reading the
+bucket with no cluster at all."""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+import json
+import os
+import secrets
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from minio.error import S3Error
+
+from localdev import controlplane
+from localdev import kueue as k
+from localdev.gpunodes import server_side_apply
+from localdev.operator import OperatorProcess
+from localdev.operator import policy as policy_object
+from localdev.s3 import LocalS3
+from sovereignspec.operator import record
+from sovereignspec.operator.audit import SEGMENT_RECORDS, AuditLog, ahead
+from sovereignspec.operator.bucket import BucketStore
+from sovereignspec.operator.plan import Write
+from sovereignspec.operator.world import World
+from tests.cluster.auditing import audit
+from tests.cluster.operator_env import decided, make_pool, our_entry, submit
+from tests.unit.builders import CHECK, policy
+
+CHAT = {"model": "llama-3.1-8b", "drafter": "eagle3", "acceptance_rate": 0.8, "latency_class": "latency"}
+
+
+@pytest.fixture(scope="module")
+def s3() -> Iterator[LocalS3]:
+    server = LocalS3().start()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def creds(s3: LocalS3, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in s3.env().items():
+        monkeypatch.setenv(name, value)
+
+
+def fact(i: int) -> dict[str, Any]:
+    return {"kind": "decision", "at": f"2026-12-06T02:00:{i % 60:02d}Z", "replica": "op-0",
+            "workload": {"namespace": "team-a", "name": f"w{i}", "uid": f"u{i}"},
+            "state": "Ready"}  # fmt: skip
+
+
+def store(s3: LocalS3, bucket: str, days: int = 30) -> BucketStore:
+    return BucketStore(s3.endpoint, bucket, "sovereignspec/audit/", days)
+
+
+def writer(s3: LocalS3, bucket: str, name: str = "op-0") -> AuditLog:
+    return AuditLog(None, name, store(s3, bucket))  # type: ignore[arg-type]
+
+
+def test_segments_are_written_once_under_compliance_retention_and_no_one_may_delete_them(s3, creds) -> None:
+    bucket = s3.bucket(f"locked-{secrets.token_hex(3)}")
+    log = writer(s3, bucket)
+    log.add([fact(i) for i in range(SEGMENT_RECORDS + 3)])
+    assert log.flush() and log.backlog == []
+    segs = store(s3, bucket).read_segments()
+    assert [(s["name"], s["count"]) for s in segs] == [
+        ("audit-000000000000", SEGMENT_RECORDS), ("audit-000000000001", 3),
+    ]  # fmt: skip
+    assert record.verify(segs) == []
+    admin = s3.client()
+    key = "sovereignspec/audit/audit-000000000000.json"
+    retention = admin.get_object_retention(bucket, key)
+    until = retention.retain_until_date
+    assert retention.mode == "COMPLIANCE"
+    assert dt.timedelta(days=29) < until - dt.datetime.now(dt.UTC) <= dt.timedelta(days=30)
+    (version,) = [o.version_id for o in admin.list_objects(bucket, prefix=key, include_version=True)]
+    with pytest.raises(S3Error) as refused:  # the root account itself
+        admin.remove_object(bucket, key, version_id=version)
+    assert refused.value.code == "AccessDenied"
+
+    # A forger with write access puts a new version over segment 0: readers still take the first,
+    # the chain still verifies, and `newer_versions` names the key.
+    forged = json.dumps({**segs[0], "records": []}).encode()
+    admin.put_object(bucket, key, io.BytesIO(forged), len(forged))
+    again = store(s3, bucket)
+    assert again.read_segments() == segs and record.verify(again.read_segments()) == []
+    assert again.newer_versions() == [key]
+
+
+def test_a_segment_another_replica_wrote_first_is_followed_never_forked(s3, creds) -> None:
+    bucket = s3.bucket(f"race-{secrets.token_hex(3)}")
+    old, new = writer(s3, bucket, "op-0"), writer(s3, bucket, "op-1")
+    old.add([fact(0)])
+    assert old.flush()  # op-0's head: segment 1 next
+    new.add([fact(1)])
+    assert new.flush()  # op-1 wrote segment 1
+    old.add([fact(2)])  # op-0, resumed from a pause, still thinks segment 1 is next
+    assert old.flush()
+    segs = store(s3, bucket).read_segments()
+    assert record.verify(segs) == []
+    assert [(s["index"], s["writer"]) for s in segs] == [(0, "op-0"), (1, "op-1"), (2, "op-0")]
+    # op-0's losing write of segment 1 stays (locked) as a later version; op-1's is segment 1.
+    assert store(s3, bucket).newer_versions() == ["sovereignspec/audit/audit-000000000001.json"]
+
+
+def _placement() -> Write:
+    workload = {"metadata": {"name": "chat", "namespace": "team-a", "uid": "u-chat"}}
+    return Write("team-a/chat", workload, CHECK, {}, "Ready", "placed", [{"name": "main"}], outcome="placed",
+                 placed=("h-eu/gpu0",))  # fmt: skip
+
+
+def _world() -> World:
+    return World([], [], {})
+
+
+def test_a_bucket_without_object_lock_holds_placements_saying_what_the_store_said(s3, creds) -> None:
+    bucket = s3.bucket(f"plain-{secrets.token_hex(3)}", locked=False)
+    log = writer(s3, bucket)
+    (w,) = ahead(log, [_placement()], _world(), policy())
+    assert w.state == "Retry" and "waiting for the sovereignty record (audit.required)" in w.message
+    assert log.error == "InvalidRequest: Bucket is missing ObjectLockConfiguration", log.error
+
+
+def test_a_store_that_does_not_answer_holds_placements_and_the_backlog_is_written_when_it_returns(
+    creds,
+) -> None:
+    server = LocalS3().start()
+    try:
+        for name, value in server.env().items():
+            os.environ[name] = value
+        bucket = server.bucket("outage")
+        log = writer(server, bucket)
+        log.add([fact(0)])
+        server.stop()
+        (w,) = ahead(log, [_placement()], _world(), policy())
+        assert w.state == "Retry" and log.error, log.error
+        assert [f["workload"]["uid"] for f in log.backlog] == ["u0"]  # the older record waits
+        server.start()  # the same port and directory
+        (w,) = ahead(log, [_placement()], _world(), policy())
+        assert w.state == "Ready" and log.backlog == []
+        uids = [r["workload"]["uid"] for r in record.records_of(store(server, bucket).read_segments())]
+        assert uids == ["u0", "u-chat"]
+    finally:
+        server.close()
+
+
+def test_the_audit_command_reads_a_bucket_with_no_cluster_at_all(s3, creds, tmp_path) -> None:
+    bucket = s3.bucket(f"cli-{secrets.token_hex(3)}")
+    log = writer(s3, bucket)
+    log.add([fact(i) for i in range(3)])
+    assert log.flush()
+    flags = ["--audit-bucket", bucket, "--audit-endpoint", s3.endpoint]
+    env = {**os.environ, **s3.env(), "KUBECONFIG": str(tmp_path / "none")}
+    done = subprocess.run(
+        [sys.executable, "-m", "sovereignspec.cli", "audit", *flags, "export", "--format", "csv"],
+        capture_output=True, text=True, check=False, timeout=60, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert [line.split(",")[4] for line in done.stdout.splitlines()[1:]] == ["w0", "w1", "w2"]
+    wrong = subprocess.run(
+        [sys.executable, "-m", "sovereignspec.cli", "audit", *flags[:2], "--audit-endpoint",
+         "ftp://x", "export"], capture_output=True, text=True, check=False, timeout=60, env=env,
+    )  # fmt: skip
+    assert wrong.returncode == 2 and "expected http(s)://HOST[:PORT]" in wrong.stderr, wrong.stderr
+
+
+def test_the_operator_as_deployed_keeps_its_record_in_the_bucket_and_verify_reads_it_there(
+    s3, env, namespace, unique
+) -> None:
+    """The operator process with --audit-bucket (its credentials in its environment, as the chart
+    gives them from a Secret): a placement's decision lands in the bucket before the placement,
+    nothing in the cluster's AuditSegments names it, and `audit verify` reading the bucket (and
+    the cluster's Workloads) finds the chain intact and the workload recorded."""
+    bucket = s3.bucket(f"op-{secrets.token_hex(3)}")
+    controller = f"sovereignspec.io/{unique('bucket')}"
+    name = unique("bucket")
+    server_side_apply(env.api, policy_object(name, env.prometheus.url), "sovereignspec-e2e")
+    params = {"apiGroup": "sovereignspec.io", "kind": "SpeculationPolicy", "name": name}
+    k.apply(env.api, k.admission_check(name, controller, params))
+    own = replace(env, check=name, controller=controller)
+    flags = ["--audit-bucket", bucket, "--audit-endpoint", s3.endpoint, "--audit-retention-days", "1"]
+    operator = OperatorProcess(controller, extra=flags, env=s3.env()).start()
+    try:
+        assert f"sovereignty record: kept in s3 bucket {bucket}" in operator.logs()
+        pool = make_pool(own, namespace, [("H100-SXM", "eu", 2, [0.95] * 2)])
+        submit(pool, "chat", **CHAT)
+        wl = decided(pool, "chat")
+        assert our_entry(pool, wl)["state"] == "Ready"
+    finally:
+        operator.stop()
+    uid = wl["metadata"]["uid"]
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in s3.env().items():
+            mp.setenv(key, value)
+        records = record.records_of(store(s3, bucket, 1).read_segments())
+    assert [r["state"] for r in records if r["workload"].get("uid") == uid] == ["Ready"]
+    admin = str(controlplane.kubeconfig("admin"))
+    done = subprocess.run(
+        [sys.executable, "-m", "sovereignspec.cli", "audit", "--kubeconfig", admin,
+         "--audit-bucket", bucket, "--audit-endpoint", s3.endpoint, "verify"],
+        capture_output=True, text=True, check=False, timeout=60, env={**os.environ, **s3.env()},
+    )  # fmt: skip
+    # Other tests' admitted workloads are in the cluster's record, not this bucket: only ours counts.
+    assert [line for line in done.stdout.splitlines() if namespace in line or "digest" in line] == [], (
+        done.stdout
+    )
+    in_cluster = audit("export", "--namespace", namespace).stdout
+    assert uid not in in_cluster
