@@ -43,6 +43,11 @@ def _owner(meta: Mapping[str, Any]) -> dict[str, str]:
     return {"kind": str(ref.get("kind", "")), "name": str(ref.get("name", ""))} if ref else {}
 
 
+def _workload(meta: Mapping[str, Any]) -> dict[str, Any]:
+    return {"namespace": str(meta.get("namespace", "")), "name": str(meta.get("name", "")),
+            "uid": str(meta.get("uid", "")), "owner": _owner(meta)}  # fmt: skip
+
+
 def _where(world: World, namespace: str, policy: PolicySpec) -> tuple[str, list[str] | None, str, str]:
     """The namespace's tenant, allowed jurisdictions (None: anywhere) and where they came from,
     and the node label that names a node's jurisdiction under `policy`."""
@@ -67,20 +72,24 @@ def decision_facts(
 ) -> list[dict[str, Any]]:
     """One record per decision written: who, under which rule, where, in which mode."""
     nodes = _node_labels(world)
-    out = []
+    out: list[dict[str, Any]] = []
     for w in writes:
-        if w.outcome not in RECORDED or w.recorded:
-            continue
         meta: Mapping[str, Any] = w.workload.get("metadata") or {}  # type: ignore[assignment]
         namespace = str(meta.get("namespace", ""))
+        if w.recorded and w.written and w.written not in RECORDED:
+            # Recorded ahead, then refused by the API (a conflict: the workload changed while it
+            # was decided): the decision recorded never took effect; the next one will.
+            out.append({"kind": "unwritten", "at": at, "replica": replica, "check": w.check,
+                        "workload": _workload(meta), "reason": w.written})  # fmt: skip
+        if w.outcome not in RECORDED or w.recorded:
+            continue
         policy = world.policies.get(w.check, default)
         tenant, allowed, source, label = _where(world, namespace, policy)
         placed = list(w.placed)
         node = placed[0].rpartition("/")[0] if placed else None
         out.append({
             "kind": "decision", "at": at, "replica": replica, "check": w.check,
-            "workload": {"namespace": namespace, "name": str(meta.get("name", "")),
-                         "uid": str(meta.get("uid", "")), "owner": _owner(meta)},
+            "workload": _workload(meta),
             "tenant": tenant, "jurisdictions": allowed, "jurisdictionsFrom": source,
             "state": w.state, "outcome": w.outcome, "mode": w.mode, "gamma": w.gamma,
             "node": node, "gpus": placed, "jurisdictionLabel": label,

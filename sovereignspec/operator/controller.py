@@ -430,8 +430,8 @@ class Controller(Role):
             writes = ahead(self.audit, writes, world, spec)
         futures = [self._pool.submit(self._write, w) for w in writes]
         for w, f in zip(writes, futures, strict=True):
-            outcome = f.result()
-            if outcome in RECORDED:
+            w.written = outcome = f.result()
+            if outcome in RECORDED or w.recorded:  # recorded ahead and not written: said so
                 self._written.append(w)
             report.outcomes[outcome] += 1
             if outcome == "conflict":

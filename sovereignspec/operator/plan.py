@@ -53,6 +53,7 @@ class Write:
     drift: str = ""  # for drift writes: the reason reported
     placed: tuple[str, ...] = ()  # "node/gpuN" per pod placed, for the sovereignty record
     recorded: bool = False  # its record is in the store (or its backlog) already: written ahead
+    written: str = ""  # how its write ended (the controller's outcome: its own, conflict, error)
 
 
 def shorten(text: str, limit: int) -> str:

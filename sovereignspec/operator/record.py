@@ -146,12 +146,13 @@ def unrecorded(records: Iterable[Mapping[str, Any]], admitted: Iterable[str]) ->
 
 
 def where(records: Iterable[Mapping[str, Any]], namespace: str, name: str) -> list[dict[str, Any]]:
-    """The decisions on workload (or Job) `name` in `namespace` and the bindings of its pods."""
+    """The decisions on workload (or Job) `name` in `namespace` and the bindings of its pods; or
+    a pod's own bindings by its name (a pod of no owner, which no decision concerns)."""
     out = []
     for r in records:
         w = r.get("workload") or {}
-        owner = w.get("owner") or {}
-        if w.get("namespace") == namespace and name in (w.get("name"), owner.get("name")):
+        names = (w.get("name"), (w.get("owner") or {}).get("name"), (r.get("pod") or {}).get("name"))
+        if w.get("namespace") == namespace and name in names:
             out.append(dict(r))
     return out
 

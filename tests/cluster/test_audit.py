@@ -79,8 +79,10 @@ def test_decisions_and_bindings_are_recorded_and_the_audit_commands_read_them_ba
 
     line = wait_until(named, timeout=60, what="the rogue binding named by audit verify")
     assert f"pod {namespace}/rogue bound to node {kr_node} in kr, outside eu" in line, line
-    where = audit("where", f"{namespace}/rogue")
-    assert where.returncode == 1  # a pod of no owner is found by its workload only: none here
+    where = audit("where", f"{namespace}/rogue")  # a pod of no owner: found by its own name
+    assert where.returncode == 0 and f"pod rogue bound to {kr_node} (kr; allowed: eu)" in where.stdout, (
+        where.stdout
+    )
 
     # An administrator edits a record in place: `verify` names the record and its segment.
     objects = client.CustomObjectsApi(env.api)

@@ -129,6 +129,13 @@ def test_where_finds_a_workload_by_its_own_name_or_its_owners() -> None:
     assert [r["seq"] for r in record.where(records, "team-a", "chat-1")] == [1]
     assert [r["seq"] for r in record.where(records, "team-a", "job-chat-2")] == [2]
     assert record.where(records, "team-b", "chat-1") == []
+    rogue = {
+        "kind": "binding",
+        "seq": 9,
+        "pod": {"name": "rogue"},
+        "workload": {"namespace": "team-a", "name": ""},
+    }
+    assert [r["seq"] for r in record.where([*records, rogue], "team-a", "rogue")] == [9]
 
 
 # -- the facts a tick records ----------------------------------------------------------------------
@@ -439,3 +446,18 @@ def test_audit_where_says_where_a_workload_was_decided_bound_and_left() -> None:
         "t1  #5 pod chat-1-x bound to h-eu (eu; allowed: eu) seen by op-0",
         "t2  #9 pod chat-1-x left h-eu: Failed, its containers finished at t1b, seen by op-1",
     ]
+
+
+def test_a_decision_recorded_ahead_whose_write_the_api_refused_is_recorded_as_not_written() -> None:
+    from sovereignspec.auditing import _describe
+
+    log = _log(Store())
+    a, _, rejected, b = ahead(log, _decisions(), _world([]), policy())
+    a.written, rejected.written, b.written = "conflict", "rejected", "placed"  # as _carry_out sets them
+    (unwritten,) = decision_facts([a, rejected, b], _world([]), policy(), "op-0", "t9")
+    assert (unwritten["kind"], unwritten["workload"]["uid"], unwritten["reason"]) == (
+        "unwritten",
+        "u-a",
+        "conflict",
+    )
+    assert "the decision recorded before it was not written (conflict" in _describe({**unwritten, "seq": 7})
