@@ -14,11 +14,13 @@ import os
 import secrets
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
 import pytest
+from kubernetes import client
 from minio.error import S3Error
 
 from localdev import controlplane
@@ -33,8 +35,9 @@ from sovereignspec.operator.bucket import BucketStore
 from sovereignspec.operator.plan import Write
 from sovereignspec.operator.world import World
 from tests.cluster.auditing import audit
-from tests.cluster.operator_env import decided, make_pool, our_entry, submit
+from tests.cluster.operator_env import admitted_job, decided, event, make_pool, our_entry, submit, workload_of
 from tests.unit.builders import CHECK, policy
+from tests.waiting import wait_until
 
 CHAT = {"model": "llama-3.1-8b", "drafter": "eagle3", "acceptance_rate": 0.8, "latency_class": "latency"}
 
@@ -215,3 +218,64 @@ def test_the_operator_as_deployed_keeps_its_record_in_the_bucket_and_verify_read
     )
     in_cluster = audit("export", "--namespace", namespace).stdout
     assert uid not in in_cluster
+
+
+@pytest.mark.parametrize("required", [True, False], ids=["required", "not-required"])
+def test_the_bucket_stopped_mid_burst_admits_nothing_unrecorded_and_everything_is_recorded_after(
+    env, namespace, unique, required
+) -> None:
+    """The operator as deployed, its bucket's server stopped in the middle of a burst. With
+    audit.required: nothing is admitted while it is down (each placement waits, saying why) and
+    everything is once it is back, each decision in the bucket. Without: decisions go on, and
+    every one is in the bucket once it is back."""
+    server = LocalS3().start()
+    try:
+        bucket = server.bucket("burst")
+        controller = f"sovereignspec.io/{unique('outage')}"
+        name = unique(f"outage-{str(required).lower()}")
+        server_side_apply(env.api, policy_object(name, env.prometheus.url), "sovereignspec-e2e")
+        params = {"apiGroup": "sovereignspec.io", "kind": "SpeculationPolicy", "name": name}
+        k.apply(env.api, k.admission_check(name, controller, params))
+        own = replace(env, check=name, controller=controller)
+        flags = ["--audit-bucket", bucket, "--audit-endpoint", server.endpoint, "--audit-retention-days", "1"]
+        flags += [] if required else ["--no-audit-required"]
+        operator = OperatorProcess(controller, extra=flags, env=server.env()).start()
+        try:
+            pool = make_pool(own, namespace, [("H100-SXM", "eu", 8, [0.95] * 8)])
+            jobs = [f"burst-{i}" for i in range(6)]
+            for job in jobs[:3]:
+                submit(pool, job, **CHAT)
+            for job in jobs[:3]:
+                assert our_entry(pool, decided(pool, job))["state"] == "Ready"
+            server.stop()  # mid-burst
+            for job in jobs[3:]:
+                submit(pool, job, **CHAT)
+            if required:
+                message = event(pool, "RecordUnavailable", timeout=60).message
+                assert "waiting for the sovereignty record (audit.required)" in message, message
+                time.sleep(3.0)  # several ticks with the store down
+                batch = client.BatchV1Api(env.api)
+                assert [batch.read_namespaced_job(j, namespace).spec.suspend for j in jobs[3:]] == [True] * 3
+            else:
+                for job in jobs[3:]:
+                    assert our_entry(pool, decided(pool, job))["state"] == "Ready"
+            server.start()  # the same port and directory
+            uids = {}
+            for job in jobs:
+                admitted_job(pool, job, timeout=180)
+                uids[job] = (workload_of(pool, job) or {})["metadata"]["uid"]
+        finally:
+            operator.stop()
+
+        def recorded() -> set[str] | None:
+            with pytest.MonkeyPatch.context() as mp:
+                for key, value in server.env().items():
+                    mp.setenv(key, value)
+                segs = store(server, bucket, 1).read_segments()
+            assert record.verify(segs) == []
+            seen = {r["workload"]["uid"] for r in record.records_of(segs) if r.get("state") == "Ready"}
+            return seen if set(uids.values()) <= seen else None
+
+        wait_until(recorded, timeout=60, what="every admitted workload's decision in the bucket")
+    finally:
+        server.close()
