@@ -1,16 +1,18 @@
 """`python -m benchmarks.operator` (or `make bench-operator`): admission latency and memory of the
 operator on the local control plane, beside a trivial always-Ready check, in one run.
 
-Setup: 250 simulated nodes x 8 GPUs = 2,000 GPUs with telemetry through a real Prometheus; two
-identical ClusterQueues over them, one with the SovereignSpec AdmissionCheck, one with a trivial
-check answered by this benchmark itself (a watch that writes Ready by server-side apply as soon as
-quota is reserved). 500 Jobs go to each queue, interleaved. For every Workload the benchmark
-notes, from its own watch, when QuotaReserved and when Admitted became true, and reports the
-median and p99 of the difference per queue and their ratio, the operator's peak RSS and CPU
-seconds, and the API server's requests during the burst by verb and resource, per decided workload
-(`apiserver_request_total` before and after: every client's requests, Kueue's and this benchmark's
-too), with the LISTs per 100 decided workloads and the operator's own cache LISTs (from its
-metrics: after start-up it LISTs only when a watch cannot be resumed).
+Setup: 250 simulated nodes x 8 GPUs = 2,000 GPUs with telemetry through a real Prometheus; three
+identical ClusterQueues over them: one with the SovereignSpec AdmissionCheck (its sovereignty
+record on and required, as installed), one with a second SovereignSpec operator's check whose
+record is off (its role lacks AuditSegments; --no-audit-required), and one with a trivial check
+answered by this benchmark itself (a watch that writes Ready by server-side apply as soon as quota
+is reserved). 500 Jobs go to each queue, interleaved; the record's bytes per decision are printed.
+For every Workload the benchmark notes, from its own watch, when QuotaReserved and when Admitted
+became true, and reports the median and p99 of the difference per queue and their ratio, the
+operator's peak RSS and CPU seconds, and the API server's requests during the burst by verb and
+resource, per decided workload (`apiserver_request_total` before and after: every client's requests,
+Kueue's and this benchmark's too), with the LISTs per 100 decided workloads and the operator's own
+cache LISTs (from its metrics: after start-up it LISTs only when a watch cannot be resumed).
 
 `--jobs N` (per queue) and `--gpus N` (8 per node) size it: `make bench-operator ARGS="--jobs 5000"`.
 `--mix` makes them the serving shapes: a third each of Jobs, Deployments of one replica (a Pod the
@@ -21,6 +23,7 @@ Workload per group): `make bench-operator ARGS="--mix"`.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import secrets
 import statistics
@@ -35,7 +38,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from localdev import controlplane
 from localdev import kueue as k
 from localdev.gpunodes import apply_node, server_side_apply
-from localdev.operator import OperatorProcess, SyntheticTelemetry, install, policy
+from localdev.operator import OperatorProcess, SyntheticTelemetry, install, policy, service_account_kubeconfig
 from localdev.prometheus import LocalPrometheus
 
 JOBS = 500
@@ -44,6 +47,44 @@ GPUS_PER_NODE = 8
 KUEUE = (k.GROUP, k.VERSION)
 TRIVIAL = "bench.sovereignspec.io/trivial"
 OURS = "sovereignspec.io/bench"
+UNRECORDED = "sovereignspec.io/bench-unrecorded"
+LABELS = {
+    "ours": "SovereignSpec check",
+    "unrecorded": "the same, record off",
+    "trivial": "trivial always-Ready check",
+}
+
+
+def unrecorded_kubeconfig(api: client.ApiClient, namespace: str) -> Any:
+    """An operator identity with the chart's ClusterRole less its AuditSegment rule: with
+    --no-audit-required its record is off (a 403, said once) and it decides all the same; the
+    benchmark's measure of what the record costs."""
+    role = client.RbacAuthorizationV1Api(api).read_cluster_role("sovereignspec").to_dict()
+    rules = [
+        {
+            k: v
+            for k, v in r.items()
+            if v is not None and k in ("api_groups", "resources", "verbs", "resource_names")
+        }
+        for r in role["rules"]
+        if "auditsegments" not in (r.get("resources") or [])
+    ]
+    names = {"api_groups": "apiGroups", "resource_names": "resourceNames"}
+    server_side_apply(api, {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+        "metadata": {"name": "sovereignspec-unrecorded"},
+        "rules": [{names.get(k, k): v for k, v in r.items()} for r in rules],
+    }, "bench")  # fmt: skip
+    return service_account_kubeconfig(api, namespace, "unrecorded", cluster_role="sovereignspec-unrecorded")
+
+
+def record_bytes(api: client.ApiClient) -> tuple[int, int]:
+    """(bytes, decision records) of the record in the cluster: each record as its segment holds it."""
+    from sovereignspec.operator.audit import read_segments
+
+    records = [r for s in read_segments(client.CustomObjectsApi(api)) for r in s["records"]]
+    size = sum(len(json.dumps(r, separators=(",", ":")).encode()) for r in records)
+    return size, sum(1 for r in records if r.get("kind") == "decision")
 
 
 def pct(values: list[float], q: float) -> float:
@@ -234,11 +275,14 @@ def _run(args: argparse.Namespace, jobs: int, nodes: int) -> int:
     k.apply(api, k.resource_flavor(flavor, {"sovereignspec.io/bench": token}), "bench")
     server_side_apply(api, policy(policy_name, prometheus.url), "bench")
     params = {"apiGroup": "sovereignspec.io", "kind": "SpeculationPolicy", "name": policy_name}
+    unrecorded_check = f"bench-unrecorded-{token}"
     k.apply(api, k.admission_check(ours_check, OURS, params), "bench")
+    k.apply(api, k.admission_check(unrecorded_check, UNRECORDED, params), "bench")
     k.apply(api, k.admission_check(trivial_check, TRIVIAL), "bench")
     k.set_check_active(api, trivial_check, "bench-trivial-check")
     namespaces = {}
-    for label, check in (("ours", ours_check), ("trivial", trivial_check)):
+    checks = (("ours", ours_check), ("unrecorded", unrecorded_check), ("trivial", trivial_check))
+    for label, check in checks:
         name = f"bench-{label}-{token}"
         k.apply(api, k.cluster_queue(name, {flavor: nodes * GPUS_PER_NODE}, [check], cpu="100000"), "bench")
         client.CoreV1Api(api).create_namespace(cast(Any, {"metadata": {"name": name}}))
@@ -246,6 +290,12 @@ def _run(args: argparse.Namespace, jobs: int, nodes: int) -> int:
         namespaces[label] = name
 
     operator = OperatorProcess(OURS).start()
+    unrecorded = OperatorProcess(
+        UNRECORDED,
+        extra=["--no-audit-required"],
+        kubeconfig=unrecorded_kubeconfig(api, namespaces["unrecorded"]),
+    ).start()
+    bytes_before, decisions_before = record_bytes(api)
     trivial = TrivialCheck(api, namespaces["trivial"], trivial_check)
     recorder = Recorder(api, dict.fromkeys(namespaces.values(), "q"))
     time.sleep(2)
@@ -254,21 +304,25 @@ def _run(args: argparse.Namespace, jobs: int, nodes: int) -> int:
     lists_before = _cache_lists(operator.metrics())
     started = time.monotonic()
     for i in range(jobs):
-        for label in ("ours", "trivial"):
-            server_side_apply(api, workload(f"j{i:03d}", namespaces[label], "q", i, args.mix), "bench")
+        for ns in namespaces.values():
+            server_side_apply(api, workload(f"j{i:03d}", ns, "q", i, args.mix), "bench")
     # Jobs never finish here (no kubelet), so each queue admits at most its GPU quota.
     admissible = min(jobs, nodes * GPUS_PER_NODE)
     deadline = time.monotonic() + max(600.0, 0.5 * jobs)
-    while time.monotonic() < deadline and len(recorder.admitted) < 2 * admissible:
+    while time.monotonic() < deadline and len(recorder.admitted) < len(namespaces) * admissible:
         time.sleep(1)
     elapsed = time.monotonic() - started
     peak = operator.peak_rss_bytes()
     cpu = operator.cpu_seconds() - cpu_before
     requests_after = api_requests(api)
     cache_lists = _cache_lists(operator.metrics()) - lists_before
+    bytes_after, decisions_after = record_bytes(api)
     recorder.stop.set()
     trivial.stop.set()
     operator.stop()
+    unrecorded.stop()
+    said = [line for line in unrecorded.logs().splitlines() if "the sovereignty record is off" in line]
+    off_said = said[0].split(": ", 1)[-1] if said else "NOTHING: its record was not off"
     prometheus.close()
     telemetry.close()
 
@@ -287,11 +341,19 @@ def _run(args: argparse.Namespace, jobs: int, nodes: int) -> int:
     )
     print(f"{'queue':<28} {'admitted':>8} {'median s':>9} {'p99 s':>8}")
     for label, waits in results.items():
-        name = "SovereignSpec check" if label == "ours" else "trivial always-Ready check"
-        print(f"{name:<28} {len(waits):>8} {statistics.median(waits):>9.3f} {pct(waits, 0.99):>8.3f}")
-    ratio_med = statistics.median(results["ours"]) / statistics.median(results["trivial"])
-    ratio_p99 = pct(results["ours"], 0.99) / pct(results["trivial"], 0.99)
-    print(f"ratio SovereignSpec / trivial: median {ratio_med:.2f}, p99 {ratio_p99:.2f}")
+        print(
+            f"{LABELS[label]:<28} {len(waits):>8} {statistics.median(waits):>9.3f} {pct(waits, 0.99):>8.3f}"
+        )
+    for base in ("trivial", "unrecorded"):
+        ratio_med = statistics.median(results["ours"]) / statistics.median(results[base])
+        ratio_p99 = pct(results["ours"], 0.99) / pct(results[base], 0.99)
+        print(f"ratio SovereignSpec / {LABELS[base]}: median {ratio_med:.2f}, p99 {ratio_p99:.2f}")
+    recorded = decisions_after - decisions_before
+    per = (bytes_after - bytes_before) / max(recorded, 1)
+    print(
+        f"the record (audit.required, in the cluster): {recorded} decision records, {per:.0f} bytes per "
+        f"decision (no pod runs here: no bindings); the record-off operator said: {off_said}"
+    )
     print(f"operator peak RSS: {peak / 2**20:.1f} MiB; CPU during the burst: {cpu:.1f} s")
     decided = max(len(results["ours"]), 1)
     delta = {

@@ -321,9 +321,10 @@ class AuditLog:
             except TRANSPORT_ERRORS as exc:
                 return self._failed(f"{type(exc).__name__}: {exc}")
             del self.backlog[: len(batch)]
-        if self.off is not None:
-            log.info("the sovereignty record is on again: %s no longer holds", self.off)
-        self.off = self.error = None
+            if self.off is not None:  # a write went through: the store takes records again
+                log.info("the sovereignty record is on again: %s no longer holds", self.off)
+                self.off = None
+        self.error = None
         metrics.AUDIT_BACKLOG.set(0)
         return True
 

@@ -337,6 +337,7 @@ def test_without_the_crd_or_the_rbac_the_record_is_off_and_said_so_and_nothing_p
     assert not log.flush() and log.off is not None and said in log.off
     log.add([fact(1)])
     assert log.backlog == []
+    assert log.flush() and log.off is not None  # nothing written: still off, nothing tried again
 
 
 # -- audit.required: the record written ahead of the decision -------------------------------------
