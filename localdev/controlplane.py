@@ -123,6 +123,18 @@ def pinned_binary(name: str) -> Path | None:
     return path if path.exists() else None
 
 
+def stop_process(proc: subprocess.Popen[bytes] | None, grace: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL after `grace` seconds: a harness server stopped either way."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(grace)
+
+
 def require_binary(name: str) -> Path:
     path = pinned_binary(name)
     if path is None:

@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from localdev.controlplane import HACK
+from localdev.controlplane import HACK, stop_process
 from localdev.ports import free_port
 
 
@@ -157,13 +157,7 @@ class LocalPrometheus:
         return list(doc["data"]["result"])
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        stop_process(self.proc)
         self.proc = None
 
     def close(self) -> None:

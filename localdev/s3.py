@@ -19,7 +19,7 @@ from pathlib import Path
 
 from minio import Minio
 
-from localdev.controlplane import require_binary
+from localdev.controlplane import require_binary, stop_process
 from localdev.ports import free_port
 
 ACCESS_KEY = "sovereignspec-test"
@@ -65,13 +65,7 @@ class LocalS3:
         return name
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
         self.proc = None
 
     def close(self) -> None:

@@ -151,12 +151,17 @@ def _verify_export(path: str) -> int:
     except (OSError, ValueError) as exc:
         raise ConfigError(f"audit verify --export: {path}: {exc}") from None
     failures = verify([{"name": path, "index": 0, "records": records}], {})
+    return _verdict(failures, f"{len(records)} records from record 0, every binding inside its "
+                    "jurisdictions (admitted workloads not checked: an export names none)")  # fmt: skip
+
+
+def _verdict(failures: list[str], intact: str) -> int:
+    """`verify`'s answer: each failure on its line and exit 1, or what was found intact and 0."""
     for failure in failures:
         print(f"audit verify: {failure}")
     if failures:
         return 1
-    print(f"audit verify: the chain is intact: {len(records)} records from record 0, every binding inside "
-          "its jurisdictions (admitted workloads not checked: an export names none)")  # fmt: skip
+    print(f"audit verify: the chain is intact: {intact}")
     return 0
 
 
@@ -191,14 +196,8 @@ def command(args: argparse.Namespace) -> int:
     if checking:
         for key in overwritten:  # its first version stands and is what was verified
             print(f"audit verify: note: {key} has later versions (a replica that lost the race, or a forger)")
-        failures = verify(segments, admitted)
-        for f in failures:
-            print(f"audit verify: {f}")
-        if failures:
-            return 1
-        print(f"audit verify: the chain is intact: {len(records)} records in {len(segments)} segments, "
-              "every admitted workload recorded, every binding inside its jurisdictions")  # fmt: skip
-        return 0
+        intact = f"{len(records)} records in {len(segments)} segments, every admitted workload recorded"
+        return _verdict(verify(segments, admitted), intact + ", every binding inside its jurisdictions")
     if args.audit_command == "export":
         chosen = [
             r for r in records

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import secrets
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kubernetes import client
 
 from localdev import kueue as k
 from localdev.gpunodes import apply_node, server_side_apply
-from localdev.operator import SyntheticTelemetry
+from localdev.operator import SyntheticTelemetry, policy
 from localdev.prometheus import LocalPrometheus
 from tests.cluster.conftest import wait_until
 
@@ -113,6 +113,16 @@ def make_pool(
     )
     k.apply(env.api, k.local_queue(pool.queue, namespace, cq))  # a LocalQueue's ClusterQueue is immutable
     return pool
+
+
+def own_check(env: Env, name: str) -> Env:
+    """`env` with a check and policy of its own, named `name`, served by controller
+    sovereignspec.io/NAME: for an operator process a test starts with flags of its own."""
+    server_side_apply(env.api, policy(name, env.prometheus.url), "sovereignspec-e2e")
+    params = {"apiGroup": "sovereignspec.io", "kind": "SpeculationPolicy", "name": name}
+    controller = f"sovereignspec.io/{name}"
+    k.apply(env.api, k.admission_check(name, controller, params))
+    return replace(env, check=name, controller=controller)
 
 
 def annotations(**values: Any) -> dict[str, str]:

@@ -16,7 +16,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -24,10 +23,7 @@ from kubernetes import client
 from minio.error import S3Error
 
 from localdev import controlplane
-from localdev import kueue as k
-from localdev.gpunodes import server_side_apply
 from localdev.operator import OperatorProcess
-from localdev.operator import policy as policy_object
 from localdev.s3 import LocalS3
 from sovereignspec.operator import record
 from sovereignspec.operator.audit import SEGMENT_RECORDS, AuditLog, ahead
@@ -35,7 +31,16 @@ from sovereignspec.operator.bucket import BucketStore
 from sovereignspec.operator.plan import Write
 from sovereignspec.operator.world import World
 from tests.cluster.auditing import audit
-from tests.cluster.operator_env import admitted_job, decided, event, make_pool, our_entry, submit, workload_of
+from tests.cluster.operator_env import (
+    admitted_job,
+    decided,
+    event,
+    make_pool,
+    our_entry,
+    own_check,
+    submit,
+    workload_of,
+)
 from tests.unit.builders import CHECK, policy
 from tests.waiting import wait_until
 
@@ -184,14 +189,9 @@ def test_the_operator_as_deployed_keeps_its_record_in_the_bucket_and_verify_read
     nothing in the cluster's AuditSegments names it, and `audit verify` reading the bucket (and
     the cluster's Workloads) finds the chain intact and the workload recorded."""
     bucket = s3.bucket(f"op-{secrets.token_hex(3)}")
-    controller = f"sovereignspec.io/{unique('bucket')}"
-    name = unique("bucket")
-    server_side_apply(env.api, policy_object(name, env.prometheus.url), "sovereignspec-e2e")
-    params = {"apiGroup": "sovereignspec.io", "kind": "SpeculationPolicy", "name": name}
-    k.apply(env.api, k.admission_check(name, controller, params))
-    own = replace(env, check=name, controller=controller)
+    own = own_check(env, unique("bucket"))
     flags = ["--audit-bucket", bucket, "--audit-endpoint", s3.endpoint, "--audit-retention-days", "1"]
-    operator = OperatorProcess(controller, extra=flags, env=s3.env()).start()
+    operator = OperatorProcess(own.controller, extra=flags, env=s3.env()).start()
     try:
         assert f"sovereignty record: kept in s3 bucket {bucket}" in operator.logs()
         pool = make_pool(own, namespace, [("H100-SXM", "eu", 2, [0.95] * 2)])
@@ -231,15 +231,10 @@ def test_the_bucket_stopped_mid_burst_admits_nothing_unrecorded_and_everything_i
     server = LocalS3().start()
     try:
         bucket = server.bucket("burst")
-        controller = f"sovereignspec.io/{unique('outage')}"
-        name = unique(f"outage-{str(required).lower()}")
-        server_side_apply(env.api, policy_object(name, env.prometheus.url), "sovereignspec-e2e")
-        params = {"apiGroup": "sovereignspec.io", "kind": "SpeculationPolicy", "name": name}
-        k.apply(env.api, k.admission_check(name, controller, params))
-        own = replace(env, check=name, controller=controller)
+        own = own_check(env, unique(f"outage-{str(required).lower()}"))
         flags = ["--audit-bucket", bucket, "--audit-endpoint", server.endpoint, "--audit-retention-days", "1"]
         flags += [] if required else ["--no-audit-required"]
-        operator = OperatorProcess(controller, extra=flags, env=server.env()).start()
+        operator = OperatorProcess(own.controller, extra=flags, env=server.env()).start()
         try:
             pool = make_pool(own, namespace, [("H100-SXM", "eu", 8, [0.95] * 8)])
             jobs = [f"burst-{i}" for i in range(6)]

@@ -6,16 +6,15 @@ process, so its peak RSS is this test's), while another tenant's Jobs are decide
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 from kubernetes import client
 
 from localdev import kueue as k
 from localdev.gpunodes import server_side_apply
-from localdev.operator import OperatorProcess, policy
+from localdev.operator import OperatorProcess
 from tests.cluster.conftest import wait_until
-from tests.cluster.operator_env import annotations, decided, make_pool, our_entry
+from tests.cluster.operator_env import annotations, decided, make_pool, our_entry, own_check
 
 CHAT = {"model": "llama-3.1-8b", "drafter": "eagle3", "acceptance_rate": 0.8}
 FLOOD_JOBS = 400
@@ -25,13 +24,8 @@ PEAK_LIMIT_MIB = 140
 
 
 def test_a_flood_of_large_templates_grows_no_memory_and_the_others_are_decided(env: Any, namespace, unique):
-    controller = f"sovereignspec.io/{unique('flood')}"
-    name = unique("flood")
-    server_side_apply(env.api, policy(name, env.prometheus.url), "sovereignspec-e2e")
-    params = {"apiGroup": "sovereignspec.io", "kind": "SpeculationPolicy", "name": name}
-    k.apply(env.api, k.admission_check(name, controller, params))
-    own = replace(env, check=name, controller=controller)
-    operator = OperatorProcess(controller).start()
+    own = own_check(env, unique("flood"))
+    operator = OperatorProcess(own.controller).start()
     try:
         pool = make_pool(own, namespace, [("H100-SXM", "eu", 8, [0.9] * 8)])
         others_ns = f"{namespace[:40]}-others"
