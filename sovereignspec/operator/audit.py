@@ -320,6 +320,9 @@ class AuditLog:
                 return self._failed(str(exc))
             except TRANSPORT_ERRORS as exc:
                 return self._failed(f"{type(exc).__name__}: {exc}")
+            except Exception as exc:  # anything else fails the write alone, said, records kept
+                log.exception("writing the sovereignty record failed unexpectedly")
+                return self._failed(f"{type(exc).__name__}: {exc}")
             del self.backlog[: len(batch)]
             if self.off is not None:  # a write went through: the store takes records again
                 log.info("the sovereignty record is on again: %s no longer holds", self.off)
@@ -348,7 +351,12 @@ class AuditLog:
     def _write(self, batch: list[dict[str, Any]]) -> None:
         for attempt in range(3):
             if self.head is None:
-                self.head = head_of(self.read_segments())
+                try:
+                    self.head = head_of(self.read_segments())
+                except ValueError as exc:  # never a chain started again on top of a broken one
+                    raise StoreRefusedError(
+                        f"the record's head cannot be read: {exc} (`sovereignspec audit verify` names it)"
+                    ) from None
             records, after = chain(self.head, batch)
             spec = {"index": self.head.segment, "first": self.head.seq, "count": len(records),
                     "writer": self.writer, "records": records}  # fmt: skip

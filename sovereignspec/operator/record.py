@@ -64,14 +64,29 @@ def chain(head: Head, facts: Sequence[Mapping[str, Any]]) -> tuple[list[dict[str
 
 
 def head_of(segments: Sequence[Mapping[str, Any]]) -> Head:
-    """The head after the last of `segments` ({"index", "records"}), as the writer resumes it."""
+    """The head after the last of `segments` ({"index", "records"}), as the writer resumes it: the
+    next segment after the last one, the chain going on from the last record in any of them.
+    ValueError, naming it, where the last record cannot be read (no sequence number or digest):
+    the writer must not start the chain again on top of it."""
     if not segments:
         return Head()
-    last = max(segments, key=lambda s: int(s["index"]))
-    records = list(last.get("records") or [])
-    if not records:
-        return Head(segment=int(last["index"]) + 1)
-    return Head(int(records[-1]["seq"]) + 1, str(records[-1]["digest"]), int(last["index"]) + 1)
+    try:
+        ordered = sorted(segments, key=lambda s: int(s["index"]))
+    except (KeyError, TypeError, ValueError):
+        raise ValueError("a segment has no index that is a number") from None
+    for segment in reversed(ordered):
+        records = list(segment.get("records") or [])
+        if not records:
+            continue  # an empty segment (written by hand): the chain goes on from the one before
+        last = records[-1]
+        seq, digest = last.get("seq") if isinstance(last, Mapping) else None, None
+        if isinstance(last, Mapping) and isinstance(last.get("digest"), str):
+            digest = str(last["digest"])
+        if not isinstance(seq, int) or isinstance(seq, bool) or digest is None:
+            name = segment.get("name", segment["index"])
+            raise ValueError(f"the last record of segment {name} has no sequence number or digest")
+        return Head(seq + 1, digest, int(ordered[-1]["index"]) + 1)
+    return Head(segment=int(ordered[-1]["index"]) + 1)
 
 
 @dataclass(frozen=True)

@@ -248,10 +248,15 @@ def test_the_record_fails_alone_its_failure_counted() -> None:
             raise RuntimeError("a store that answers nonsense")
 
     log = _log(Broken())
+    before = metrics.AUDIT_FAILURES._value.get()
+    record_tick(log, [], _world([_pod("a", "h-eu")]), policy(), {})  # no exception escapes
+    assert metrics.AUDIT_FAILURES._value.get() == before + 1 and len(log.backlog) == 1  # kept
+    assert log.error == "RuntimeError: a store that answers nonsense"
+    # A failure while building the facts (a world that cannot be read) is counted as the tick's.
     failures = metrics.TICK_FAILURES.labels(part="record")
     before = failures._value.get()
-    record_tick(log, [], _world([_pod("a", "h-eu")]), policy(), {})  # no exception escapes
-    assert failures._value.get() == before + 1 and len(log.backlog) == 1  # kept for the next tick
+    record_tick(log, [], None, policy(), {})  # type: ignore[arg-type]
+    assert failures._value.get() == before + 1
 
 
 # -- the writer --------------------------------------------------------------------------------------
@@ -338,6 +343,29 @@ def test_without_the_crd_or_the_rbac_the_record_is_off_and_said_so_and_nothing_p
     log.add([fact(1)])
     assert log.backlog == []
     assert log.flush() and log.off is not None  # nothing written: still off, nothing tried again
+
+
+def test_a_broken_last_record_holds_placements_naming_it_and_an_empty_last_segment_is_skipped() -> None:
+    store = Store()
+    log = _log(store)
+    log.add([fact(0), fact(1)])
+    assert log.flush()
+    # An empty segment written by hand after it: the chain goes on from record 1, unbroken.
+    store.objects["audit-000000000001"] = {
+        "spec": {"index": 1, "records": []},
+        "metadata": {"name": "audit-000000000001"},
+    }
+    fresh = _log(store)
+    fresh.add([fact(2)])
+    assert fresh.flush()
+    segs = fresh.read_segments()
+    assert record.verify(segs) == [] and record.head_of(segs).seq == 3
+    # A last record with no sequence number: placements wait, naming it; nothing is written on top.
+    store.objects["audit-000000000003"] = {"spec": {"index": 3, "records": [{"kind": "junk"}]},
+                                           "metadata": {"name": "audit-000000000003"}}  # fmt: skip
+    (w, *_) = ahead(_log(store), _decisions(), _world([]), policy())
+    assert w.state == "Retry" and "the record's head cannot be read: the last record of segment" in w.message
+    assert len(store.objects) == 4
 
 
 # -- audit.required: the record written ahead of the decision -------------------------------------
