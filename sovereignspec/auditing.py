@@ -104,9 +104,15 @@ def verify(segments: list[dict[str, Any]], admitted: Mapping[str, str]) -> list[
         for uid in record.unrecorded(records, admitted)
     ]
     for r in record.outside(records):
-        pod = r.get("pod") or {}
-        where = r.get("nodeJurisdiction") or "no jurisdiction"
         allowed = ", ".join(r.get("jurisdictions") or [])
+        if r.get("kind") == "admission":
+            w, where = r.get("workload") or {}, r.get("workerJurisdiction") or "no jurisdiction"
+            failures.append(
+                f"record {r.get('seq')}: workload {w.get('namespace')}/{w.get('name')} admitted by worker "
+                f"cluster {r.get('worker')} in {where}, outside {allowed}"
+            )
+            continue
+        pod, where = r.get("pod") or {}, r.get("nodeJurisdiction") or "no jurisdiction"
         failures.append(
             f"record {r.get('seq')}: pod {pod.get('namespace')}/{pod.get('name')} bound to node "
             f"{r.get('node')} in {where}, outside {allowed}"
@@ -122,6 +128,20 @@ def _describe(r: dict[str, Any]) -> str:
             f"{r.get('at')}  #{r.get('seq')} pod {pod.get('name')} bound to {r.get('node')} "
             f"({r.get('nodeJurisdiction') or 'no jurisdiction label'}; allowed: "
             f"{', '.join(r.get('jurisdictions') or []) or 'anywhere'}) seen by {r.get('replica')}"
+        )
+    if r.get("kind") == "dispatch":
+        places = ", ".join(
+            f"{n} ({j or 'no jurisdiction'})" for n, j in (r.get("workerJurisdictions") or {}).items()
+        )
+        return (
+            f"{r.get('at')}  #{r.get('seq')} {w.get('name')}: {r.get('state')} ({r.get('outcome')})"
+            f"{', nominated ' + places if places else ''}, dispatched by {r.get('replica')}"
+        )
+    if r.get("kind") == "admission":
+        return (
+            f"{r.get('at')}  #{r.get('seq')} {w.get('name')}: admitted by worker cluster {r.get('worker')} "
+            f"({r.get('workerJurisdiction') or 'no jurisdiction'}; allowed: "
+            f"{', '.join(r.get('jurisdictions') or []) or 'anywhere'}), seen by {r.get('replica')}"
         )
     if r.get("kind") == "unwritten":
         return (

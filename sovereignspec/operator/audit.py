@@ -181,6 +181,59 @@ def _end(pod: Mapping[str, Any] | None) -> dict[str, Any]:
     return {"phase": status.get("phase") or "Unknown", "finishedAt": max(finished) if finished else None}
 
 
+def dispatch_facts(
+    written: Iterable[tuple[Mapping[str, Any], str, str, str, tuple[str, ...] | None]],
+    workers: Mapping[str, str | None],
+    namespaces: Mapping[str, Mapping[str, str]],
+    policy: PolicySpec,
+    replica: str,
+    at: str,
+) -> list[dict[str, Any]]:
+    """The MultiKueue dispatcher's decisions written, (workload, check, state, outcome, workers
+    nominated): who, under which rule, to which workers and their jurisdictions."""
+    out = []
+    for wl, check, state, outcome, nominated in written:
+        meta: Mapping[str, Any] = wl.get("metadata") or {}
+        t = tenancy_of(str(meta.get("namespace", "")), namespaces.get(str(meta.get("namespace", ""))), policy)
+        out.append({
+            "kind": "dispatch", "at": at, "replica": replica, "check": check, "workload": _workload(meta),
+            "tenant": t.tenant, "jurisdictions": None if t.jurisdictions is None else sorted(t.jurisdictions),
+            "jurisdictionsFrom": t.source, "state": state, "outcome": outcome,
+            "nominated": list(nominated or ()),
+            "workerJurisdictions": {n: workers.get(n) for n in nominated or ()},
+        })  # fmt: skip
+    return out
+
+
+def admission_facts(
+    workloads: Iterable[Mapping[str, Any]],
+    workers: Mapping[str, str | None],
+    namespaces: Mapping[str, Mapping[str, str]],
+    policy: PolicySpec,
+    replica: str,
+    at: str,
+    seen: set[tuple[str, str]],
+) -> list[dict[str, Any]]:
+    """A record per manager Workload a worker admitted (MultiKueue's status.clusterName), once per
+    (workload, worker): where it went, whoever nominated it, and that worker's jurisdiction."""
+    out = []
+    for wl in workloads:
+        meta: Mapping[str, Any] = wl.get("metadata") or {}
+        cluster = (wl.get("status") or {}).get("clusterName")
+        key = (str(meta.get("uid", "")), str(cluster))
+        if not isinstance(cluster, str) or not cluster or key in seen:
+            continue
+        seen.add(key)
+        namespace = str(meta.get("namespace", ""))
+        t = tenancy_of(namespace, namespaces.get(namespace), policy)
+        out.append({
+            "kind": "admission", "at": at, "replica": replica, "workload": _workload(meta),
+            "tenant": t.tenant, "jurisdictions": None if t.jurisdictions is None else sorted(t.jurisdictions),
+            "jurisdictionsFrom": t.source, "worker": cluster, "workerJurisdiction": workers.get(cluster),
+        })  # fmt: skip
+    return out
+
+
 def record_tick(
     audit: AuditLog,
     written: Sequence[Write],

@@ -49,6 +49,8 @@ from sovereignspec.core.specs import ProfileSet
 from sovereignspec.errors import describe
 from sovereignspec.operator import annotations as ann
 from sovereignspec.operator import metrics
+from sovereignspec.operator.audit import AuditLog, admission_facts, bucket_store, dispatch_facts
+from sovereignspec.operator.identity import operator_identity
 from sovereignspec.operator.informer import DispatchCache, rv_int
 from sovereignspec.operator.policy import GROUP, PLURAL, VERSION, PolicySpec
 from sovereignspec.operator.requests import declared_request, learned_alpha
@@ -63,7 +65,7 @@ from sovereignspec.operator.workloads import (
     requested_gpus,
 )
 from sovereignspec.operator.world import tenancy_of
-from sovereignspec.operator.writer import TRANSPORT_ERRORS, ConflictError
+from sovereignspec.operator.writer import TRANSPORT_ERRORS, ConflictError, now_rfc3339
 from sovereignspec.telemetry.snapshot import Snapshot
 
 log = logging.getLogger(__name__)
@@ -117,6 +119,9 @@ def connected(obj: dict[str, Any]) -> tuple[bool, str]:
     return False, "MultiKueue has not connected to it yet"
 
 
+DISPATCHED = ("nominate", "kept", "reject", "reclose", "hold")  # outcomes that are decisions
+
+
 @dataclass(frozen=True)
 class _Decision:
     wl: dict[str, Any]
@@ -159,6 +164,9 @@ class DispatchController(Role):
         # The worker role's cache: each worker's Prometheus read with the policy's whole settings.
         self.worker_telemetry = TelemetryCache(self.settings.telemetry_cache_seconds, clock)
         self._acceptance: dict[str, Snapshot] = {}  # worker -> its last snapshot (α learned there)
+        # The sovereignty record: which workers were nominated, and which one admitted.
+        self.audit = AuditLog(api, self.settings.identity or operator_identity(), bucket_store(self.settings))
+        self._admissions: set[tuple[str, str]] = set()  # (workload uid, worker) recorded
 
     # -- reading ---------------------------------------------------------------------------------
 
@@ -270,12 +278,18 @@ class DispatchController(Role):
                 workers = self._workers(spec)
                 decisions = self._decide(spec, checks, workers, configs, namespaces)
                 waiting += sum(1 for d in decisions if d.outcome == "wait")
-                for outcome in self._pool.map(self._write_one, decisions):
+                written = []
+                for d, outcome in zip(decisions, self._pool.map(self._write_one, decisions), strict=True):
                     report.outcomes[outcome] += 1
                     if outcome == "conflict":
                         report.conflicts += 1
                     elif outcome != "error":
                         report.decided += 1
+                    if outcome in DISPATCHED:
+                        status = d.wl.get("status") or {}
+                        nominated = d.nominated or tuple(status.get("nominatedClusterNames") or ())
+                        written.append((d.wl, d.check, d.state, d.outcome, nominated))
+                self._record(written, workers, namespaces, spec)
             except Exception as exc:
                 report.failures.append(f"policy {policy_name}: {type(exc).__name__}: {exc}")
                 metrics.TICK_FAILURES.labels(part="policy").inc()
@@ -285,6 +299,26 @@ class DispatchController(Role):
         metrics.PENDING.set(waiting)
         metrics.TICK_SECONDS.observe(time.monotonic() - started)
         return report
+
+    def _record(
+        self,
+        written: list[tuple[dict[str, Any], str, str, str, tuple[str, ...]]],
+        workers: dict[str, Worker],
+        namespaces: dict[str, dict[str, str]],
+        spec: PolicySpec,
+    ) -> None:
+        """The dispatches written and the admissions by worker clusters into the sovereignty
+        record, then the record written; it fails alone (counted, logged)."""
+        try:
+            places, at = {n: w.jurisdiction for n, w in workers.items()}, now_rfc3339()
+            who = self.audit.writer
+            self.audit.add(dispatch_facts(written, places, namespaces, spec, who, at))
+            items = self.cache.workloads.items()
+            self.audit.add(admission_facts(items, places, namespaces, spec, who, at, self._admissions))
+            self.audit.flush()
+        except Exception:
+            metrics.TICK_FAILURES.labels(part="record").inc()
+            log.exception("recording this tick's dispatches failed")
 
     def _decide(
         self,

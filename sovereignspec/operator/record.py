@@ -145,11 +145,13 @@ def records_of(segments: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 
 def outside(records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Bindings on a node whose jurisdiction (when seen) is not one its namespace allowed."""
+    """Bindings on a node, and admissions by a worker cluster, whose jurisdiction is not one the
+    namespace allowed."""
     out = []
     for r in records:
         allowed = r.get("jurisdictions")
-        if r.get("kind") == "binding" and allowed is not None and r.get("nodeJurisdiction") not in allowed:
+        where = {"binding": "nodeJurisdiction", "admission": "workerJurisdiction"}.get(str(r.get("kind")))
+        if where is not None and allowed is not None and r.get(where) not in allowed:
             out.append(dict(r))
     return out
 

@@ -24,6 +24,8 @@ from localdev import controlplane
 from localdev import kueue as k
 from localdev import multicluster as mc
 from localdev.gpunodes import server_side_apply
+from sovereignspec.operator import record
+from sovereignspec.operator.audit import read_segments
 from tests.cluster.conftest import wait_until
 
 AUDIT, AUDIT_MANAGER, AUDIT_MESSAGE = "audit", "audit-controller", "audited by another controller"
@@ -171,6 +173,30 @@ def test_fifty_mixed_jobs_run_only_in_their_tenants_jurisdiction(fleet: mc.Fleet
         assert ours is not None and ours["state"] == "Ready" and "nominated" in ours["message"]
         owners = {f["manager"] for f in wl["metadata"].get("managedFields", [])}
         assert AUDIT_MANAGER in owners and "sovereignspec-dispatcher" in owners
+    # The manager's sovereignty record: each Job's nomination and the worker that admitted it.
+    uids = {(ns, name): (manager_workload(ns, name) or {})["metadata"]["uid"] for ns, name in jobs}
+
+    def recorded() -> list[dict[str, Any]] | None:
+        segments = read_segments(client.CustomObjectsApi(mc.api("manager")))
+        assert record.verify(segments) == []
+        records = record.records_of(segments)
+        admitted = {r["workload"]["uid"] for r in records if r["kind"] == "admission"}
+        return records if set(uids.values()) <= admitted else None
+
+    records = wait_until(recorded, timeout=60, what="every admission in the manager's record")
+    for (ns, name), uid in uids.items():
+        mine = [r for r in records if r["workload"]["uid"] == uid]
+        nominations = [r for r in mine if r["kind"] == "dispatch" and r["state"] == "Ready"]
+        assert nominations and all(
+            mc.TENANTS[ns] is None or set(r["workerJurisdictions"].values()) == {mc.TENANTS[ns]}
+            for r in nominations
+        ), nominations
+        (admission,) = [r for r in mine if r["kind"] == "admission"]
+        assert (
+            admission["worker"] == where[(ns, name)]
+            and admission["workerJurisdiction"] == mc.WORKERS[where[(ns, name)]]
+        )
+    assert [r for r in record.outside(records) if r["workload"]["uid"] in set(uids.values())] == []
 
 
 def _wait_headroom(fleet: mc.Fleet, member: str, activity: float) -> None:

@@ -490,3 +490,33 @@ def test_a_decision_recorded_ahead_whose_write_the_api_refused_is_recorded_as_no
         "conflict",
     )
     assert "the decision recorded before it was not written (conflict" in _describe({**unwritten, "seq": 7})
+
+
+def test_the_dispatcher_records_its_nominations_and_the_worker_that_admitted_once() -> None:
+    from sovereignspec.auditing import _describe
+    from sovereignspec.operator.audit import admission_facts, dispatch_facts
+
+    wl = {"metadata": {"name": "job-chat-1", "namespace": "team-a", "uid": "w1"}, "status": {}}
+    places = {"worker-eu": "eu", "worker-kr": "kr"}
+    namespaces = {"team-a": {"sovereignspec.io/jurisdiction": "eu"}}
+    (d,) = dispatch_facts(
+        [(wl, CHECK, "Ready", "nominate", ("worker-eu",))], places, namespaces, policy(), "d-0", "t0"
+    )
+    assert (d["kind"], d["nominated"], d["workerJurisdictions"], d["jurisdictions"]) == (
+        "dispatch", ["worker-eu"], {"worker-eu": "eu"}, ["eu"],
+    )  # fmt: skip
+    assert (
+        _describe({**d, "seq": 0})
+        == "t0  #0 job-chat-1: Ready (nominate), nominated worker-eu (eu), dispatched by d-0"
+    )
+    seen: set[tuple[str, str]] = set()
+    assert admission_facts([wl], places, namespaces, policy(), "d-0", "t1", seen) == []  # not admitted yet
+    wl["status"] = {"clusterName": "worker-kr"}  # admitted by a worker its tenant may not use
+    (a,) = admission_facts([wl], places, namespaces, policy(), "d-0", "t1", seen)
+    assert (a["kind"], a["worker"], a["workerJurisdiction"]) == ("admission", "worker-kr", "kr")
+    assert admission_facts([wl], places, namespaces, policy(), "d-0", "t2", seen) == []  # once
+    records, _ = record.chain(record.Head(), [d, a])
+    failures = audit_verify([{"name": "audit-000000000000", "index": 0, "records": records}], {})
+    assert failures == [
+        "record 1: workload team-a/job-chat-1 admitted by worker cluster worker-kr in kr, outside eu"
+    ]
