@@ -366,6 +366,7 @@ class AuditLog:
                     if off != self.off:
                         log.error("the sovereignty record is off: %s", off)
                     self.off = self.error = off
+                    metrics.AUDIT_OFF.set(1)
                     self.backlog.clear()
                     return False
                 return self._failed(_refusal(exc))
@@ -380,6 +381,7 @@ class AuditLog:
             if self.off is not None:  # a write went through: the store takes records again
                 log.info("the sovereignty record is on again: %s no longer holds", self.off)
                 self.off = None
+                metrics.AUDIT_OFF.set(0)
         self.error = None
         metrics.AUDIT_BACKLOG.set(0)
         return True
@@ -439,6 +441,12 @@ def ahead(audit: AuditLog, writes: list[Write], world: World, spec: PolicySpec) 
         return writes
     facts = decision_facts(recordable, world, spec, audit.writer, now_rfc3339())
     done = audit.persist(facts)
+    if done < len(recordable) and audit.off is not None:
+        # Not installed or not permitted (the CRD or its RBAC missing: an operator newer than the
+        # chart it runs under, or a rollback to one without them): said once, tried again every
+        # tick, never a cluster that stops admitting because of an upgrade's order. A store that
+        # exists and fails (or a bucket, configured by name) holds placements.
+        return writes
     if done < len(recordable):  # the unpersisted are the backlog's last: placements leave it
         late = recordable[done:]
         if audit.backlog:  # empty when the record is off: nothing is kept then

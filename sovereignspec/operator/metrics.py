@@ -122,6 +122,10 @@ AUDIT_BACKLOG = Gauge(
 AUDIT_FAILURES = Counter(
     "sovereignspec_audit_write_failures_total", "Writes of the sovereignty record that failed"
 )
+AUDIT_OFF = Gauge(
+    "sovereignspec_audit_off",
+    "1 while the sovereignty record is not kept: its CRD or the operator's RBAC for it is missing",
+)
 AUDIT_HELD = Counter(
     "sovereignspec_audit_held_decisions_total",
     "Placements held (Retry) because their record could not be persisted first (audit.required)",

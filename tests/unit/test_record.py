@@ -429,17 +429,22 @@ def test_a_placement_whose_record_cannot_be_written_waits_saying_why_and_other_d
     assert log.flush() and _uids(log) == ["u-r"]
 
 
-def test_while_the_crd_is_missing_placements_wait_naming_it_and_go_on_once_it_is_installed() -> None:
+def test_a_record_not_installed_holds_nothing_is_said_and_comes_back_once_it_is_installed() -> None:
+    """An operator newer than its chart (the AuditSegment CRD or its RBAC missing): decisions go on,
+    the record is off and says so (log, sovereignspec_audit_off), and is on again once installed."""
+    from sovereignspec.operator import metrics
+
     store = Store()
     store.fail = ApiException(status=404, reason="NotFound")
     log = _log(store)
     out = ahead(log, _decisions(), _world([]), policy())
-    assert out[0].state == "Retry" and "the AuditSegment CRD is not installed" in out[0].message
-    assert log.off is not None and log.backlog == []
+    assert [w.state for w in out] == ["Ready", "Pending", "Rejected", "Ready"]
+    assert log.off is not None and "the AuditSegment CRD is not installed" in log.off and log.backlog == []
+    assert metrics.AUDIT_OFF._value.get() == 1
     store.fail = None  # the chart upgraded
     out = ahead(log, _decisions(), _world([]), policy())
     assert [w.state for w in out] == ["Ready", "Pending", "Rejected", "Ready"] and log.off is None
-    assert _uids(log) == ["u-a", "u-r", "u-b"]
+    assert _uids(log) == ["u-a", "u-r", "u-b"] and metrics.AUDIT_OFF._value.get() == 0
 
 
 def test_a_store_that_fails_mid_backlog_holds_every_placement_behind_the_failure() -> None:
