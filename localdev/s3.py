@@ -27,14 +27,21 @@ SECRET_KEY = "sovereignspec-test-secret"  # a throwaway server's root secret, ne
 
 
 class LocalS3:
-    def __init__(self) -> None:
+    def __init__(self, listen: str = "127.0.0.1") -> None:
+        # Loopback, or (make pod-e2e, inside the pod network's namespace) every address there too,
+        # for the operator's Pods that reach it on their bridge's address: see `endpoint_on`.
+        self.listen = listen
         self.port = free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="sovereignspec-s3-"))
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return self.endpoint_on("127.0.0.1")
+
+    def endpoint_on(self, address: str) -> str:
+        """Its endpoint at `address` (one it listens on)."""
+        return f"http://{address}:{self.port}"
 
     def env(self) -> dict[str, str]:
         return {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY}
@@ -46,7 +53,7 @@ class LocalS3:
         (self.dir / "root").mkdir(exist_ok=True)
         (self.dir / "versions").mkdir(exist_ok=True)
         env = {**os.environ, "ROOT_ACCESS_KEY_ID": ACCESS_KEY, "ROOT_SECRET_ACCESS_KEY": SECRET_KEY}
-        args = [str(require_binary("versitygw")), "--port", f"127.0.0.1:{self.port}", "--quiet",
+        args = [str(require_binary("versitygw")), "--port", f"{self.listen}:{self.port}", "--quiet",
                 "posix", "--versioning-dir", str(self.dir / "versions"), str(self.dir / "root")]  # fmt: skip
         with (self.dir / "log").open("ab") as log:  # the child keeps its own descriptor
             self.proc = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT)

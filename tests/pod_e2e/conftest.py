@@ -108,6 +108,8 @@ def node_cluster() -> Iterator[client.ApiClient]:
         run(str(HACK / "build-binaries.sh"), "node", host=True)
         # Prometheus with Kubernetes service discovery: pods found through the API server.
         run(str(HACK / "build-binaries.sh"), "prometheus-sd", host=True)
+        # The sovereignty record's bucket: an S3 server with Object Lock on the pod network.
+        run(str(HACK / "build-binaries.sh"), "versitygw", host=True)
         run(str(HACK / "pod-e2e/images.sh"), "pause", host=True)
         build = {"OPERATOR_IMAGE": OPERATOR_IMAGE, "CONTEXT": source, "DOCKERFILE": f"{source}/Dockerfile"}
         run(str(HACK / "pod-e2e/images.sh"), "operator", env=build, host=True)

@@ -16,6 +16,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -31,6 +32,7 @@ from localdev import kueue as k
 from localdev.operator import SyntheticTelemetry
 from localdev.ports import free_port
 from localdev.prometheus import LocalPrometheus
+from localdev.s3 import LocalS3
 from sovereignspec.telemetry.prometheus import PrometheusReader
 from tests import waiting
 from tests.engine.env import SETTINGS, local_profiles
@@ -228,6 +230,27 @@ def telemetry() -> Any:
 
 
 @pytest.fixture(scope="module")
+def record_bucket() -> Any:
+    """The sovereignty record's bucket: a real S3 server with Object Lock, listening on the pod
+    network's gateway too (the operator's Pods write there) and a bucket an administrator made with
+    Object Lock enabled."""
+    server = LocalS3(listen="0.0.0.0").start()
+    bucket = server.bucket("sovereignty-record")
+    yield server, bucket
+    server.close()
+
+
+def audit_cli(server: LocalS3, bucket: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """`sovereignspec audit` as a regulator runs it, from outside the cluster: the bucket read with
+    its own credentials, the cluster's Workloads with an administrator's kubeconfig."""
+    return subprocess.run(
+        [sys.executable, "-m", "sovereignspec.cli", "audit", "--kubeconfig", str(controlplane.kubeconfig()),
+         "--audit-bucket", bucket, "--audit-endpoint", server.endpoint, *args],
+        capture_output=True, text=True, check=False, timeout=120, env={**os.environ, **server.env()},
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
 def cluster(node_cluster: client.ApiClient) -> client.ApiClient:
     """The node as GPU Feature Discovery, the device plugin and an administrator would leave it:
     GPU labels, `nvidia.com/gpu` capacity in status, the jurisdiction label."""
@@ -247,11 +270,20 @@ def cluster(node_cluster: client.ApiClient) -> client.ApiClient:
 
 
 def test_helm_install_with_defaults_gives_a_ready_operator_pod_authenticated_by_its_token(
-    cluster: client.ApiClient, telemetry: LocalPrometheus
+    cluster: client.ApiClient, telemetry: LocalPrometheus, record_bucket: tuple[LocalS3, str]
 ) -> None:
     chart = str(REPO / "charts" / "sovereignspec")
+    server, bucket = record_bucket
+    # The record's bucket as the chart's values say: its credentials in a Secret an administrator
+    # made in the release's namespace, never in the values.
+    kubectl("create", "namespace", NAMESPACE)
+    literals = [f"--from-literal={k}={v}" for k, v in server.env().items()]
+    kubectl("-n", NAMESPACE, "create", "secret", "generic", "record-bucket", *literals)
     helm("install", RELEASE, chart, "-n", NAMESPACE, "--create-namespace",
          "--set", f"policy.spec.telemetry.prometheusURL={telemetry.url_on(GATEWAY)}",
+         "--set", f"audit.bucket.name={bucket}",
+         "--set", f"audit.bucket.endpoint={server.endpoint_on(GATEWAY)}",
+         "--set", "audit.bucket.retentionDays=1", "--set", "audit.bucket.credentialsSecret=record-bucket",
          "--post-renderer", str(REPO / "tests/pod_e2e/post-render.sh"))  # fmt: skip
     try:
         pod = wait_until(lambda: next((p for p in operator_pods(cluster) if ready(p)), None), 150,
@@ -270,6 +302,9 @@ def test_helm_install_with_defaults_gives_a_ready_operator_pod_authenticated_by_
     # One Secret: the metrics endpoint's certificate (the chart's own CA's), no credential.
     assert [v.secret.secret_name for v in spec.volumes if v.secret is not None] == [f"{RELEASE}-metrics-cert"]
     assert not [e for e in container.env or [] if "KUBECONFIG" in e.name]
+    # The bucket's credentials only by reference to their Secret.
+    assert [f.secret_ref.name for f in container.env_from or []] == ["record-bucket"]
+    assert not [e for e in container.env or [] if e.name.startswith("AWS_")]
     assert pod.status.container_statuses[0].restart_count == 0
 
 
@@ -485,6 +520,51 @@ def test_a_deployments_replicas_are_each_decided_and_run_speculative_on_the_chos
         assert our_state(workload_of(cluster, pod.metadata.name)) == "Ready"  # its own Workload
     assert len({seen["gpu-index"] for _, seen in replicas}) == 2  # never one GPU twice
     kubectl("-n", SERVING_NS, "delete", "deployment", "chat-deployment", "--wait=true")
+
+
+def test_the_record_in_the_bucket_verifies_from_outside_and_says_where_each_pod_ran(
+    cluster: client.ApiClient, record_bucket: tuple[LocalS3, str]
+) -> None:
+    """What the operator's Pods wrote to the bucket (through the chart's values and Secret) is read
+    by `sovereignspec audit` from outside the cluster: the chain intact, every Workload the check
+    admitted recorded, every binding inside its jurisdictions, the serving Job's pod on the node it
+    ran on; and nothing of it in the cluster's own AuditSegments."""
+    server, bucket = record_bucket
+
+    def serving_records() -> list[dict[str, Any]]:
+        out = audit_cli(server, bucket, "export", "--namespace", SERVING_NS, "--format", "jsonl")
+        assert out.returncode == 0, out.stdout + out.stderr
+        return [json.loads(line) for line in out.stdout.splitlines()]
+
+    def replicas_ended() -> list[dict[str, Any]] | None:
+        # The Deployment's replicas ran an hour's sleep until the last test deleted them: each was
+        # recorded bound and, at the tick after it left, ended.
+        records = serving_records()
+        bound = {r["pod"]["name"] for r in records if r["kind"] == "binding"}
+        ended = {r["pod"]["name"] for r in records if r["kind"] == "ended"}
+        replicas = {n for n in bound if n.startswith("chat-deployment-")}
+        return records if len(replicas) == 2 and replicas <= ended else None
+
+    records = wait_until(replicas_ended, 60, "the replicas' bindings and ends in the bucket")
+    for r in records:
+        if r["kind"] in ("binding", "ended"):
+            assert r["node"] == NODE, r
+    ready = {
+        r["workload"]["owner"]["name"] for r in records if r["kind"] == "decision" and r["state"] == "Ready"
+    }
+    assert "acme-chat-speculative" in ready, ready
+    where = audit_cli(server, bucket, "where", f"{SERVING_NS}/acme-chat-speculative")
+    assert where.returncode == 0 and NODE in where.stdout, where.stdout + where.stderr
+    done = audit_cli(server, bucket, "verify")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "every admitted workload recorded" in done.stdout, done.stdout
+    verified = re.search(r"intact: (\d+) records", done.stdout)
+    # The Job's and the two replicas' decisions at least.
+    assert verified and int(verified.group(1)) >= 3, done.stdout
+    segments = client.CustomObjectsApi(cluster).list_cluster_custom_object(
+        "sovereignspec.io", "v1alpha1", "auditsegments"
+    )["items"]
+    assert segments == [], "the record went to the cluster, not the bucket"
 
 
 def test_helm_upgrade_of_a_policy_value_is_picked_up_without_a_restart(cluster: client.ApiClient) -> None:
