@@ -65,6 +65,12 @@ def add_parser(sub: Any) -> None:
     ex.add_argument("--until", help="RFC 3339 time: records before it")
     ex.add_argument("--namespace", help="only this namespace's records")
     ex.add_argument("--format", choices=("jsonl", "csv"), default="jsonl")
+    verbs.add_parser(
+        "copy",
+        help="copy the cluster's record (its AuditSegments) into the bucket given, segment by segment, "
+        "digests unchanged: to move an embedded record into a bucket. Run it before the operator is "
+        "given the bucket; run again, it copies what the bucket lacks",
+    )
     wh = verbs.add_parser("where", help="the decisions on a workload and the nodes its pods ran on")
     wh.add_argument("workload", help="NAMESPACE/NAME: the Workload's or its owner's (a Job's) name")
 
@@ -149,6 +155,19 @@ def _describe(r: dict[str, Any]) -> str:
             f"written ({r.get('reason')}: the workload changed meanwhile) and took no effect; "
             f"seen by {r.get('replica')}"
         )
+    if r.get("kind") == "leader":
+        return (
+            f"{r.get('at')}  #{r.get('seq')} {r.get('replica')} leads from here on ({r.get('term')}), "
+            f"having sealed {r.get('sealed')} pending workload(s)"
+        )
+    if r.get("kind") == "ignored":
+        allowed = r.get("allowed")
+        return (
+            f"{r.get('at')}  #{r.get('seq')} {w.get('name')} on {r.get('node')}: decided {r.get('mode')}"
+            + (f" (at most {allowed} draft tokens per draft)" if allowed is not None else "")
+            + f", its engines proposed {r.get('draftTokens')} draft tokens in {r.get('drafts') or '?'} "
+            f"drafts: the decision was not kept; seen by {r.get('replica')}"
+        )
     if r.get("kind") == "ended":
         pod, finished = r.get("pod") or {}, r.get("finishedAt")
         return (
@@ -185,6 +204,51 @@ def _verdict(failures: list[str], intact: str) -> int:
     return 0
 
 
+def _copy(args: argparse.Namespace) -> int:
+    """`audit copy`: the cluster's segments into the bucket, each under the bucket's retention and
+    as it was (records, digests, writer), after the segments the bucket already holds, which must
+    be the same chain's first ones. The chain is verified first: a broken one is not copied."""
+    from kubernetes.client.exceptions import ApiException
+    from kubernetes.config.config_exception import ConfigException
+
+    from sovereignspec.operator.audit import StoreRefusedError, bucket_store
+    from sovereignspec.operator.process import api_client
+
+    store = bucket_store(args)
+    if store is None:
+        raise ConfigError("audit copy: give the bucket to copy into (--audit-bucket, --audit-endpoint)")
+    try:
+        segments = sorted(_segments(api_client(args.kubeconfig)), key=lambda s: int(s["index"]))
+        there = store.read_segments()
+    except ConfigException as exc:
+        raise ConfigError(f"audit copy: no cluster to read from: {exc} (give --kubeconfig)") from None
+    except ApiException as exc:
+        raise ConfigError(f"audit copy: reading the cluster failed: {exc.status} {exc.reason}") from None
+    except StoreRefusedError as exc:
+        raise ConfigError(f"audit copy: reading {store.where()} failed: {exc}") from None
+    broken = record.verify(segments)
+    if broken:
+        raise ConfigError(f"audit copy: the cluster's record is broken, not copied: {broken[0]}")
+    plain = [{k: v for k, v in s.items() if k != "name"} for s in segments]
+    held = [{k: v for k, v in s.items() if k != "name"} for s in sorted(there, key=lambda s: int(s["index"]))]
+    if held != plain[: len(held)]:
+        raise ConfigError(
+            f"audit copy: {store.where()} holds {len(held)} segments that are not the cluster's first "
+            f"ones (another chain): nothing copied; give an empty prefix (--audit-prefix)"
+        )
+    for spec in plain[len(held) :]:
+        try:
+            store.create(int(spec["index"]), spec)
+        except Exception as exc:  # the store's refusal, or another writer's segment
+            raise ConfigError(f"audit copy: writing segment {spec['index']} failed: {exc}") from None
+    count = sum(len(s.get("records") or []) for s in plain)
+    print(
+        f"audit copy: {len(plain) - len(held)} segments copied to {store.where()} ({len(held)} were there "
+        f"already); the bucket holds the whole record: {len(plain)} segments, {count} records"
+    )
+    return 0
+
+
 def command(args: argparse.Namespace) -> int:
     from kubernetes.client.exceptions import ApiException
     from kubernetes.config.config_exception import ConfigException
@@ -194,6 +258,8 @@ def command(args: argparse.Namespace) -> int:
     from sovereignspec.operator.process import api_client
 
     checking = args.audit_command == "verify"
+    if args.audit_command == "copy":
+        return _copy(args)
     if checking and args.export:
         return _verify_export(args.export)
     store = bucket_store(args)  # None: the cluster's AuditSegments

@@ -66,8 +66,8 @@ def tpot_metrics() -> tuple[str, ...]:
 
 
 def gauges(kind: str) -> tuple[str, ...]:
-    """Every engine's series of one kind ("running", "kv_usage" gauges; "drafted" counters), in
-    registry order."""
+    """Every engine's series of one kind ("running", "kv_usage" gauges; "drafted", "drafts"
+    counters), in registry order."""
     return tuple(name for engine in ENGINES for name in getattr(engine.metrics, kind))
 
 

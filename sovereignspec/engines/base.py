@@ -43,6 +43,9 @@ class Metrics:
     # Counters of draft tokens proposed: rising only while the engine speculates (a plain decision
     # kept, none rises). An engine without one is not watched for ignored decisions.
     drafted: tuple[str, ...] = ()
+    # Counters of drafts proposed (one per sequence per step that drafted): drafted / drafts is the
+    # mean draft length, held against the most a speculative decision handed the engine.
+    drafts: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

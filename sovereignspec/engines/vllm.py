@@ -50,6 +50,7 @@ class Vllm:
         running=("vllm:num_requests_running",),
         kv_usage=("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
         drafted=("vllm:spec_decode_num_draft_tokens_total",),
+        drafts=("vllm:spec_decode_num_drafts_total",),
     )
 
     def configure(self, method: str, draft: str, gamma: int, top: int, table: Table | None) -> dict[str, str]:

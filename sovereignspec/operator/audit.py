@@ -27,6 +27,7 @@ from sovereignspec.operator.ledger import pod_gpus
 from sovereignspec.operator.plan import Write, held, shorten
 from sovereignspec.operator.policy import PolicySpec
 from sovereignspec.operator.record import Head, chain, head_of
+from sovereignspec.operator.violations import Ignored, decided_mode
 from sovereignspec.operator.world import World, tenancy_of
 from sovereignspec.operator.writer import TRANSPORT_ERRORS, now_rfc3339
 
@@ -34,7 +35,7 @@ log = logging.getLogger(__name__)
 
 GROUP, VERSION, PLURAL = "sovereignspec.io", "v1alpha1", "auditsegments"
 SEGMENT_RECORDS = 200  # records per segment: a few hundred bytes each, far under an object's limit
-RECORDED = ("placed", "retry", "rejected", "drift")  # outcomes that are decisions (not "waiting")
+RECORDED = ("placed", "retry", "rejected", "drift", "ignored")  # outcomes that are decisions (not "waiting")
 
 
 def _owner(meta: Mapping[str, Any]) -> dict[str, str]:
@@ -43,17 +44,22 @@ def _owner(meta: Mapping[str, Any]) -> dict[str, str]:
     return {"kind": str(ref.get("kind", "")), "name": str(ref.get("name", ""))} if ref else {}
 
 
-def _workload(meta: Mapping[str, Any]) -> dict[str, Any]:
+def workload_fields(meta: Mapping[str, Any]) -> dict[str, Any]:
     return {"namespace": str(meta.get("namespace", "")), "name": str(meta.get("name", "")),
             "uid": str(meta.get("uid", "")), "owner": _owner(meta)}  # fmt: skip
 
 
-def _where(world: World, namespace: str, policy: PolicySpec) -> tuple[str, list[str] | None, str, str]:
-    """The namespace's tenant, allowed jurisdictions (None: anywhere) and where they came from,
-    and the node label that names a node's jurisdiction under `policy`."""
-    t = tenancy_of(namespace, world.namespaces.get(namespace), policy)
+def tenancy_fields(namespace: str, labels: Mapping[str, str] | None, policy: PolicySpec) -> dict[str, Any]:
+    """A record's tenancy fields: the namespace's tenant, its allowed jurisdictions (None:
+    anywhere) and where they came from."""
+    t = tenancy_of(namespace, labels, policy)
     allowed = None if t.jurisdictions is None else sorted(t.jurisdictions)
-    return t.tenant, allowed, t.source, policy.sovereignty.jurisdiction_label or DEFAULT_JURISDICTION_LABEL
+    return {"tenant": t.tenant, "jurisdictions": allowed, "jurisdictionsFrom": t.source}
+
+
+def _label(policy: PolicySpec) -> str:
+    """The node label that names a node's jurisdiction under `policy`."""
+    return policy.sovereignty.jurisdiction_label or DEFAULT_JURISDICTION_LABEL
 
 
 def _node_labels(world: World) -> dict[str, Mapping[str, str]]:
@@ -80,23 +86,44 @@ def decision_facts(
             # Recorded ahead, then refused by the API (a conflict: the workload changed while it
             # was decided): the decision recorded never took effect; the next one will.
             out.append({"kind": "unwritten", "at": at, "replica": replica, "check": w.check,
-                        "workload": _workload(meta), "reason": w.written})  # fmt: skip
+                        "workload": workload_fields(meta), "reason": w.written})  # fmt: skip
         if w.outcome not in RECORDED or w.recorded:
             continue
         policy = world.policies.get(w.check, default)
-        tenant, allowed, source, label = _where(world, namespace, policy)
+        label = _label(policy)
         placed = list(w.placed)
         node = placed[0].rpartition("/")[0] if placed else None
+        ref = world.policy_refs.get(w.check)
         out.append({
             "kind": "decision", "at": at, "replica": replica, "check": w.check,
-            "workload": _workload(meta),
-            "tenant": tenant, "jurisdictions": allowed, "jurisdictionsFrom": source,
+            "policy": ref[0] if ref else None, "policyGeneration": ref[1] if ref else None,
+            "workload": workload_fields(meta),
+            **tenancy_fields(namespace, world.namespaces.get(namespace), policy),
             "state": w.state, "outcome": w.outcome, "mode": w.mode, "gamma": w.gamma,
             "node": node, "gpus": placed, "jurisdictionLabel": label,
             "nodeJurisdiction": (nodes.get(node) or {}).get(label) if node else None,
             "message": shorten(w.message, 300),
         })  # fmt: skip
     return out
+
+
+def leader_fact(replica: str, term: str, sealed: int, at: str) -> dict[str, Any]:
+    """A replica taking the Lease: who decides the records after it, from which hand-over on (the
+    Lease's transitions, `term`), and how many pending workloads it sealed before deciding."""
+    return {"kind": "leader", "at": at, "replica": replica, "term": term, "sealed": sealed}
+
+
+def ignored_fact(i: Ignored, replica: str, at: str) -> dict[str, Any]:
+    """The record of a running workload whose engines did not keep its decision, when it is
+    first found (the eviction, where the policy asks for one, is a decision record of its own)."""
+    c = i.committed
+    return {
+        "kind": "ignored", "at": at, "replica": replica, "check": c.check,
+        "workload": workload_fields(c.workload.get("metadata") or {}), "node": c.node,
+        "mode": decided_mode(c.entry), "gamma": c.gamma, "allowed": i.allowed,
+        "draftTokens": round(i.draft_tokens), "drafts": round(i.drafts),
+        "message": shorten(i.message, 300),
+    }  # fmt: skip
 
 
 Seen = dict[tuple[str, str, str | None], dict[str, Any]]  # (pod uid, node, its label) -> who
@@ -116,7 +143,7 @@ def binding_facts(
     cannot be read (a GPU quantity that is none) is named in `errors` and skipped alone, as the
     violations watch skips it (and is not taken for ended)."""
     nodes = _node_labels(world)
-    label = default.sovereignty.jurisdiction_label or DEFAULT_JURISDICTION_LABEL  # as `_where` reads it
+    label = _label(default)
     out, now, unread, pods = [], Seen(), set(), {}
     for pod in world.pods:
         meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
@@ -137,13 +164,13 @@ def binding_facts(
         if key in seen:  # recorded already: most pods, most ticks
             now[key] = seen[key]
             continue
-        tenant, allowed, source, _ = _where(world, namespace, default)
         now[key] = who = _who(meta)
         out.append({
             "kind": "binding", "at": at, "replica": replica, **who,
-            "tenant": tenant, "jurisdictions": allowed, "jurisdictionsFrom": source,
+            **tenancy_fields(namespace, world.namespaces.get(namespace), default),
             "node": str(node), "jurisdictionLabel": label, "nodeJurisdiction": juris,
             "phase": (pod.get("status") or {}).get("phase"),
+            "startedAt": (pod.get("status") or {}).get("startTime"),
         })  # fmt: skip
     placed = {(uid, node) for uid, node, _ in now}
     for (uid, node, juris), who in seen.items():
@@ -179,59 +206,6 @@ def _end(pod: Mapping[str, Any] | None) -> dict[str, Any]:
         if (t := (c.get("state") or {}).get("terminated")) and t.get("finishedAt")
     ]
     return {"phase": status.get("phase") or "Unknown", "finishedAt": max(finished) if finished else None}
-
-
-def dispatch_facts(
-    written: Iterable[tuple[Mapping[str, Any], str, str, str, tuple[str, ...] | None]],
-    workers: Mapping[str, str | None],
-    namespaces: Mapping[str, Mapping[str, str]],
-    policy: PolicySpec,
-    replica: str,
-    at: str,
-) -> list[dict[str, Any]]:
-    """The MultiKueue dispatcher's decisions written, (workload, check, state, outcome, workers
-    nominated): who, under which rule, to which workers and their jurisdictions."""
-    out = []
-    for wl, check, state, outcome, nominated in written:
-        meta: Mapping[str, Any] = wl.get("metadata") or {}
-        t = tenancy_of(str(meta.get("namespace", "")), namespaces.get(str(meta.get("namespace", ""))), policy)
-        out.append({
-            "kind": "dispatch", "at": at, "replica": replica, "check": check, "workload": _workload(meta),
-            "tenant": t.tenant, "jurisdictions": None if t.jurisdictions is None else sorted(t.jurisdictions),
-            "jurisdictionsFrom": t.source, "state": state, "outcome": outcome,
-            "nominated": list(nominated or ()),
-            "workerJurisdictions": {n: workers.get(n) for n in nominated or ()},
-        })  # fmt: skip
-    return out
-
-
-def admission_facts(
-    workloads: Iterable[Mapping[str, Any]],
-    workers: Mapping[str, str | None],
-    namespaces: Mapping[str, Mapping[str, str]],
-    policy: PolicySpec,
-    replica: str,
-    at: str,
-    seen: set[tuple[str, str]],
-) -> list[dict[str, Any]]:
-    """A record per manager Workload a worker admitted (MultiKueue's status.clusterName), once per
-    (workload, worker): where it went, whoever nominated it, and that worker's jurisdiction."""
-    out = []
-    for wl in workloads:
-        meta: Mapping[str, Any] = wl.get("metadata") or {}
-        cluster = (wl.get("status") or {}).get("clusterName")
-        key = (str(meta.get("uid", "")), str(cluster))
-        if not isinstance(cluster, str) or not cluster or key in seen:
-            continue
-        seen.add(key)
-        namespace = str(meta.get("namespace", ""))
-        t = tenancy_of(namespace, namespaces.get(namespace), policy)
-        out.append({
-            "kind": "admission", "at": at, "replica": replica, "workload": _workload(meta),
-            "tenant": t.tenant, "jurisdictions": None if t.jurisdictions is None else sorted(t.jurisdictions),
-            "jurisdictionsFrom": t.source, "worker": cluster, "workerJurisdiction": workers.get(cluster),
-        })  # fmt: skip
-    return out
 
 
 def record_tick(

@@ -15,11 +15,13 @@ AWS_REGION), as every S3 client reads them; the chart fills them from a Secret.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import io
 import json
 import os
 import urllib.parse
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +34,18 @@ from minio.retention import Retention
 
 from sovereignspec.errors import ConfigError
 from sovereignspec.operator.audit import SegmentTakenError, StoreRefusedError
+
+
+@contextlib.contextmanager
+def refusals() -> Iterator[None]:
+    """The SDK's, the server's and the transport's errors as the store's refusal, each named (a
+    ValueError is the SDK failing to parse what the server answered)."""
+    try:
+        yield
+    except S3Error as exc:
+        raise StoreRefusedError(f"{exc.code}: {exc.message}") from None
+    except (MinioException, ValueError, urllib3.exceptions.HTTPError) as exc:
+        raise StoreRefusedError(f"{type(exc).__name__}: {exc}") from None
 
 
 @dataclass
@@ -52,6 +66,12 @@ class BucketStore:
             )
         if not 1 <= self.retention_days <= 36500:
             raise ConfigError(f"audit bucket retention: got {self.retention_days} days; expected 1 to 36500")
+        missing = [k for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY") if not os.environ.get(k)]
+        if missing:  # found at start-up, not as every later write's refusal
+            raise ConfigError(
+                f"audit bucket {self.bucket}: no credentials: {' and '.join(missing)} not set in the "
+                "environment (the chart sets them from the Secret that audit.bucket.credentialsSecret names)"
+            )
         if self.prefix and not self.prefix.endswith("/"):
             self.prefix += "/"
         # A store that does not answer fails the write in seconds (and the decision waits, or
@@ -79,16 +99,12 @@ class BucketStore:
         data = json.dumps(spec, sort_keys=True, separators=(",", ":")).encode()
         until = dt.datetime.now(dt.UTC).replace(microsecond=0) + dt.timedelta(days=self.retention_days)
         key = self.key(index)
-        try:
+        with refusals():
             mine = self.client.put_object(
                 self.bucket, key, io.BytesIO(data), len(data), content_type="application/json",
                 retention=Retention(COMPLIANCE, until),
             ).version_id  # fmt: skip
             versions = self._versions(key)
-        except S3Error as exc:
-            raise StoreRefusedError(f"{exc.code}: {exc.message}") from None
-        except (MinioException, ValueError, urllib3.exceptions.HTTPError) as exc:
-            raise StoreRefusedError(f"{type(exc).__name__}: {exc}") from None
         if not mine:
             raise StoreRefusedError(f"bucket {self.bucket} did not version {key}: is Object Lock enabled?")
         if versions and versions[-1] != mine:  # an older version: another writer's segment
@@ -104,7 +120,7 @@ class BucketStore:
 
     def read_segments(self) -> list[dict[str, Any]]:
         """Every segment (the oldest version of each key) as {"name", **spec}, in key order."""
-        try:
+        with refusals():
             oldest: dict[str, str] = {}
             for o in self.client.list_objects(self.bucket, prefix=self.prefix, include_version=True):
                 if not o.is_delete_marker and o.object_name and o.version_id:
@@ -119,20 +135,12 @@ class BucketStore:
                     response.release_conn()
                 out.append({"name": key.rpartition("/")[2].removesuffix(".json"), **spec})
             return out
-        except S3Error as exc:
-            raise StoreRefusedError(f"{exc.code}: {exc.message}") from None
-        except (MinioException, ValueError, urllib3.exceptions.HTTPError) as exc:
-            raise StoreRefusedError(f"{type(exc).__name__}: {exc}") from None
 
     def newer_versions(self) -> list[str]:
         """Keys with more than one version: a segment written over (its first version stands)."""
         counts: dict[str, int] = {}
-        try:
+        with refusals():
             for o in self.client.list_objects(self.bucket, prefix=self.prefix, include_version=True):
                 if o.object_name and not o.is_delete_marker:
                     counts[o.object_name] = counts.get(o.object_name, 0) + 1
-        except S3Error as exc:
-            raise StoreRefusedError(f"{exc.code}: {exc.message}") from None
-        except (MinioException, ValueError, urllib3.exceptions.HTTPError) as exc:
-            raise StoreRefusedError(f"{type(exc).__name__}: {exc}") from None
         return sorted(k for k, n in counts.items() if n > 1)

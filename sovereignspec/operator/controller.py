@@ -33,14 +33,13 @@ from sovereignspec.operator.audit import RECORDED, AuditLog, Seen, ahead, bucket
 from sovereignspec.operator.identity import operator_identity
 from sovereignspec.operator.informer import ClusterCache, rv_int
 from sovereignspec.operator.learning import Learner, readings
-from sovereignspec.operator.ledger import Committed
 from sovereignspec.operator.plan import EventNote, Write, drift_writes, plan
 from sovereignspec.operator.policy import GROUP, PLURAL, VERSION, PolicySpec
 from sovereignspec.operator.role import Role, Settings, TickReport
 from sovereignspec.operator.scoring import score
 from sovereignspec.operator.telemetry_source import TelemetryCache
 from sovereignspec.operator.view import View, build
-from sovereignspec.operator.violations import ignored, violations
+from sovereignspec.operator.watches import Watches
 from sovereignspec.operator.workloads import (
     KEYS_ON_OWNER,
     condition,
@@ -51,6 +50,7 @@ from sovereignspec.operator.workloads import (
 )
 from sovereignspec.operator.world import World
 from sovereignspec.operator.writer import TRANSPORT_ERRORS, WRITE_ERRORS, ConflictError, now_rfc3339
+from sovereignspec.telemetry.snapshot import Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -80,8 +80,6 @@ class Controller(Role):
         self._drift_reported: dict[str, str] = {}
         self._loss_reported: set[str] = set()  # workloads told that their speculation is a net loss
         self._off_reported: set[str] = set()  # workloads told that their profile mispredicts them
-        self._violations: set[tuple[str, str]] = set()  # (pod, node) found outside its jurisdictions
-        self._ignoring: set[str] = set()  # workloads decided plain whose engines draft: told once
         self._events_checked = False  # decisions' Events re-posted once after start-up
         # What the engines taught: the profiles decisions price with. Fits on a thread of their own.
         self._steps_read_at = -math.inf
@@ -95,6 +93,8 @@ class Controller(Role):
         self._ledger_memo: LedgerMemo = {}  # GPUs' implied load, from one tick to the next
         # The sovereignty record: this tick's decisions and bindings, appended to the chain.
         self.audit = AuditLog(api, self.settings.identity or operator_identity(), bucket_store(self.settings))
+        # What runs, against where it may run and how it was decided.
+        self.watches = Watches(lambda: self.writer, self.audit)
         self._bindings_seen: Seen = {}
         self._written: list[Write] = []  # this tick's decisions written, for the record
 
@@ -156,7 +156,7 @@ class Controller(Role):
         active, known = self.reconcile_checks()
         if not known:
             return report
-        world = self.read_world(known)
+        world = replace(self.read_world(known), policy_refs=self._policy_refs(active))
         groups: dict[str, tuple[PolicySpec, set[str]]] = {}
         for check, (policy_name, spec) in sorted(active.items()):
             groups.setdefault(policy_name, (spec, set()))[1].add(check)
@@ -165,6 +165,7 @@ class Controller(Role):
         now = self.clock()
         pending_total = 0
         aging_seen = False
+        running: set[str] | None = None  # every running decision's key (the ledger's, in any view)
         profiles = self.learner.profiles()  # the shipped profiles, with what the engines taught
         for policy_name, (spec, checks) in sorted(groups.items()):
             try:
@@ -175,12 +176,14 @@ class Controller(Role):
                 self._carry_out(
                     drift_writes(_only(view, checks), spec, self._drift_reported), report, world, spec
                 )
+                running = {c.key for c in view.committed}
+                self._watch_decisions(view, checks, snapshot, report, world, spec)
                 if not aging_seen:  # the ledger, and so its aging, is the same in every group's view
                     aging_seen = True
                     self._age(view)
-                    self._score(view, snapshot.tpot, {c: s for c, (_, s) in active.items()}, spec)
-                    self._watch_sovereignty(world, spec)
-                    self._watch_decisions(view, snapshot.drafting)
+                    specs = {c: s for c, (_, s) in active.items()}
+                    self._score(view, snapshot.tpot, specs, spec)
+                    self.watches.sovereignty(world, spec)
                     self._learn(view, spec, now)
                 if not self._events_checked:  # once: the ledger is the same in every group's view
                     self._events_checked = True
@@ -198,10 +201,18 @@ class Controller(Role):
                 report.failures.append(f"policy {policy_name}: {type(exc).__name__}: {exc}")
                 metrics.TICK_FAILURES.labels(part="policy").inc()
                 log.exception("deciding for policy %s failed; the other policies go on", policy_name)
+        self.watches.settle(running)
         self._record(world, groups)
         metrics.PENDING.set(pending_total)
         metrics.TICK_SECONDS.observe(time.monotonic() - started)
         return report
+
+    def _policy_refs(self, active: dict[str, tuple[str, PolicySpec]]) -> dict[str, tuple[str, int | None]]:
+        """Each active check's SpeculationPolicy and its generation now, for the record."""
+        generations = {
+            p["metadata"]["name"]: p["metadata"].get("generation") for p in self.cache.policies.items()
+        }
+        return {check: (name, generations.get(name)) for check, (name, _) in active.items()}
 
     def _record(self, world: World, groups: dict[str, tuple[PolicySpec, set[str]]]) -> None:
         """This tick's written decisions and the GPU pods' bindings (and changes of their nodes'
@@ -278,7 +289,7 @@ class Controller(Role):
                 f"γ={a.gamma_now} now); restart the workload to be decided again. It is not evicted for "
                 "speed."
             )
-            self._warn_once(self._loss_reported, c, "SpeculationNetLoss", message)
+            self.watches.warn_once(self._loss_reported, c, "SpeculationNetLoss", message)
         self._loss_reported &= losing  # a workload that recovers is told again if it loses again
         metrics.NET_LOSS.set(len(losing))
 
@@ -315,7 +326,7 @@ class Controller(Role):
                 "model are priced by a profile this far off (measure it: sovereignspec profile, then "
                 "calibrate). The decision stands."
             )
-            self._warn_once(self._off_reported, c, "PredictionOffProfile", message)
+            self.watches.warn_once(self._off_reported, c, "PredictionOffProfile", message)
         self._off_reported &= off  # told again if it leaves the bound again
 
     def _learn(self, view: View, spec: PolicySpec, now: float) -> None:
@@ -352,52 +363,16 @@ class Controller(Role):
                 metrics.TICK_FAILURES.labels(part="learning").inc()
                 log.warning("could not write LearnedProfile %s: %s", w.name, exc)
 
-    def _watch_sovereignty(self, world: World, default: PolicySpec) -> None:
-        """Every running GPU pod against its namespace's jurisdictions (`violations`): each one
-        outside them is counted once, logged and told on the Pod (a Warning Event), and the gauge
-        says how many run so now. Nothing is evicted: the pod may not be ours to stop."""
-        errors: list[str] = []
-        found = violations(world, default, errors)
-        for text in errors:
-            log.warning("skipped a pod that cannot be read: %s", text)
-        now = {v.key for v in found}
-        for v in found:
-            if v.key in self._violations:
-                continue
-            self._violations.add(v.key)
-            metrics.VIOLATIONS_TOTAL.inc()
-            log.error("sovereignty violation: %s", v.message)
-            try:
-                self.writer.event(dict(v.obj), "Pod", "SovereigntyViolation", v.message, warning=True)
-            except ApiException as exc:
-                log.warning("could not post the violation Event of %s/%s: %s", v.namespace, v.pod, exc.reason)
-        self._violations &= now
-        metrics.VIOLATIONS.set(len(now))
-
-    def _watch_decisions(self, view: View, drafting: dict[tuple[str, str], float]) -> None:
-        """Every running decision of plain decode against its engines' draft counters (`ignored`):
-        each one that drafts is counted and told on the Workload (a Warning Event) once while it
-        does, and the gauge says how many do now. Nothing is evicted: the decision stands."""
-        found = ignored(view.committed, drafting)
-        now = {i.committed.key for i in found}
-        for i in found:
-            if i.committed.key not in self._ignoring:
-                metrics.DECISIONS_IGNORED_TOTAL.inc()
-            self._warn_once(self._ignoring, i.committed, "DecisionIgnored", i.message)
-        self._ignoring &= now
-        metrics.DECISIONS_IGNORED.set(len(now))
-
-    def _warn_once(self, told: set[str], c: Committed, reason: str, message: str) -> None:
-        """A Warning Event on a running workload, once while `told` holds its key (the caller drops
-        the keys that recovered, so a workload that goes wrong again is told again)."""
-        if c.key in told:
-            return
-        told.add(c.key)
-        log.warning("%s: %s", c.key, message)
-        try:
-            self.writer.event(dict(c.workload), "Workload", reason, message, warning=True)
-        except ApiException as exc:
-            log.warning("could not post the %s Event of %s: %s", reason, c.key, exc.reason)
+    def _watch_decisions(
+        self, view: View, checks: set[str], snapshot: Snapshot, report: TickReport, world: World,
+        spec: PolicySpec,
+    ) -> None:  # fmt: skip
+        """This policy's running decisions against its engines' counters (watches.py), read through
+        its own telemetry; the evictions it asks for, written."""
+        mine, s = [c for c in view.committed if c.check in checks], snapshot
+        evict = self.watches.decisions(mine, s.drafting, s.drafts, s.drafting_since, spec, settle=False)
+        self._carry_out(evict, report, world, spec)
+        self.watches.evicted |= {w.key for w in evict if w.written == "ignored"}
 
     def _repost_events(self, view: View) -> None:
         """A decision's Event can be lost to a crash between the status write and the Event; after a
@@ -476,6 +451,8 @@ class Controller(Role):
         if w.outcome == "drift":
             self._drift_reported[w.key] = w.drift
             return "drift"
+        if w.outcome == "ignored":  # counted by the watch (watches.py)
+            return "ignored"
         metrics.DECISIONS.labels(outcome=w.outcome, mode=w.mode).inc()
         if w.outcome == "placed":
             metrics.GAMMA.observe(w.gamma)

@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from kubernetes import client
@@ -49,7 +49,15 @@ from sovereignspec.core.specs import ProfileSet
 from sovereignspec.errors import describe
 from sovereignspec.operator import annotations as ann
 from sovereignspec.operator import metrics
-from sovereignspec.operator.audit import AuditLog, admission_facts, bucket_store, dispatch_facts
+from sovereignspec.operator.audit import AuditLog, bucket_store
+from sovereignspec.operator.dispatch_record import (
+    DISPATCHED,
+    Decision,
+    admission_facts,
+    ahead,
+    dispatch_facts,
+    unwritten_facts,
+)
 from sovereignspec.operator.identity import operator_identity
 from sovereignspec.operator.informer import DispatchCache, rv_int
 from sovereignspec.operator.policy import GROUP, PLURAL, VERSION, PolicySpec
@@ -119,21 +127,6 @@ def connected(obj: dict[str, Any]) -> tuple[bool, str]:
     return False, "MultiKueue has not connected to it yet"
 
 
-DISPATCHED = ("nominate", "kept", "reject", "reclose", "hold")  # outcomes that are decisions
-
-
-@dataclass(frozen=True)
-class _Decision:
-    wl: dict[str, Any]
-    check: str
-    entry: dict[str, Any]
-    state: str
-    message: str
-    nominated: tuple[str, ...] | None  # written with the entry; None: the field is left alone
-    event: tuple[str, str, bool] | None  # reason, message, warning
-    outcome: str
-
-
 def _decision(
     wl: dict[str, Any],
     entry: dict[str, Any],
@@ -142,8 +135,8 @@ def _decision(
     outcome: str,
     nominated: tuple[str, ...] | None = None,
     event: tuple[str, str, bool] | None = None,
-) -> _Decision:
-    return _Decision(wl, str(entry["name"]), entry, state, message, nominated, event, outcome)
+) -> Decision:
+    return Decision(wl, str(entry["name"]), entry, state, message, nominated, event, outcome)
 
 
 class DispatchController(Role):
@@ -277,19 +270,22 @@ class DispatchController(Role):
                 self._acceptance = {}
                 workers = self._workers(spec)
                 decisions = self._decide(spec, checks, workers, configs, namespaces)
+                places = {n: w.jurisdiction for n, w in workers.items()}
+                if self.settings.audit_required:  # the records first; otherwise after the writes
+                    decisions = ahead(self.audit, decisions, places, namespaces, spec, now_rfc3339())
                 waiting += sum(1 for d in decisions if d.outcome == "wait")
-                written = []
+                written, refused = [], []
                 for d, outcome in zip(decisions, self._pool.map(self._write_one, decisions), strict=True):
                     report.outcomes[outcome] += 1
                     if outcome == "conflict":
                         report.conflicts += 1
                     elif outcome != "error":
                         report.decided += 1
-                    if outcome in DISPATCHED:
-                        status = d.wl.get("status") or {}
-                        nominated = d.nominated or tuple(status.get("nominatedClusterNames") or ())
-                        written.append((d.wl, d.check, d.state, d.outcome, nominated))
-                self._record(written, workers, namespaces, spec)
+                    if d.recorded and outcome not in DISPATCHED:  # recorded ahead, then refused
+                        refused.append((d, outcome))
+                    elif outcome in DISPATCHED and not d.recorded:
+                        written.append(d.written())
+                self._record(written, refused, places, namespaces, spec)
             except Exception as exc:
                 report.failures.append(f"policy {policy_name}: {type(exc).__name__}: {exc}")
                 metrics.TICK_FAILURES.labels(part="policy").inc()
@@ -303,15 +299,17 @@ class DispatchController(Role):
     def _record(
         self,
         written: list[tuple[dict[str, Any], str, str, str, tuple[str, ...]]],
-        workers: dict[str, Worker],
+        refused: list[tuple[Decision, str]],
+        places: dict[str, str | None],
         namespaces: dict[str, dict[str, str]],
         spec: PolicySpec,
     ) -> None:
-        """The dispatches written and the admissions by worker clusters into the sovereignty
-        record, then the record written; it fails alone (counted, logged)."""
+        """The dispatches written (but those recorded ahead), the ones recorded ahead and then
+        refused by the API, and the admissions by worker clusters into the sovereignty record,
+        then the record written; it fails alone (counted, logged)."""
         try:
-            places, at = {n: w.jurisdiction for n, w in workers.items()}, now_rfc3339()
-            who = self.audit.writer
+            at, who = now_rfc3339(), self.audit.writer
+            self.audit.add(unwritten_facts(refused, who, at))
             self.audit.add(dispatch_facts(written, places, namespaces, spec, who, at))
             items = self.cache.workloads.items()
             self.audit.add(admission_facts(items, places, namespaces, spec, who, at, self._admissions))
@@ -327,11 +325,11 @@ class DispatchController(Role):
         workers: dict[str, Worker],
         configs: dict[str, list[str]],
         namespaces: dict[str, dict[str, str]],
-    ) -> list[_Decision]:
+    ) -> list[Decision]:
         pending = self._pending(checks, configs)
         if not pending:
             return []
-        out: list[_Decision] = []
+        out: list[Decision] = []
         requests = self._requests(pending, spec, namespaces, out)
         # Latency-sensitive, high-acceptance work first: it takes the headroom (as in a worker).
         requests.sort(key=lambda t: (dispatch_order(t[3]), key_of(t[0])))
@@ -391,7 +389,7 @@ class DispatchController(Role):
         pending: list[_Pending],
         spec: PolicySpec,
         namespaces: dict[str, dict[str, str]],
-        out: list[_Decision],
+        out: list[Decision],
     ) -> list[tuple[dict[str, Any], dict[str, Any], list[str], WorkloadRequest]]:
         """Each pending workload's request; one that cannot be read, or breaks its sovereignty
         inputs, is rejected into `out`."""
@@ -423,7 +421,7 @@ class DispatchController(Role):
                 return replace(request, alpha=learned)
         return request
 
-    def _from_dispatch(self, wl: dict[str, Any], entry: dict[str, Any], d: Dispatch) -> _Decision:
+    def _from_dispatch(self, wl: dict[str, Any], entry: dict[str, Any], d: Dispatch) -> Decision:
         text = d.summary()
         if d.outcome == "nominate":
             return _decision(wl, entry, "Ready", text, "nominate", d.nominated, ("Dispatched", text, False))
@@ -431,16 +429,14 @@ class DispatchController(Role):
             return _decision(wl, entry, "Rejected", text, "reject", None, ("NoWorkerCluster", text, True))
         return self._wait(wl, entry, text)
 
-    def _wait(self, wl: dict[str, Any], entry: dict[str, Any], why: str) -> _Decision:
+    def _wait(self, wl: dict[str, Any], entry: dict[str, Any], why: str) -> Decision:
         return _decision(wl, entry, "Pending", f"waiting: {why}", "wait")
 
-    def _hold(self, wl: dict[str, Any], entry: dict[str, Any], why: str) -> _Decision:
+    def _hold(self, wl: dict[str, Any], entry: dict[str, Any], why: str) -> Decision:
         text = f"held back: {why}; SovereignSpec stays Pending so MultiKueue cannot dispatch it"
         return _decision(wl, entry, "Pending", text, "hold", None, ("NominationRefused", text, True))
 
-    def _reclose(
-        self, wl: dict[str, Any], entry: dict[str, Any], nominated: list[str], why: str
-    ) -> _Decision:
+    def _reclose(self, wl: dict[str, Any], entry: dict[str, Any], nominated: list[str], why: str) -> Decision:
         """After our Ready, the nomination now names a worker the workload may not use: another
         writer rewrote it. Retry: Kueue evicts the workload (its remote copies go, the field is
         cleared), and the next reservation is nominated again."""
@@ -450,12 +446,12 @@ class DispatchController(Role):
         )
         return _decision(wl, entry, "Retry", text, "reclose", None, ("NominationRewritten", text, True))
 
-    def _rejected(self, wl: dict[str, Any], entry: dict[str, Any], why: str) -> _Decision:
+    def _rejected(self, wl: dict[str, Any], entry: dict[str, Any], why: str) -> Decision:
         return _decision(wl, entry, "Rejected", why, "reject", None, ("NoWorkerCluster", why, True))
 
     # -- writing -------------------------------------------------------------------------------
 
-    def _write_one(self, d: _Decision) -> str:
+    def _write_one(self, d: Decision) -> str:
         k = key_of(d.wl)
         if d.state == "Pending" and d.entry.get("message") == d.message:
             return "unchanged"  # a wait already said: no write, no Event

@@ -18,8 +18,10 @@ from typing import Any
 import kopf
 
 from sovereignspec.operator import metrics
+from sovereignspec.operator.audit import leader_fact
 from sovereignspec.operator.leader import LeaderElector
 from sovereignspec.operator.role import Role
+from sovereignspec.operator.writer import now_rfc3339
 
 log = logging.getLogger("sovereignspec.operator")
 
@@ -174,6 +176,9 @@ def _catch_up() -> None:
     term = _Runtime.elector.term()
     sealed = _Runtime.controller.seal(term)
     log.info("leading: %d pending workload(s) sealed for %s before its first decision", sealed, term)
+    audit = getattr(_Runtime.controller, "audit", None)  # both roles keep a record
+    if audit is not None:  # the hand-over in the record, ahead of this leader's decisions
+        audit.add([leader_fact(audit.writer, term, sealed, now_rfc3339())])
 
 
 async def decision_loop() -> None:

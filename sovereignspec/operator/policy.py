@@ -109,6 +109,10 @@ class Telemetry(_Model):
     staleness_seconds: float = Field(
         60.0, alias="stalenessSeconds", gt=0, le=3600, description="in (0, 3600]"
     )
+    # What one reading of the engines' step times and draft counters spans: at least two scrapes.
+    step_window_seconds: int = Field(
+        120, alias="stepWindowSeconds", ge=10, le=3600, description="an integer in 10..3600"
+    )
     headroom_uncertainty: float = Field(
         HEADROOM_UNCERTAINTY, alias="headroomUncertainty", ge=0, le=1, description="in [0, 1]"
     )
@@ -145,6 +149,17 @@ class Sovereignty(_Model):
         False,
         alias="evictOnDrift",
         description="true or false: set Retry on a running workload whose node no longer satisfies it",
+    )
+
+
+class Watch(_Model):
+    """What the operator does when what runs is not what it decided."""
+
+    evict_ignored: bool = Field(
+        False,
+        alias="evictIgnored",
+        description="true or false: set Retry on a running workload whose engines do not keep its decision "
+        "(drafting under a plain one, or beyond its table), so that Kueue evicts it to be decided again",
     )
 
 
@@ -224,6 +239,7 @@ class PolicySpec(_Model):
     placement: PlacementConfig = Field(default_factory=PlacementConfig)
     retry: Retry = Field(default_factory=Retry)
     drafts: Drafts = Field(default_factory=Drafts)
+    watch: Watch = Field(default_factory=Watch)
     reevaluation_seconds: float = Field(
         10.0, alias="reevaluationSeconds", gt=0, le=600, description="in (0, 600]"
     )

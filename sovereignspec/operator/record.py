@@ -51,12 +51,25 @@ class Head:
     segment: int = 0
 
 
+def _as_stored(value: Any) -> Any:
+    """`value` as a store gives it back: a whole float as an integer. The API server re-encodes a
+    custom object's JSON (800.0 comes back as 800), so a digest taken over 800.0 would never match
+    the record read back."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, Mapping):
+        return {k: _as_stored(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_as_stored(v) for v in value]
+    return value
+
+
 def chain(head: Head, facts: Sequence[Mapping[str, Any]]) -> tuple[list[dict[str, Any]], Head]:
     """`facts` as records following `head`, and the head after them."""
     out: list[dict[str, Any]] = []
     seq, prev = head.seq, head.digest
     for fact in facts:
-        record = {**fact, "seq": seq, "prev": prev}
+        record = {**_as_stored(fact), "seq": seq, "prev": prev}
         record["digest"] = digest_of(record)
         out.append(record)
         seq, prev = seq + 1, record["digest"]

@@ -52,6 +52,7 @@ class TelemetryCache:
             t.prometheus_client,
             tuple(t.dcgm_endpoints),
             t.acceptance.window,
+            t.step_window_seconds,
             tuple(sorted((k, tuple(sorted(v.items()))) for k, v in t.acceptance.engine_options().items())),
         )
         cached = self._cache.get(key)
@@ -65,6 +66,7 @@ class TelemetryCache:
                     window=t.acceptance.window,
                     engine_options=t.acceptance.engine_options(),
                     client=client_config(t.prometheus_client),
+                    step_window_s=t.step_window_seconds,
                 ).snapshot()
             elif t.source == "dcgm-exporter" and t.dcgm_endpoints:
                 snap = DcgmScraper(t.dcgm_endpoints).snapshot()
@@ -92,7 +94,9 @@ class TelemetryCache:
         t = spec.telemetry
         if t.source != "prometheus" or not t.prometheus_url:
             return {}
-        reader = PrometheusReader(t.prometheus_url, client=client_config(t.prometheus_client))
+        reader = PrometheusReader(
+            t.prometheus_url, client=client_config(t.prometheus_client), step_window_s=t.step_window_seconds
+        )
         try:
             steps = reader.steps()
         except Exception as exc:  # a source that answers nonsense is a source that is down

@@ -9,8 +9,9 @@ name (Kueue never sees it), a node relabelled under running work, a scheduler's 
 own binding: each can put a tenant's work where its namespace may not run. This finds them after
 the fact; it prevents nothing (the chart's admission policies and the decision do that).
 
-How: a running workload decided plain whose engines' draft counters rise (`ignored`) speculates
-against its decision, by arguments or a configuration file no admission policy reads.
+How: a running workload decided plain whose engines' draft counters rise, or decided speculative
+whose engines draft more tokens per draft than its decision handed them (`ignored`), does not keep
+its decision: by arguments or a configuration file no admission policy reads.
 
 No I/O: plain dicts in, plain data out.
 """
@@ -21,6 +22,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from sovereignspec.engines import handed_table
+from sovereignspec.keys import BUDGET, PREFIX
 from sovereignspec.operator.annotations import OUT_MODE
 from sovereignspec.operator.ledger import Committed, pod_gpus
 from sovereignspec.operator.policy import PolicySpec
@@ -126,14 +129,26 @@ def _jurisdictions_from(namespace: str, labels: Mapping[str, str] | None, policy
 
 @dataclass(frozen=True)
 class Ignored:
-    """A running workload decided plain whose engines drafted: the decision was not kept."""
+    """A running workload whose engines did not keep its decision: decided plain, they drafted;
+    decided speculative, they drafted longer than the decision's largest budget (`allowed`)."""
 
     committed: Committed
     draft_tokens: float  # proposed over the reading's window
+    drafts: float = 0.0  # drafts proposed over the same window (read for speculative decisions)
+    allowed: int | None = None  # the most tokens per draft the decision handed (None: it was plain)
 
     @property
     def message(self) -> str:
         c = self.committed
+        if self.allowed is not None:
+            return (
+                f"decided speculative decode with at most {self.allowed} draft tokens per step on node "
+                f"{c.node}, but its engine proposed {self.draft_tokens / self.drafts:.1f} per draft "
+                f"({self.draft_tokens:.0f} tokens in {self.drafts:.0f} drafts over the last readings): "
+                "it drafts beyond its table, whose budget keeps the GPU's other tenants within their "
+                "latency bounds. Its own arguments or configuration set the draft length; remove that, "
+                "or let `sovereignspec launch` start the engine."
+            )
         return (
             f"decided plain decode ({OUT_MODE}: plain) on node {c.node}, but its engine proposed "
             f"{self.draft_tokens:.0f} draft tokens over the last readings: it speculates against the "
@@ -152,17 +167,57 @@ def decided_mode(entry: Mapping[str, Any]) -> str | None:
     return None
 
 
-def ignored(committed: Iterable[Committed], drafting: Mapping[tuple[str, str], float]) -> list[Ignored]:
-    """Every running decision of plain decode whose engines drafted in the telemetry's window
-    (`drafting`: (namespace, owner) -> draft tokens). A decision armed at a lighter batch or
-    speculative is not one: its engine was handed a configuration. One per workload, not per
-    spread pod. Engines with no draft counter (SGLang) are never found here."""
+def largest_budget(entry: Mapping[str, Any]) -> int | None:
+    """The most draft tokens per step our check entry handed the workload's engines: its budget
+    at the declared batch, or its per-batch table's largest where lighter batches draft more
+    (None: no budget written, e.g. a decision of an older version)."""
+    for update in entry.get("podSetUpdates") or []:
+        notes = {
+            str(k)[len(PREFIX) :]: str(v)
+            for k, v in ((update.get("annotations") or {}).items())
+            if str(k).startswith(PREFIX)
+        }
+        if BUDGET in notes:
+            try:
+                budget = int(notes[BUDGET])
+            except ValueError:
+                return None
+            return max([budget, *(k for _, _, k in handed_table(notes))])
+    return None
+
+
+# Draft tokens per draft beyond the decision's budget before it counts as not kept: counters read
+# at scrape times a moment apart, extrapolated by increase(), are not exact.
+BEYOND_TOLERANCE = 0.25
+
+
+def ignored(
+    committed: Iterable[Committed],
+    drafting: Mapping[tuple[str, str], float],
+    drafts: Mapping[tuple[str, str], float] | None = None,
+) -> list[Ignored]:
+    """Every running decision its engines did not keep over the telemetry's window (`drafting`:
+    (namespace, owner) -> draft tokens; `drafts`: -> drafts): decided plain, they drafted; decided
+    speculative (or armed at a lighter batch), they drafted more tokens per draft than its largest
+    budget. One per workload, not per spread pod. Engines with no draft counters (SGLang) are never
+    found here."""
     out: list[Ignored] = []
     seen: set[str] = set()
     for c in committed:
-        tokens = drafting.get((c.namespace, c.job), 0.0)
-        if tokens <= 0 or c.key in seen or decided_mode(c.entry) != "plain":
+        owner = (c.namespace, c.job)
+        tokens = drafting.get(owner, 0.0)
+        if tokens <= 0 or c.key in seen:
+            continue
+        mode = decided_mode(c.entry)
+        if mode == "plain":
+            found = Ignored(c, tokens)
+        elif mode == "speculative":
+            n, allowed = (drafts or {}).get(owner, 0.0), largest_budget(c.entry)
+            if n <= 0 or allowed is None or tokens / n <= allowed + BEYOND_TOLERANCE:
+                continue
+            found = Ignored(c, tokens, n, allowed)
+        else:
             continue
         seen.add(c.key)
-        out.append(Ignored(c, tokens))
+        out.append(found)
     return out

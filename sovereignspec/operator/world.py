@@ -69,6 +69,8 @@ class World:
     policies: dict[str, PolicySpec] = field(default_factory=dict)  # every check we serve -> its policy
     # flavor -> the tolerations Kueue adds to the pods it admits on that flavor
     flavor_tolerations: dict[str, list[Any]] = field(default_factory=dict)
+    # every active check -> its SpeculationPolicy's name and generation (what the record names)
+    policy_refs: dict[str, tuple[str, int | None]] = field(default_factory=dict)
 
 
 def safe_key(wl: object) -> str:

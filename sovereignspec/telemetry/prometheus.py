@@ -294,8 +294,17 @@ class PrometheusReader:
         (the engines' `drafted` counters; owners as `tpot` reads them). Only owners whose engines
         drafted are named: a plain engine's counter stays at 0 or is not exported at all. A
         restart inside the window reads as increase() makes of it: the counts of both lives."""
+        return self._by_owner("drafted")
+
+    def drafts(self) -> dict[tuple[str, str], float]:
+        """(namespace, owner) -> drafts its engines proposed over the same window as `drafting`
+        (with it, the mean draft length)."""
+        return self._by_owner("drafts")
+
+    def _by_owner(self, kind: str) -> dict[tuple[str, str], float]:
+        """Each owner's increase of every engine's `kind` counters over `step_window_s`."""
         out: dict[tuple[str, str], float] = {}
-        for metric in engines.gauges("drafted"):
+        for metric in engines.gauges(kind):
             for owner, match in OWNERS:
                 q = f"sum by (namespace, {owner}) (increase({metric}{match}[{self.step_window_s}s]))"
                 for labels, value, _ in self.query(q):
@@ -314,13 +323,17 @@ class PrometheusReader:
         acceptance: dict[tuple[str, str], tuple[float, float]] = {}
         tpot: dict[tuple[str, str], float] = {}
         drafting: dict[tuple[str, str], float] = {}
+        drafts: dict[tuple[str, str], float] = {}
         try:
             acceptance = self.acceptance()
             tpot = self.tpot()
-            drafting = self.drafting()
+            drafting, drafts = self.drafting(), self.drafts()
         except PrometheusError as exc:
             errors.append(str(exc))
-        return Snapshot(gpus, acceptance, tpot, now, "; ".join(errors) or None, dict(self.rejected), drafting)
+        rejected, since = dict(self.rejected), now - self.step_window_s
+        return Snapshot(
+            gpus, acceptance, tpot, now, "; ".join(errors) or None, rejected, drafting, drafts, since
+        )
 
 
 # Who owns an engine's series, as the scrape job's relabelling names them, each with the matcher that

@@ -47,6 +47,8 @@ class Snapshot:
     error: str | None = None  # why nothing (or not everything) could be read
     rejected: dict[str, int] = field(default_factory=dict)  # reason -> series/counters treated as missing
     drafting: dict[tuple[str, str], float] = field(default_factory=dict)  # (namespace, owner) -> draft tokens
+    drafts: dict[tuple[str, str], float] = field(default_factory=dict)  # (namespace, owner) -> drafts
+    drafting_since: float = 0.0  # when the window `drafting` and `drafts` count over began
 
 
 def normalise_activity(name: str, values: list[float]) -> list[float]:

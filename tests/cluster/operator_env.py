@@ -115,6 +115,17 @@ def make_pool(
     return pool
 
 
+def second_check(env: Env, unique: Any, **spec: Any) -> Env:
+    """Another AdmissionCheck served by the same operator, with a policy of its own (`spec` merged
+    into the test policy's, `localdev.operator.policy`)."""
+    name = unique("policy")
+    server_side_apply(env.api, policy(name, env.prometheus.url, **spec), "sovereignspec-e2e")
+    check = unique("check")
+    params = {"apiGroup": "sovereignspec.io", "kind": "SpeculationPolicy", "name": name}
+    k.apply(env.api, k.admission_check(check, env.controller, params))
+    return replace(env, check=check)
+
+
 def own_check(env: Env, name: str) -> Env:
     """`env` with a check and policy of its own, named `name`, served by controller
     sovereignspec.io/NAME: for an operator process a test starts with flags of its own."""
@@ -184,10 +195,13 @@ def events(pool: Pool, name: str | None = None) -> list[client.CoreV1Event]:
     return [e for e in items if name is None or e.involved_object.name == name]
 
 
-def event(pool: Pool, reason: str, name: str | None = None, timeout: float = 30.0) -> client.CoreV1Event:
-    """Wait for an Event with `reason` (ours are posted right after the decision is written)."""
+def event(
+    pool: Pool, reason: str, name: str | None = None, timeout: float = 30.0, containing: str = ""
+) -> client.CoreV1Event:
+    """Wait for an Event with `reason` (ours are posted right after the decision is written), and
+    `containing` in its message where given."""
     return wait_until(
-        lambda: next((e for e in events(pool, name) if e.reason == reason), None),
+        lambda: next((e for e in events(pool, name) if e.reason == reason and containing in e.message), None),
         timeout=timeout,
         what=reason,
     )

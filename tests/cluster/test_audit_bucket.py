@@ -26,11 +26,11 @@ from localdev import controlplane
 from localdev.operator import OperatorProcess
 from localdev.s3 import LocalS3
 from sovereignspec.operator import record
-from sovereignspec.operator.audit import SEGMENT_RECORDS, AuditLog, ahead
+from sovereignspec.operator.audit import SEGMENT_RECORDS, AuditLog, ahead, read_segments
 from sovereignspec.operator.bucket import BucketStore
 from sovereignspec.operator.plan import Write
 from sovereignspec.operator.world import World
-from tests.cluster.auditing import audit
+from tests.cluster.auditing import audit, mine
 from tests.cluster.operator_env import (
     admitted_job,
     decided,
@@ -275,3 +275,46 @@ def test_the_bucket_stopped_mid_burst_admits_nothing_unrecorded_and_everything_i
         wait_until(recorded, timeout=60, what="every admitted workload's decision in the bucket")
     finally:
         server.close()
+
+
+def test_audit_copy_moves_the_clusters_record_into_a_bucket_digests_unchanged_and_refuses_another_chain(
+    s3, creds, env, operator, namespace
+) -> None:
+    """An embedded record moved into a bucket as it is: `audit copy` writes the cluster's segments
+    (each under the bucket's retention) after those the bucket holds, `verify` reads the bucket's
+    copy intact, a second copy adds only what is new, and a bucket holding another chain is refused
+    with nothing written."""
+    pool = make_pool(env, namespace, [("H100-SXM", "eu", 1, [0.95])])
+    submit(pool, "moved", **CHAT)
+    wl = decided(pool, "moved")  # at least this decision in the cluster's record
+    uid = wl["metadata"]["uid"]
+    wait_until(
+        lambda: uid in audit("export", "--namespace", namespace).stdout,
+        timeout=30, what="the decision in the cluster's record",
+    )  # fmt: skip
+    bucket = s3.bucket(f"copy-{secrets.token_hex(3)}")
+    where = ["--audit-bucket", bucket, "--audit-endpoint", s3.endpoint, "--audit-retention-days", "1"]
+    first = audit(*where, "copy")
+    assert first.returncode == 0 and "(0 were there already)" in first.stdout, first.stdout + first.stderr
+    copied = store(s3, bucket, 1).read_segments()
+    cluster = sorted(read_segments(client.CustomObjectsApi(env.api)), key=lambda s: int(s["index"]))
+    keyed = sorted(copied, key=lambda s: int(s["index"]))
+    strip = [{k: v for k, v in s.items() if k != "name"} for s in keyed]
+    assert strip == [{k: v for k, v in s.items() if k != "name"} for s in cluster[: len(strip)]]
+    assert record.verify(copied) == [] and uid in {
+        r["workload"].get("uid") for r in record.records_of(copied)
+    }
+    # Intact, and this test's workload recorded (others decided since the copy are not, yet).
+    assert mine(audit(*where, "verify").stdout, namespace) == []
+    again = audit(*where, "copy")
+    assert again.returncode == 0 and f"({len(copied)} were there already)" in again.stdout, again.stdout
+    # A bucket that holds another chain's first segment: refused, nothing written over it.
+    other = s3.bucket(f"other-{secrets.token_hex(3)}")
+    log = writer(s3, other)
+    log.add([fact(0)])
+    assert log.flush()
+    refused = audit("--audit-bucket", other, "--audit-endpoint", s3.endpoint, "copy")
+    assert refused.returncode == 2 and "not the cluster's first ones (another chain)" in refused.stderr, (
+        refused.stderr
+    )
+    assert len(store(s3, other).read_segments()) == 1

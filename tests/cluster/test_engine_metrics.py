@@ -5,6 +5,7 @@ namespace and Job that Prometheus's service discovery names, never by what an en
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 import yaml
 
 from sovereignspec.telemetry.prometheus import PrometheusReader
+from tests.cluster.auditing import audit
 from tests.cluster.conftest import wait_until
 from tests.cluster.engine_standins import FORGED, EngineStandIn
 from tests.cluster.operator_env import (
@@ -21,7 +23,9 @@ from tests.cluster.operator_env import (
     in_namespace,
     make_pool,
     our_entry,
+    second_check,
     submit,
+    workload_of,
 )
 from tests.scrape_job import discovered
 
@@ -182,6 +186,78 @@ def test_a_workload_decided_plain_whose_engine_drafts_anyway_is_told_on_its_work
             return None
 
         wait_until(counted, timeout=30, what="sovereignspec_decisions_ignored_total")
+        # And in the sovereignty record, with what was decided and what was read.
+        fact = wait_until(lambda: ignored_record(namespace), timeout=30, what="the ignored record")
+        assert fact["mode"] == "plain" and fact["allowed"] is None and fact["draftTokens"] > 0, fact
+        assert fact["workload"]["name"] == wl["metadata"]["name"], fact
+    finally:
+        env.prometheus.remove_scrape_config("sovereignspec-serving-engines")
+        engine.close()
+
+
+def ignored_record(namespace: str) -> dict | None:
+    """The first `ignored` record of this namespace's workloads in the cluster's record."""
+    out = audit("export", "--namespace", namespace, "--format", "jsonl")
+    assert out.returncode == 0, out.stderr
+    found = [json.loads(line) for line in out.stdout.splitlines()]
+    return next((r for r in found if r["kind"] == "ignored"), None)
+
+
+@pytest.mark.prometheus
+def test_a_speculative_decision_whose_engine_drafts_beyond_its_table_is_told_and_recorded(
+    env, operator, namespace
+):
+    # Decided speculative with a budget of at most gammaMax (8) tokens per draft, its engine drafts
+    # 16 per draft (its own --speculative-config): read as draft tokens over drafts.
+    pool = make_pool(env, namespace, [("H100-SXM", "eu", 4, [0.95] * 4)])
+    engine = EngineStandIn("vllm", MODEL, alpha=0.8, gamma=16, seconds_per_token=0.012)
+    try:
+        env.prometheus.add_scrape_config(discovered([(engine.target, namespace, "greedy", True)]))
+        submit(pool, "greedy", **CHAT)
+        wl = decided(pool, "greedy")
+        entry = our_entry(pool, wl)
+        (notes,) = [u.get("annotations") or {} for u in entry["podSetUpdates"]]
+        assert entry["state"] == "Ready" and notes["sovereignspec.io/mode"] == "speculative", entry
+        told = event(pool, "DecisionIgnored", name=wl["metadata"]["name"], timeout=60)
+        assert told.type == "Warning" and "beyond its table" in told.message, told.message
+        assert "proposed 16.0 per draft" in told.message, told.message
+        fact = wait_until(lambda: ignored_record(namespace), timeout=30, what="the ignored record")
+        assert fact["mode"] == "speculative" and 1 <= fact["allowed"] <= 8, fact
+    finally:
+        env.prometheus.remove_scrape_config("sovereignspec-serving-engines")
+        engine.close()
+
+
+@pytest.mark.prometheus
+def test_with_evict_ignored_a_decision_its_engine_does_not_keep_is_evicted_to_be_decided_again(
+    env, operator, namespace, unique
+):
+    # A ten-second window, so that the decision is older than it soon: before that, the counts read
+    # could be a predecessor's, and only a warning is said.
+    evicting = second_check(env, unique, watch={"evictIgnored": True}, telemetry={"stepWindowSeconds": 10})
+    pool = make_pool(evicting, namespace, [("H100-SXM", "eu", 4, [0.95] * 4)])
+    engine = EngineStandIn("vllm", MODEL, alpha=0.05, gamma=4, seconds_per_token=0.018)
+    try:
+        env.prometheus.add_scrape_config(discovered([(engine.target, namespace, "stubborn", True)]))
+        submit(pool, "stubborn", model=MODEL, drafter="eagle3", acceptance_rate=0.05, latency_class="latency")
+        wl = decided(pool, "stubborn")
+        assert our_entry(pool, wl)["state"] == "Ready"
+
+        def evicted() -> bool:
+            # Counted by Kueue: its Evicted condition lasts only until the workload is admitted again.
+            stats = ((workload_of(pool, "stubborn") or {}).get("status") or {}).get("schedulingStats") or {}
+            return any(e.get("reason") == "AdmissionCheck" for e in stats.get("evictions") or [])
+
+        wait_until(evicted, timeout=60, what="Kueue to evict the workload whose engine drafts")
+        name = wl["metadata"]["name"]
+        told = event(pool, "DecisionIgnored", name=name, timeout=30, containing="Evicted to be decided again")
+        assert "(watch.evictIgnored)" in told.message, told.message
+        records = [
+            json.loads(line)
+            for line in audit("export", "--namespace", namespace, "--format", "jsonl").stdout.splitlines()
+        ]
+        evictions = [r for r in records if r["kind"] == "decision" and r["outcome"] == "ignored"]
+        assert evictions and evictions[0]["state"] == "Retry", records
     finally:
         env.prometheus.remove_scrape_config("sovereignspec-serving-engines")
         engine.close()

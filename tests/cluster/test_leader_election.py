@@ -223,7 +223,15 @@ def _recorded_through_the_failover(pool: Any, jobs: Iterable[str]) -> None:
         if wl is not None and (k.check_state(wl, pool.env.check) or {}).get("state") == "Ready":
             placed.add(wl["metadata"]["uid"])
     assert placed and placed <= {r["workload"]["uid"] for r in decisions if r["state"] == "Ready"}
-    assert len({r["replica"] for r in decisions}) == 2, {r["replica"] for r in decisions}
+    deciders = {r["replica"] for r in decisions}
+    assert len(deciders) == 2, deciders
+    # Each replica's hand-over is in the record before its first decision: who led from when on,
+    # at which of the Lease's transitions.
+    whole = [json.loads(x) for x in audit("export").stdout.splitlines()]
+    for replica in deciders:
+        took = [r for r in whole if r["kind"] == "leader" and r["replica"] == replica]
+        first = min(r["seq"] for r in decisions if r["replica"] == replica)
+        assert took and took[0]["seq"] < first and "(term " in took[0]["term"], (replica, took)
 
 
 def test_two_operators_decide_each_workload_of_a_burst_exactly_once_when_the_leader_is_killed(

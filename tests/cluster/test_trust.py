@@ -33,6 +33,7 @@ from tests.cluster.operator_env import (
     make_pool,
     our_entry,
     outcome,
+    second_check,
     submit,
     submit_body,
     wait_for_series,
@@ -49,16 +50,6 @@ def _node_of(pool: Pool, job: str) -> str:
 
 def _notes(pool: Pool, job: str) -> dict[str, str]:
     return dict(admitted_job(pool, job).spec.template.metadata.annotations or {})
-
-
-def _second_check(env: Any, unique: Any, **spec: Any) -> Any:
-    """Another AdmissionCheck served by the same operator, with a policy of its own."""
-    name = unique("policy")
-    server_side_apply(env.api, policy(name, env.prometheus.url, **spec), "sovereignspec-e2e")
-    check = unique("check")
-    params = {"apiGroup": "sovereignspec.io", "kind": "SpeculationPolicy", "name": name}
-    k.apply(env.api, k.admission_check(check, env.controller, params))
-    return replace(env, check=check)
 
 
 # 1. Tenant identity comes from the namespace --------------------------------------------------
@@ -124,7 +115,7 @@ def test_a_template_setting_a_mode_no_decision_writes_is_rejected_even_when_no_g
 
 def test_two_policies_share_one_ledger_of_capacity_and_tenancy(env, namespace, unique):
     pool = make_pool(env, namespace, [("H100-SXM", "eu", 2, [0.9, 0.9])])
-    other = _second_check(env, unique)
+    other = second_check(env, unique)
     cq = unique("cq")
     flavor = f"t{pool.token}-h100-sxm"
     k.apply(env.api, k.cluster_queue(cq, {flavor: 64}, [other.check]))
@@ -337,7 +328,7 @@ def test_the_node_selector_names_the_hostname_label_not_the_node_name(env, names
 
 
 def test_shared_work_leaves_a_whole_node_for_an_exclusive_tenant(env, namespace, unique):
-    reserving = _second_check(env, unique, placement={"keepWholeNodesFree": 1})
+    reserving = second_check(env, unique, placement={"keepWholeNodesFree": 1})
     # Each node has one idle and one busy GPU: speed alone spreads one shared replica per node.
     pool = make_pool(reserving, namespace, [("H100-SXM", "eu", 2, [0.9, 0.1]) for _ in range(4)])
     for i in range(4):
@@ -382,7 +373,7 @@ def test_an_exclusive_tenants_second_workload_joins_its_first_and_leaves_the_oth
     # Each node has one GPU a little faster than the rest (7 % in TPOT). Two of four nodes are kept
     # for exclusive tenants; the first tenant's second workload would rather take the other kept
     # node's faster GPU (and leave the second tenant nothing), but packs onto its own node.
-    kept = _second_check(env, unique, placement={"keepWholeNodesFree": 2})
+    kept = second_check(env, unique, placement={"keepWholeNodesFree": 2})
     pool = make_pool(kept, namespace, [("H100-SXM", "eu", 8, [0.95] + [0.9] * 7) for _ in range(4)])
     shared, held = _shared_then_two_exclusive_tenants(pool)
     assert len(shared) <= 2
@@ -494,7 +485,7 @@ def test_a_decision_whose_event_was_lost_to_a_crash_gets_it_posted_after_the_res
 
 
 def test_with_evict_on_drift_a_workload_whose_node_left_its_jurisdiction_is_evicted(env, namespace, unique):
-    evicting = _second_check(env, unique, sovereignty={"evictOnDrift": True})
+    evicting = second_check(env, unique, sovereignty={"evictOnDrift": True})
     pool = make_pool(evicting, namespace, [("H100-SXM", "eu", 2, [0.9, 0.9])])
     (node,) = pool.nodes
     submit(pool, "moved", jurisdiction="eu", **CHAT)

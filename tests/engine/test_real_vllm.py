@@ -353,12 +353,15 @@ def test_an_engine_started_by_hand_with_speculation_under_a_plain_decision_is_se
             event=lambda obj, kind, reason, message, warning: told.append((kind, reason, message))
         )
         before = metrics.DECISIONS_IGNORED_TOTAL._value.get()
-        controller._watch_decisions(SimpleNamespace(committed=[running]), drafting)  # type: ignore[arg-type]
+        controller.watches.decisions([running], drafting)
         assert [(kind, reason) for kind, reason, _ in told] == [("Workload", "DecisionIgnored")], told
         assert (
             "decided plain decode" in told[0][2]
             and metrics.DECISIONS_IGNORED_TOTAL._value.get() == before + 1
         )
+        # And its record, waiting for the tick's flush to the chain.
+        (fact,) = controller.audit.backlog
+        assert fact["kind"] == "ignored" and fact["mode"] == "plain" and fact["draftTokens"] > 0, fact
         print(f"drafted {drafting[(NAMESPACE, 'chat')]:.0f} tokens under a plain decision: {told[0][2]}")
     finally:
         prom.close()

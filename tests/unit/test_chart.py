@@ -549,7 +549,8 @@ def test_audit_required_reaches_the_operator_as_the_cli_reads_it(helm, value, re
 
 def test_an_audit_bucket_reaches_the_operator_with_its_credentials_from_a_secret(helm):
     """audit.bucket: the flags the operator's own parser reads, the credentials from the named
-    Secret (never in values); a bucket with no endpoint is refused at install."""
+    Secret (never in values); a bucket with no endpoint, or no credentials Secret, is refused at
+    install."""
     from sovereignspec.cli import build_parser
 
     sets = ("audit.bucket.name=record", "audit.bucket.endpoint=https://s3.example.internal:9000",
@@ -568,4 +569,8 @@ def test_an_audit_bucket_reaches_the_operator_with_its_credentials_from_a_secret
     result = subprocess.run(args, capture_output=True, text=True, check=False)
     assert (
         result.returncode != 0 and "audit.bucket.endpoint: required with audit.bucket.name" in result.stderr
+    )
+    result = subprocess.run([*args, "--set", sets[1]], capture_output=True, text=True, check=False)
+    assert result.returncode != 0 and "audit.bucket.credentialsSecret: required" in result.stderr, (
+        result.stderr
     )

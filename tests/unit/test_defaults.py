@@ -93,3 +93,57 @@ def test_the_crd_keeps_every_prometheus_client_field_the_policy_reads() -> None:
     assert set(schema["properties"]) == names(policy.PrometheusClient)
     for key, sub in (("authorization", "Authorization"), ("basicAuth", "BasicAuth"), ("tls", "Tls")):
         assert set(schema["properties"][key]["properties"]) == names(getattr(policy, sub)), key
+
+
+def _missing_from_crd(model: type, schema: dict[str, Any], at: str) -> list[str]:
+    """Every field of a policy model (by its alias, nested models walked) that the CRD's schema at
+    the same place does not name: a structural CRD prunes it, and the user's setting is dropped
+    without a word."""
+    from pydantic import BaseModel
+
+    out = []
+    properties = schema.get("properties")
+    for name, f in model.model_fields.items():  # type: ignore[attr-defined]
+        key = f.alias or name
+        if properties is None:  # a map (additionalProperties): its values are the user's
+            continue
+        if key not in properties:
+            out.append(f"{at}{key}")
+            continue
+        inner = f.annotation
+        if isinstance(inner, type) and issubclass(inner, BaseModel):
+            out += _missing_from_crd(inner, properties[key], f"{at}{key}.")
+    return out
+
+
+def test_the_crd_names_every_field_of_the_policy_so_none_is_pruned() -> None:
+    assert _missing_from_crd(PolicySpec, _crd_schema(), "spec.") == []
+
+
+# The fields the CRD's schema defaults. The API server writes a schema default into every policy it
+# serves, and an operator older than the CRD (a rolling upgrade, a rollback: CRDs outlive their
+# chart) refuses a field it does not know, making its AdmissionCheck inactive and its ClusterQueues
+# admit nothing. So a field added later carries its default in the operator's model alone, and
+# this list does not grow (make pod-e2e found it: stepWindowSeconds, defaulted here, deactivated the
+# previous image's check).
+DEFAULTED_BY_THE_SCHEMA = {
+    "telemetry.source", "telemetry.prometheusClient.timeoutSeconds", "telemetry.prometheusClient.retries",
+    "telemetry.prometheusClient.authorization.type", "telemetry.stalenessSeconds",
+    "telemetry.headroomUncertainty", "telemetry.predictionErrorBound", "telemetry.acceptance.learn",
+    "telemetry.acceptance.window", "telemetry.acceptance.priorWeightTokens",
+    "telemetry.acceptance.sglangAcceptRate", "gammaMax", "selfBenefitMargin", "externality",
+    "neighbourSloMargin", "reevaluationSeconds",
+}  # fmt: skip
+
+
+def test_no_field_the_previous_operators_do_not_know_is_defaulted_by_the_crds_schema() -> None:
+    found: set[str] = set()
+
+    def walk(node: dict[str, Any], at: str) -> None:
+        if "default" in node:
+            found.add(at)
+        for key, inner in (node.get("properties") or {}).items():
+            walk(inner, f"{at}.{key}" if at else key)
+
+    walk(_crd_schema(), "")
+    assert found <= DEFAULTED_BY_THE_SCHEMA, sorted(found - DEFAULTED_BY_THE_SCHEMA)

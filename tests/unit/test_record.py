@@ -57,6 +57,22 @@ def test_an_intact_chain_verifies_and_resumes_where_it_ended() -> None:
     assert record.head_of([]) == record.Head()
 
 
+def _as_the_api_server_gives_it_back(value: Any) -> Any:
+    """A custom object's JSON as the API server re-encodes it (Go's encoding/json): a whole float
+    comes back as an integer, 800.0 as 800."""
+    text = json.dumps(value)
+    return json.loads(text, parse_float=lambda s: int(float(s)) if float(s).is_integer() else float(s))
+
+
+def test_a_record_holding_whole_floats_verifies_after_the_api_server_re_encodes_it() -> None:
+    # Found on the real control plane: an `ignored` record's 800.0 draft tokens came back as 800,
+    # and verify named the record as edited.
+    records, _ = record.chain(record.Head(), [{**fact(0), "tokens": 800.0, "nested": [{"x": 2.0, "y": 0.5}]}])
+    stored = _as_the_api_server_gives_it_back(records)
+    assert stored[0]["tokens"] == 800 and stored[0]["nested"] == [{"x": 2, "y": 0.5}]
+    assert record.verify([{"name": "audit-000000000000", "index": 0, "records": stored}]) == []
+
+
 def _findings(segs: list[dict[str, Any]]) -> list[str]:
     return [str(f) for f in record.verify(segs)]
 
@@ -148,8 +164,9 @@ def _world(pods: list[dict[str, Any]], kr_label: str = "kr") -> World:
         {"metadata": {"name": "h-kr", "labels": {label: kr_label, "kubernetes.io/hostname": "h-kr"}}},
     ]
     return World(
-        [], nodes, {}, {"team-a": {"sovereignspec.io/jurisdiction": "eu"}}, pods, {}, {CHECK: policy()}
-    )
+        [], nodes, {}, {"team-a": {"sovereignspec.io/jurisdiction": "eu"}}, pods, {}, {CHECK: policy()},
+        policy_refs={CHECK: ("serving", 7)},
+    )  # fmt: skip
 
 
 def _pod(name: str, node: str, gpus: str = "1") -> dict[str, Any]:
@@ -158,7 +175,7 @@ def _pod(name: str, node: str, gpus: str = "1") -> dict[str, Any]:
                      "ownerReferences": [{"kind": "Job", "name": "chat", "controller": True}]},
         "spec": {"nodeName": node,
                  "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": gpus}}}]},
-        "status": {"phase": "Running"},
+        "status": {"phase": "Running", "startTime": "2026-12-06T00:59:00Z"},
     }  # fmt: skip
 
 
@@ -187,6 +204,7 @@ def test_a_decision_is_recorded_with_its_tenancy_its_node_and_that_nodes_jurisdi
         0,
     )
     assert (d["state"], d["replica"], d["check"]) == ("Ready", "op-0_abc", CHECK)
+    assert (d["policy"], d["policyGeneration"]) == ("serving", 7)  # the rule it was decided under
 
 
 def test_a_binding_is_recorded_once_and_again_when_its_nodes_jurisdiction_changes_under_it() -> None:
@@ -197,6 +215,7 @@ def test_a_binding_is_recorded_once_and_again_when_its_nodes_jurisdiction_change
         ("a", "h-eu", "eu"),
         ("b", "h-kr", "kr"),
     ]
+    assert first[0]["startedAt"] == "2026-12-06T00:59:00Z"  # the kubelet's start of the pod
     assert first[0]["workload"] == {
         "namespace": "team-a",
         "name": "chat",
@@ -499,7 +518,7 @@ def test_a_decision_recorded_ahead_whose_write_the_api_refused_is_recorded_as_no
 
 def test_the_dispatcher_records_its_nominations_and_the_worker_that_admitted_once() -> None:
     from sovereignspec.auditing import _describe
-    from sovereignspec.operator.audit import admission_facts, dispatch_facts
+    from sovereignspec.operator.dispatch_record import admission_facts, dispatch_facts
 
     wl = {"metadata": {"name": "job-chat-1", "namespace": "team-a", "uid": "w1"}, "status": {}}
     places = {"worker-eu": "eu", "worker-kr": "kr"}
@@ -525,3 +544,46 @@ def test_the_dispatcher_records_its_nominations_and_the_worker_that_admitted_onc
     assert failures == [
         "record 1: workload team-a/job-chat-1 admitted by worker cluster worker-kr in kr, outside eu"
     ]
+
+
+def _dispatches() -> list[Any]:
+    from sovereignspec.operator.dispatch_record import Decision
+
+    def one(name: str, state: str, outcome: str, nominated: tuple[str, ...] | None) -> Decision:
+        wl = {"metadata": {"name": name, "namespace": "team-a", "uid": f"u-{name}"}, "status": {}}
+        event = ("Dispatched", "to worker-eu", False) if outcome == "nominate" else None
+        return Decision(wl, CHECK, {"name": CHECK}, state, f"{name} decided", nominated, event, outcome)
+
+    return [
+        one("a", "Ready", "nominate", ("worker-eu",)),
+        one("w", "Pending", "wait", None),
+        one("r", "Rejected", "reject", None),
+    ]
+
+
+def test_the_dispatchers_nominations_are_recorded_before_they_are_written_or_held_saying_why() -> None:
+    from sovereignspec.operator.dispatch_record import ahead as dispatch_ahead
+    from sovereignspec.operator.dispatch_record import unwritten_facts
+
+    places, namespaces = {"worker-eu": "eu"}, {"team-a": {"sovereignspec.io/jurisdiction": "eu"}}
+    log = _log(Store())
+    out = dispatch_ahead(log, _dispatches(), places, namespaces, policy(), "t0")
+    assert [(d.state, d.outcome, d.recorded) for d in out] == [
+        ("Ready", "nominate", True), ("Pending", "wait", False), ("Rejected", "reject", True),
+    ]  # fmt: skip
+    assert _uids(log) == ["u-a", "u-r"] and log.backlog == []
+    # Recorded ahead, then refused by the API server (a conflict): said in the record.
+    (u,) = unwritten_facts([(out[0], "conflict")], "d-0", "t1")
+    assert (u["kind"], u["workload"]["uid"], u["reason"]) == ("unwritten", "u-a", "conflict")
+
+    store = Store()
+    store.fail = ApiException(status=503, reason="ServiceUnavailable")
+    failing = _log(store)
+    a, _, r = dispatch_ahead(failing, _dispatches(), places, namespaces, policy(), "t0")
+    # The nomination waits (Pending: MultiKueue dispatches only what all checks call Ready), naming
+    # the store's refusal; the rejection, which sends nothing anywhere, goes on and its record waits.
+    assert (a.state, a.outcome, a.nominated, a.recorded) == ("Pending", "wait", None, False)
+    assert a.message == "waiting for the sovereignty record (audit.required): 503 ServiceUnavailable"
+    assert a.event == ("RecordUnavailable", a.message, True)
+    assert (r.state, r.recorded) == ("Rejected", True)
+    assert [f["workload"]["uid"] for f in failing.backlog] == ["u-r"]
