@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 OUT ?= out
 
-.PHONY: venv lint format typecheck test unit run demo regimes calibration-figure calibrate-profiles simulate bench bench-engine bench-operator bench-flood bench-mix bench-sim sim-native clean binaries engine-e2e cluster-up cluster-down pod-e2e image multicluster-up multicluster-down demo-multicluster bench-multicluster mutants
+.PHONY: venv lint format typecheck test unit run demo regimes calibration-figure calibrate-profiles simulate bench bench-engine bench-operator bench-failover bench-flood bench-mix bench-sim sim-native clean binaries engine-e2e cluster-up cluster-down pod-e2e image multicluster-up multicluster-down demo-multicluster bench-multicluster mutants
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -138,6 +138,12 @@ bench-sim: venv sim-native
 # Every shipped scenario under every policy, with figures in out/sim/.
 simulate: venv sim-native
 	for s in idle mixed saturated sovereign-split heterogeneous shared-engine; do $(BIN)/sovereignspec simulate $$s --learning --plot $(OUT)/sim || exit 1; done
+
+# The leader lost mid-burst under load: two replicas (the chart's lease), 5,000 one-GPU workloads,
+# the leader SIGKILLed, then paused: time to the standby's first decision, lost, repeated,
+# over-committed (docs/failover.md). ARGS="--workloads 1000" for less.
+bench-failover: venv binaries
+	$(BIN)/python -m benchmarks.failover $(ARGS)
 
 # Admission latency (500 Jobs, SovereignSpec vs a trivial check) and operator memory, on the local
 # control plane with 2,000 simulated GPUs.

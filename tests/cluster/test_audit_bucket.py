@@ -318,3 +318,45 @@ def test_audit_copy_moves_the_clusters_record_into_a_bucket_digests_unchanged_an
         refused.stderr
     )
     assert len(store(s3, other).read_segments()) == 1
+
+
+def test_the_leader_killed_mid_burst_leaves_one_chain_in_the_bucket_with_every_placement_recorded(
+    s3, creds, env, namespace, unique
+) -> None:
+    """Two replicas writing one bucket under leader election, the leader SIGKILLed in the middle of
+    a burst: the bucket's chain verifies (no gap, no fork), every placement is in it (written ahead of
+    its decision), and both replicas' hand-overs and decisions are."""
+    from tests.cluster.test_leader_election import elected, leads
+
+    own, kubeconfig, flags = elected(env, namespace, unique, "bucketfail")
+    bucket = s3.bucket(f"failover-{secrets.token_hex(3)}")
+    flags += ["--audit-bucket", bucket, "--audit-endpoint", s3.endpoint, "--audit-retention-days", "1"]
+    operators = [
+        OperatorProcess(own.controller, extra=flags, kubeconfig=kubeconfig, env=s3.env()).start()
+        for _ in range(2)
+    ]
+    try:
+        pool = make_pool(own, namespace, [("H100-SXM", "eu", 8, [0.95] * 8)])
+        first = wait_until(
+            lambda: next((o for o in operators if leads(env.api, namespace, o)), None),
+            timeout=30, what="one operator to lead",
+        )  # fmt: skip
+        jobs = [f"burst-{i:02d}" for i in range(8)]
+        for job in jobs[:3]:
+            submit(pool, job, **CHAT)
+        wait_until(lambda: decided(pool, jobs[0]), timeout=60, what="the first decision")
+        first.kill()  # SIGKILL: no hand-over, the standby waits out the lease
+        for job in jobs[3:]:
+            submit(pool, job, **CHAT)
+        finals = {j: decided(pool, j, timeout=90) for j in jobs}
+    finally:
+        for o in operators:
+            o.stop()
+    segments = store(s3, bucket, 1).read_segments()
+    assert record.verify(segments) == []
+    records = record.records_of(segments)
+    recorded = {r["workload"]["uid"] for r in records if r["kind"] == "decision" and r["state"] == "Ready"}
+    placed = {wl["metadata"]["uid"] for wl in finals.values() if our_entry(pool, wl)["state"] == "Ready"}
+    assert placed and placed <= recorded, (placed - recorded, records)
+    assert len({r["replica"] for r in records if r["kind"] == "leader"}) == 2, records
+    assert len({r["replica"] for r in records if r["kind"] == "decision"}) == 2, records
