@@ -17,7 +17,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any, cast
 
 from sovereignspec.arguments import bounded_int
@@ -204,28 +205,38 @@ def _verdict(failures: list[str], intact: str) -> int:
     return 0
 
 
+@contextmanager
+def _reading(command: str, where: str) -> Iterator[None]:
+    """What reading the record may meet, as one clear error naming `command`: no cluster (no
+    kubeconfig), the API server's refusal, or the record's store refusing (`where` it is)."""
+    from kubernetes.client.exceptions import ApiException
+    from kubernetes.config.config_exception import ConfigException
+
+    from sovereignspec.operator.audit import StoreRefusedError
+
+    try:
+        yield
+    except ConfigException as exc:
+        raise ConfigError(f"{command}: no cluster to read from: {exc} (give --kubeconfig)") from None
+    except ApiException as exc:
+        raise ConfigError(f"{command}: reading the cluster failed: {exc.status} {exc.reason}") from None
+    except StoreRefusedError as exc:
+        raise ConfigError(f"{command}: reading the record in {where} failed: {exc}") from None
+
+
 def _copy(args: argparse.Namespace) -> int:
     """`audit copy`: the cluster's segments into the bucket, each under the bucket's retention and
     as it was (records, digests, writer), after the segments the bucket already holds, which must
     be the same chain's first ones. The chain is verified first: a broken one is not copied."""
-    from kubernetes.client.exceptions import ApiException
-    from kubernetes.config.config_exception import ConfigException
-
-    from sovereignspec.operator.audit import StoreRefusedError, bucket_store
+    from sovereignspec.operator.audit import bucket_store
     from sovereignspec.operator.process import api_client
 
     store = bucket_store(args)
     if store is None:
         raise ConfigError("audit copy: give the bucket to copy into (--audit-bucket, --audit-endpoint)")
-    try:
+    with _reading("audit copy", store.where()):
         segments = sorted(_segments(api_client(args.kubeconfig)), key=lambda s: int(s["index"]))
         there = store.read_segments()
-    except ConfigException as exc:
-        raise ConfigError(f"audit copy: no cluster to read from: {exc} (give --kubeconfig)") from None
-    except ApiException as exc:
-        raise ConfigError(f"audit copy: reading the cluster failed: {exc.status} {exc.reason}") from None
-    except StoreRefusedError as exc:
-        raise ConfigError(f"audit copy: reading {store.where()} failed: {exc}") from None
     broken = record.verify(segments)
     if broken:
         raise ConfigError(f"audit copy: the cluster's record is broken, not copied: {broken[0]}")
@@ -250,10 +261,7 @@ def _copy(args: argparse.Namespace) -> int:
 
 
 def command(args: argparse.Namespace) -> int:
-    from kubernetes.client.exceptions import ApiException
-    from kubernetes.config.config_exception import ConfigException
-
-    from sovereignspec.operator.audit import StoreRefusedError, bucket_store
+    from sovereignspec.operator.audit import bucket_store
     from sovereignspec.operator.bucket import BucketStore
     from sovereignspec.operator.process import api_client
 
@@ -263,21 +271,13 @@ def command(args: argparse.Namespace) -> int:
     if checking and args.export:
         return _verify_export(args.export)
     store = bucket_store(args)  # None: the cluster's AuditSegments
-    try:
+    with _reading("audit", store.where() if store else "the cluster"):
         segments = store.read_segments() if store is not None else None
         overwritten = store.newer_versions() if isinstance(store, BucketStore) and checking else []
         if segments is None or checking:  # verify reads the admitted Workloads from the cluster
             api = api_client(args.kubeconfig)
             segments = _segments(api) if segments is None else segments
         admitted = _admitted(api) if checking else {}
-    except ConfigException as exc:
-        raise ConfigError(f"audit: no cluster to read from: {exc} (give --kubeconfig)") from None
-    except ApiException as exc:
-        raise ConfigError(f"audit: reading the cluster failed: {exc.status} {exc.reason}") from None
-    except StoreRefusedError as exc:
-        raise ConfigError(
-            f"audit: reading the record in {store.where() if store else '?'} failed: {exc}"
-        ) from None
     records = record.records_of(segments)
     if checking:
         for key in overwritten:  # its first version stands and is what was verified

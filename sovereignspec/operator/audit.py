@@ -27,7 +27,7 @@ from sovereignspec.operator.ledger import pod_gpus
 from sovereignspec.operator.plan import Write, held, shorten
 from sovereignspec.operator.policy import PolicySpec
 from sovereignspec.operator.record import Head, chain, head_of
-from sovereignspec.operator.violations import Ignored, decided_mode
+from sovereignspec.operator.violations import Ignored
 from sovereignspec.operator.world import World, tenancy_of
 from sovereignspec.operator.writer import TRANSPORT_ERRORS, now_rfc3339
 
@@ -120,7 +120,7 @@ def ignored_fact(i: Ignored, replica: str, at: str) -> dict[str, Any]:
     return {
         "kind": "ignored", "at": at, "replica": replica, "check": c.check,
         "workload": workload_fields(c.workload.get("metadata") or {}), "node": c.node,
-        "mode": decided_mode(c.entry), "gamma": c.gamma, "allowed": i.allowed,
+        "mode": c.mode, "gamma": c.gamma, "allowed": i.allowed,
         "draftTokens": round(i.draft_tokens), "drafts": round(i.drafts),
         "message": shorten(i.message, 300),
     }  # fmt: skip

@@ -25,6 +25,7 @@ from sovereignspec.core.cluster import ClusterView, NodeState, WorkloadRequest
 from sovereignspec.core.running import reevaluate
 from sovereignspec.core.sovereignty import Exclusion, NodeTenancy, check_node
 from sovereignspec.core.specs import ProfileSet
+from sovereignspec.engines import handed_table
 from sovereignspec.operator import annotations as ann
 from sovereignspec.operator import kinds
 from sovereignspec.operator.policy import PolicySpec
@@ -63,6 +64,22 @@ class Committed:
     part: int = 0  # which of a spread workload's pods (each has an entry of its own)
     # A spread workload's reach: every node its labels select, where a pod may be bound (tenancy).
     reach: frozenset[str] = frozenset()
+    mode: str | None = None  # the mode it handed its pods (None: an entry without our annotation)
+    largest_budget: int | None = None  # `handed`'s: the most draft tokens per step it allows
+
+
+def handed(notes: Mapping[str, Any]) -> tuple[str | None, int | None]:
+    """What a decision's annotations hand its engines: the mode, and the most draft tokens per step
+    (its budget at the declared batch, or its per-batch table's largest where lighter batches draft
+    more; None: no budget written, e.g. a decision of an older version, or an unreadable one)."""
+    mode = notes.get(ann.OUT_MODE)
+    try:
+        budget = int(str(notes[ann.OUT_BUDGET]))
+    except (KeyError, ValueError):
+        return (None if mode is None else str(mode)), None
+    short = {str(k)[len(ann.PREFIX) :]: str(v) for k, v in notes.items() if str(k).startswith(ann.PREFIX)}
+    largest = max([budget, *(k for _, _, k in handed_table(short))])
+    return (None if mode is None else str(mode)), largest
 
 
 @dataclass(frozen=True)
@@ -166,6 +183,7 @@ def ledger_entries(
         meta = wl["metadata"]
         request, gpus = _counted_request(wl, policy, profiles, snapshot, pool, tenancy, world, errors)
         predicted = _decimal_ms(notes.get(ann.OUT_TPOT))
+        mode, largest = handed(notes)
         where = [(node, _int(notes.get(ann.OUT_GPU_INDEX), 0, 1024, 0))]
         reach: frozenset[str] = frozenset()
         if spread:  # each pod where it was counted, with its share of the GPUs
@@ -190,6 +208,8 @@ def ledger_entries(
                 entry=entry,
                 part=part,
                 reach=reach,
+                mode=mode,
+                largest_budget=largest,
             )
             for part, (on, index) in enumerate(where)
         ]

@@ -22,10 +22,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sovereignspec.engines import handed_table
-from sovereignspec.keys import BUDGET, PREFIX
 from sovereignspec.operator.annotations import OUT_MODE
-from sovereignspec.operator.ledger import Committed, pod_gpus
+from sovereignspec.operator.ledger import Committed, handed, pod_gpus
 from sovereignspec.operator.policy import PolicySpec
 from sovereignspec.operator.world import NAMESPACE_JURISDICTION_LABEL, World, safe_key, tenancy_of
 
@@ -159,30 +157,12 @@ class Ignored:
 
 
 def decided_mode(entry: Mapping[str, Any]) -> str | None:
-    """The mode our check entry handed the workload's pods (its podSetUpdates' annotation)."""
+    """The mode a check entry of ours handed the workload's pods (its podSetUpdates' annotation),
+    for entries read raw (the ledger's `Committed` carries it already)."""
     for update in entry.get("podSetUpdates") or []:
-        mode = (update.get("annotations") or {}).get(OUT_MODE)
+        mode, _ = handed(update.get("annotations") or {})
         if mode is not None:
-            return str(mode)
-    return None
-
-
-def largest_budget(entry: Mapping[str, Any]) -> int | None:
-    """The most draft tokens per step our check entry handed the workload's engines: its budget
-    at the declared batch, or its per-batch table's largest where lighter batches draft more
-    (None: no budget written, e.g. a decision of an older version)."""
-    for update in entry.get("podSetUpdates") or []:
-        notes = {
-            str(k)[len(PREFIX) :]: str(v)
-            for k, v in ((update.get("annotations") or {}).items())
-            if str(k).startswith(PREFIX)
-        }
-        if BUDGET in notes:
-            try:
-                budget = int(notes[BUDGET])
-            except ValueError:
-                return None
-            return max([budget, *(k for _, _, k in handed_table(notes))])
+            return mode
     return None
 
 
@@ -208,11 +188,10 @@ def ignored(
         tokens = drafting.get(owner, 0.0)
         if tokens <= 0 or c.key in seen:
             continue
-        mode = decided_mode(c.entry)
-        if mode == "plain":
+        if c.mode == "plain":
             found = Ignored(c, tokens)
-        elif mode == "speculative":
-            n, allowed = (drafts or {}).get(owner, 0.0), largest_budget(c.entry)
+        elif c.mode == "speculative":
+            n, allowed = (drafts or {}).get(owner, 0.0), c.largest_budget
             if n <= 0 or allowed is None or tokens / n <= allowed + BEYOND_TOLERANCE:
                 continue
             found = Ignored(c, tokens, n, allowed)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -165,9 +167,7 @@ def test_a_workload_decided_plain_whose_engine_drafts_anyway_is_told_on_its_work
     # Its own arguments or a configuration file turned speculation on, which no admission policy
     # reads: the engine's draft counters, scraped as the shipped job scrapes them, say so.
     pool = make_pool(env, namespace, [("H100-SXM", "eu", 4, [0.95] * 4)])
-    engine = EngineStandIn("vllm", MODEL, alpha=0.05, gamma=4, seconds_per_token=0.018)
-    try:
-        env.prometheus.add_scrape_config(discovered([(engine.target, namespace, "stubborn", True)]))
+    with scraped_engine(env, namespace, "stubborn", alpha=0.05, gamma=4, seconds_per_token=0.018):
         submit(pool, "stubborn", model=MODEL, drafter="eagle3", acceptance_rate=0.05, latency_class="latency")
         wl = decided(pool, "stubborn")
         entry = our_entry(pool, wl)
@@ -190,6 +190,15 @@ def test_a_workload_decided_plain_whose_engine_drafts_anyway_is_told_on_its_work
         fact = wait_until(lambda: ignored_record(namespace), timeout=30, what="the ignored record")
         assert fact["mode"] == "plain" and fact["allowed"] is None and fact["draftTokens"] > 0, fact
         assert fact["workload"]["name"] == wl["metadata"]["name"], fact
+
+
+@contextmanager
+def scraped_engine(env, namespace: str, job: str, **behaviour) -> Iterator[EngineStandIn]:
+    """A stand-in vLLM serving `job` in `namespace`, scraped as the shipped job scrapes engines."""
+    engine = EngineStandIn("vllm", MODEL, **behaviour)
+    try:
+        env.prometheus.add_scrape_config(discovered([(engine.target, namespace, job, True)]))
+        yield engine
     finally:
         env.prometheus.remove_scrape_config("sovereignspec-serving-engines")
         engine.close()
@@ -210,9 +219,7 @@ def test_a_speculative_decision_whose_engine_drafts_beyond_its_table_is_told_and
     # Decided speculative with a budget of at most gammaMax (8) tokens per draft, its engine drafts
     # 16 per draft (its own --speculative-config): read as draft tokens over drafts.
     pool = make_pool(env, namespace, [("H100-SXM", "eu", 4, [0.95] * 4)])
-    engine = EngineStandIn("vllm", MODEL, alpha=0.8, gamma=16, seconds_per_token=0.012)
-    try:
-        env.prometheus.add_scrape_config(discovered([(engine.target, namespace, "greedy", True)]))
+    with scraped_engine(env, namespace, "greedy", alpha=0.8, gamma=16, seconds_per_token=0.012):
         submit(pool, "greedy", **CHAT)
         wl = decided(pool, "greedy")
         entry = our_entry(pool, wl)
@@ -223,9 +230,6 @@ def test_a_speculative_decision_whose_engine_drafts_beyond_its_table_is_told_and
         assert "proposed 16.0 per draft" in told.message, told.message
         fact = wait_until(lambda: ignored_record(namespace), timeout=30, what="the ignored record")
         assert fact["mode"] == "speculative" and 1 <= fact["allowed"] <= 8, fact
-    finally:
-        env.prometheus.remove_scrape_config("sovereignspec-serving-engines")
-        engine.close()
 
 
 @pytest.mark.prometheus
@@ -236,9 +240,7 @@ def test_with_evict_ignored_a_decision_its_engine_does_not_keep_is_evicted_to_be
     # could be a predecessor's, and only a warning is said.
     evicting = second_check(env, unique, watch={"evictIgnored": True}, telemetry={"stepWindowSeconds": 10})
     pool = make_pool(evicting, namespace, [("H100-SXM", "eu", 4, [0.95] * 4)])
-    engine = EngineStandIn("vllm", MODEL, alpha=0.05, gamma=4, seconds_per_token=0.018)
-    try:
-        env.prometheus.add_scrape_config(discovered([(engine.target, namespace, "stubborn", True)]))
+    with scraped_engine(env, namespace, "stubborn", alpha=0.05, gamma=4, seconds_per_token=0.018):
         submit(pool, "stubborn", model=MODEL, drafter="eagle3", acceptance_rate=0.05, latency_class="latency")
         wl = decided(pool, "stubborn")
         assert our_entry(pool, wl)["state"] == "Ready"
@@ -258,6 +260,3 @@ def test_with_evict_ignored_a_decision_its_engine_does_not_keep_is_evicted_to_be
         ]
         evictions = [r for r in records if r["kind"] == "decision" and r["outcome"] == "ignored"]
         assert evictions and evictions[0]["state"] == "Retry", records
-    finally:
-        env.prometheus.remove_scrape_config("sovereignspec-serving-engines")
-        engine.close()

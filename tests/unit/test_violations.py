@@ -14,9 +14,9 @@ from sovereignspec.core.cluster import WorkloadRequest
 from sovereignspec.engines import engine_config
 from sovereignspec.operator import metrics
 from sovereignspec.operator.controller import Controller
-from sovereignspec.operator.ledger import Committed
+from sovereignspec.operator.ledger import Committed, handed
 from sovereignspec.operator.policy import PolicySpec
-from sovereignspec.operator.violations import ignored, largest_budget, violations
+from sovereignspec.operator.violations import ignored, violations
 from sovereignspec.operator.watches import Watches
 from sovereignspec.operator.world import World
 from sovereignspec.profiles import load_profiles
@@ -157,9 +157,10 @@ def decided(
         notes |= {"sovereignspec.io/draft-budget": str(gamma)}
         notes |= {f"sovereignspec.io/{k}": v for k, v in config.notes.items()}
     entry = {"name": CHECK, "state": "Ready", "podSetUpdates": [{"name": "main", "annotations": notes}]}
+    handed_mode, largest = handed(notes)  # as the ledger reads them back
     return Committed(
         f"{namespace}/{name}", namespace, name, "h-eu", 0, gamma if mode == "speculative" else 0, 1, request,
-        at, None, CHECK, workload, entry, part=part,
+        at, None, CHECK, workload, entry, part=part, mode=handed_mode, largest_budget=largest,
     )  # fmt: skip
 
 
@@ -206,11 +207,13 @@ def test_the_controller_counts_and_tells_each_ignored_decision_once_while_it_las
 
 
 def test_the_largest_budget_a_decision_hands_is_its_gamma_or_its_tables_largest() -> None:
-    assert largest_budget(decided("chat", "speculative", gamma=3).entry) == 3
+    assert decided("chat", "speculative", gamma=3).largest_budget == 3
     table = [[1, 4, 6], [5, 16, 3], [17, 2**31, 1]]  # light batches may draft further
-    assert largest_budget(decided("chat", "speculative", gamma=1, table=table).entry) == 6
-    assert largest_budget(decided("chat", "plain").entry) == 0  # a plain decision hands budget 0
-    assert largest_budget(decided("chat", None).entry) is None  # no decision of ours
+    assert decided("chat", "speculative", gamma=1, table=table).largest_budget == 6
+    assert decided("chat", "plain").largest_budget == 0  # a plain decision hands budget 0
+    assert decided("chat", None).largest_budget is None  # no decision of ours
+    unreadable = {"sovereignspec.io/mode": "speculative", "sovereignspec.io/draft-budget": "four"}
+    assert handed(unreadable) == ("speculative", None)  # no budget to hold its engines to
 
 
 @pytest.mark.parametrize(
