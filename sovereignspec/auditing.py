@@ -160,6 +160,7 @@ def _describe(r: dict[str, Any]) -> str:
         return (
             f"{r.get('at')}  #{r.get('seq')} {r.get('replica')} leads from here on ({r.get('term')}), "
             f"having sealed {r.get('sealed')} pending workload(s)"
+            + ("" if r.get("named") is None else f" of the {r.get('named')} its predecessor had on their way")
         )
     if r.get("kind") == "ignored":
         allowed = r.get("allowed")

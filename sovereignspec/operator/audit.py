@@ -107,10 +107,11 @@ def decision_facts(
     return out
 
 
-def leader_fact(replica: str, term: str, sealed: int, at: str) -> dict[str, Any]:
+def leader_fact(replica: str, term: str, sealed: int, named: int | None, at: str) -> dict[str, Any]:
     """A replica taking the Lease: who decides the records after it, from which hand-over on (the
-    Lease's transitions, `term`), and how many pending workloads it sealed before deciding."""
-    return {"kind": "leader", "at": at, "replica": replica, "term": term, "sealed": sealed}
+    Lease's transitions, `term`), and how many pending workloads it sealed before deciding, of how
+    many the Lease named as its predecessor's last batch (None: it named none; all were sealed)."""
+    return {"kind": "leader", "at": at, "replica": replica, "term": term, "sealed": sealed, "named": named}
 
 
 def ignored_fact(i: Ignored, replica: str, at: str) -> dict[str, Any]:

@@ -44,6 +44,7 @@ from sovereignspec.operator.workloads import (
     KEYS_ON_OWNER,
     condition,
     deployment_of,
+    key_of,
     our_entry,
     owner_metadata,
     owner_of,
@@ -56,6 +57,10 @@ log = logging.getLogger(__name__)
 
 
 DECISION_REASONS = frozenset({"SpeculativeDecode", "PlainDecode"})
+
+
+def _placing(w: Write) -> str | None:
+    return key_of(w.workload) if w.state == "Ready" else None
 
 
 class Controller(Role):
@@ -403,9 +408,11 @@ class Controller(Role):
     def _carry_out(self, writes: list[Write], report: TickReport, world: World, spec: PolicySpec) -> None:
         if self.settings.audit_required:  # the records first; otherwise recorded after the tick
             writes = ahead(self.audit, writes, world, spec)
-        futures = [self._pool.submit(self._write, w) for w in writes]
-        for w, f in zip(writes, futures, strict=True):
-            w.written = outcome = f.result()
+        # Only a placement can give a GPU twice if it lands late (`Role.send`); any other write
+        # lands on a workload unchanged since, as if sent earlier, or conflicts.
+        outcomes = self.send(writes, _placing, self._write)
+        for w, outcome in zip(writes, outcomes, strict=True):
+            w.written = outcome
             if outcome in RECORDED or w.recorded:  # recorded ahead and not written: said so
                 self._written.append(w)
             report.outcomes[outcome] += 1

@@ -109,6 +109,11 @@ class WorkerDescription(BaseModel):
     gpu_type: str | None = Field(None, alias=WORKER_GPU_TYPE, max_length=64, description="a GPU profile name")
 
 
+def _dispatching(d: Decision) -> str | None:
+    """A dispatch that names worker clusters, or admits: what a write landing late could do twice."""
+    return key_of(d.wl) if d.nominated or d.state == "Ready" else None
+
+
 def describe_worker(obj: dict[str, Any]) -> tuple[WorkerDescription, str | None]:
     """The worker's description, or an empty one and what is wrong with it (fail closed)."""
     meta = obj.get("metadata") or {}
@@ -275,7 +280,8 @@ class DispatchController(Role):
                     decisions = ahead(self.audit, decisions, places, namespaces, spec, now_rfc3339())
                 waiting += sum(1 for d in decisions if d.outcome == "wait")
                 written, refused = [], []
-                for d, outcome in zip(decisions, self._pool.map(self._write_one, decisions), strict=True):
+                outcomes = self.send(decisions, _dispatching, self._write_one)
+                for d, outcome in zip(decisions, outcomes, strict=True):
                     report.outcomes[outcome] += 1
                     if outcome == "conflict":
                         report.conflicts += 1

@@ -12,6 +12,14 @@ stop a write a paused process (SIGSTOP, a long GC, a frozen VM) sends after its 
 therefore guarded by the resourceVersion it was decided on, and a new leader, before its first
 decision, rewrites every workload a predecessor could still be deciding (`Role.seal`), so that such
 a late write fails, or landed before and is read (docs/architecture.md).
+
+Which workloads those are is in the Lease itself (`announce`): before a batch of decisions is
+sent, its keys are written into the Lease's `DECIDING` annotation, guarded by the Lease's
+resourceVersion. A takeover is a write guarded by the same version, so once a successor holds the
+Lease no announcement of its predecessor can land, and a predecessor whose announcement fails sends
+nothing of that batch. The successor therefore seals only what the Lease it took names (`inherited`),
+not every pending workload: one write per batch of decisions buys a takeover whose cost does not
+grow with the backlog.
 """
 
 from __future__ import annotations
@@ -36,6 +44,26 @@ from sovereignspec.operator.writer import API_ERRORS, NotLeaderError
 log = logging.getLogger(__name__)
 
 LEASES = "coordination.k8s.io/v1"
+# The keys of the batch of decisions the holder sends now (JSON list), written before the batch.
+DECIDING = "sovereignspec.io/deciding"
+
+
+def inherited_from(lease: dict[str, Any] | None) -> frozenset[str] | None:
+    """What a Lease taken over says its holder may still have on its way: the keys it announced
+    last (no Lease: nothing; a Lease without the annotation, or one unreadable: None, unknown, as a
+    predecessor of an older version leaves it, and every pending workload must be sealed)."""
+    if lease is None:
+        return frozenset()
+    text = ((lease.get("metadata") or {}).get("annotations") or {}).get(DECIDING)
+    if text is None:
+        return None
+    try:
+        keys = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+        return None
+    return frozenset(keys)
 
 
 @dataclass(frozen=True)
@@ -134,6 +162,13 @@ class LeaderElector:
         self._observed_at = 0.0
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        # Every write of the Lease (renewal, announcement, hand-over) under one lock, each guarded by
+        # the version the last one returned: the announcement in force is always in the Lease.
+        self._lease_lock = threading.Lock()
+        self._version: str | None = None
+        self._announced: list[str] = []
+        # What the Lease we took named as on its way (`inherited_from`), set when we first lead.
+        self.inherited: frozenset[str] | None = None
 
     @property
     def path(self) -> str:
@@ -194,19 +229,53 @@ class LeaderElector:
             doc = {}
         return resp.status, doc if isinstance(doc, dict) else {}
 
-    def _lease(self, record: LeaseRecord, resource_version: str | None = None) -> dict[str, Any]:
-        meta: dict[str, Any] = {"name": self.name, "namespace": self.namespace}
+    def _lease(
+        self, record: LeaseRecord, resource_version: str | None = None, deciding: list[str] | None = None
+    ) -> dict[str, Any]:
+        meta: dict[str, Any] = {
+            "name": self.name,
+            "namespace": self.namespace,
+            "annotations": {DECIDING: json.dumps(deciding or [])},
+        }
         if resource_version is not None:
             meta["resourceVersion"] = resource_version
         return {"apiVersion": LEASES, "kind": "Lease", "metadata": meta, "spec": record.spec()}
 
-    def _write(self, record: LeaseRecord, read: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    def _write(
+        self, record: LeaseRecord, read: dict[str, Any], deciding: list[str] | None = None
+    ) -> tuple[int, dict[str, Any]]:
         """Replace the Lease as `read` with `record`, guarded by the version read."""
-        body = self._lease(record, read["metadata"]["resourceVersion"])
+        body = self._lease(record, read["metadata"]["resourceVersion"], deciding)
         return self._call("PUT", f"{self.path}/{self.name}", body)
+
+    def announce(self, keys: list[str]) -> None:
+        """Before a batch of decisions is sent: its keys into the Lease (`DECIDING`), guarded by the
+        version of our last write of it, with our renewal. Raises NotLeaderError, and the batch must
+        not be sent, unless that write landed: then no successor held the Lease before it, and one
+        that takes it after reads these keys (`inherited`) and seals them first."""
+        with self._lease_lock:
+            with self._cond:
+                if not self._leading_locked() or self._observed is None or self._version is None:
+                    raise NotLeaderError(f"{self.identity} does not hold Lease {self.namespace}/{self.name}")
+                record = replace(self._observed, renew_time=micro_time(self._wall()))
+            sent = self._monotonic()
+            body = self._lease(record, self._version, keys)
+            status, written = self._call("PUT", f"{self.path}/{self.name}", body)
+            if status == 409:
+                raise NotLeaderError(f"Lease {self.namespace}/{self.name} changed under {self.identity}")
+            if status >= 400:
+                raise ApiException(status=status, reason=str(written.get("message", ""))[:300])
+            self._version, self._announced = written["metadata"]["resourceVersion"], list(keys)
+            with self._cond:
+                self._observed, self._observed_at = record, sent
+                self._renewed = sent
 
     def try_acquire_or_renew(self) -> bool:
         """One round: read the Lease, and take or renew it if it is ours to take."""
+        with self._lease_lock:
+            return self._acquire_or_renew()
+
+    def _acquire_or_renew(self) -> bool:
         sent = self._monotonic()
         status, lease = self._call("GET", f"{self.path}/{self.name}")
         # A record is observed when its answer is here (client-go's observedTime), not when asked:
@@ -225,16 +294,21 @@ class LeaderElector:
                      round(self.lease_duration))  # fmt: skip
         if want is None:
             return False
+        # A renewal keeps our announcement in force; a takeover starts with none of its own.
+        deciding = self._announced if self._leader else []
         if found is None:
-            status, written = self._call("POST", self.path, self._lease(want))
+            status, written = self._call("POST", self.path, self._lease(want, deciding=deciding))
         else:
             # Guarded by the version read: of two candidates that saw the same expired record, one wins.
-            status, written = self._write(want, found)
+            status, written = self._write(want, found, deciding)
         if status == 409:
             return False
         if status >= 400:
             raise ApiException(status=status, reason=str(written.get("message", ""))[:300])
+        self._version = (written.get("metadata") or {}).get("resourceVersion")
         with self._cond:
+            if not self._leader:  # taking it: what the Lease says its last holder had on its way
+                self.inherited = inherited_from(found)
             self._observed, self._observed_at = want, sent
             self._renewed = sent
         return True
@@ -319,7 +393,8 @@ class LeaderElector:
                 return False
             now = micro_time(self._wall())
             handed = LeaseRecord("", 1, now, now, current.transitions)
-            status, _ = self._write(handed, lease)
+            with self._lease_lock:  # our writes have ended: nothing on its way to announce
+                status, _ = self._write(handed, lease, [])
         except API_ERRORS as exc:
             log.warning(
                 "leader election: could not hand Lease %s/%s over: %s", self.namespace, self.name, exc

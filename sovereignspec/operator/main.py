@@ -48,6 +48,7 @@ def configure(controller: Role, elector: LeaderElector | None = None) -> None:
     _Runtime.elector = elector
     if elector is not None:
         controller.writer.fence = elector.fence  # every write refused unless this replica leads
+        controller.writer.announce = elector.announce  # every batch of decisions named in the Lease first
 
 
 async def operate(**kopf_options: Any) -> None:
@@ -167,18 +168,22 @@ async def stop_caches(memo: kopf.Memo, **_: Any) -> None:
 
 def _catch_up() -> None:
     """A new leader's first step: its Workloads cache at least as new as the API server's state
-    now, then every workload a predecessor could still be deciding sealed (`Role.seal`)."""
+    now, then every workload a predecessor could still be deciding sealed (`Role.seal`): those the
+    Lease it took names (`LeaderElector.inherited`), or, where it names none, every pending one."""
     assert _Runtime.controller is not None and _Runtime.elector is not None
     listed = _Runtime.controller.cache.workloads.catch_up()
     log.info(
         "leading: the Workloads' cache caught up with the API server%s", " (listed again)" if listed else ""
     )
-    term = _Runtime.elector.term()
-    sealed = _Runtime.controller.seal(term)
-    log.info("leading: %d pending workload(s) sealed for %s before its first decision", sealed, term)
+    term, inherited = _Runtime.elector.term(), _Runtime.elector.inherited
+    sealed = _Runtime.controller.seal(term, inherited)
+    named_count = None if inherited is None else len(inherited)
+    named = "every pending one: the Lease named none" if inherited is None else f"of {named_count} named"
+    log.info("leading: %d pending workload(s) sealed for %s before its first decision (%s)", sealed, term,
+             named)  # fmt: skip
     audit = getattr(_Runtime.controller, "audit", None)  # both roles keep a record
     if audit is not None:  # the hand-over in the record, ahead of this leader's decisions
-        audit.add([leader_fact(audit.writer, term, sealed, now_rfc3339())])
+        audit.add([leader_fact(audit.writer, term, sealed, named_count, now_rfc3339())])
 
 
 async def decision_loop() -> None:

@@ -5,12 +5,13 @@ conflicting write. Each role's tick is its own (`controller.Controller`, `dispat
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -19,11 +20,36 @@ from sovereignspec.core.specs import ProfileSet
 from sovereignspec.operator.checks import CheckReconciler
 from sovereignspec.operator.informer import ClusterCache, DispatchCache
 from sovereignspec.operator.policy import PolicySpec
-from sovereignspec.operator.workloads import condition, our_entry
-from sovereignspec.operator.writer import ConflictError, Writer
+from sovereignspec.operator.workloads import condition, key_of, our_entry
+from sovereignspec.operator.writer import API_ERRORS, ConflictError, Writer
+
+log = logging.getLogger(__name__)
+
+# Placements per announcement (`Role.send`): their keys well inside the 256 KiB an object's
+# annotations may hold, and one Lease write per this many decisions.
+ANNOUNCE_KEYS = 256
 
 # Rounds of sealing (`Role.seal`) before a new leader gives up for this tick and tries again.
 SEAL_ROUNDS = 5
+
+
+T = TypeVar("T")
+
+
+def _segments(items: list[T], placing: Callable[[T], str | None]) -> Iterator[tuple[list[T], list[str]]]:
+    """`items` in order, cut so that each piece holds at most ANNOUNCE_KEYS placements."""
+    segment: list[T] = []
+    keys: list[str] = []
+    for item in items:
+        key = placing(item)
+        if key is not None and len(keys) == ANNOUNCE_KEYS:
+            yield segment, keys
+            segment, keys = [], []
+        segment.append(item)
+        if key is not None:
+            keys.append(key)
+    if segment:
+        yield segment, keys
 
 
 @dataclass(frozen=True)
@@ -87,7 +113,33 @@ class Role:
     def reconcile_checks(self) -> tuple[dict[str, tuple[str, PolicySpec]], dict[str, PolicySpec]]:
         return self.check_reconciler.reconcile()
 
-    def seal(self, term: str) -> int:
+    def send(
+        self, items: list[T], placing: Callable[[T], str | None], write: Callable[[T], str]
+    ) -> list[str]:
+        """Each item written (`write`, in the pool), its outcome in order, in segments of at most
+        ANNOUNCE_KEYS placements (`placing`: the workload's key where the item gives it resources),
+        each segment's placements announced before any of it is sent and the segment ended before
+        the next is announced: a successor that takes the Lease seals what it names, and nothing
+        else of ours can be on its way. A segment not announced is not sent ("error")."""
+        outcomes: list[str] = []
+        for segment, keys in _segments(items, placing):
+            if keys and not self.announce(keys):
+                outcomes += ["error"] * len(segment)
+                continue
+            outcomes += list(self._pool.map(write, segment))
+        return outcomes
+
+    def announce(self, keys: list[str]) -> bool:
+        """A batch's keys announced before it is sent (`Writer.announce`); False: not announced (no
+        longer leading, the Lease unreachable), and the batch must not be sent."""
+        try:
+            self.writer.announce(keys)
+        except API_ERRORS as exc:
+            log.warning("not sending %d decision(s): announcing them in the Lease failed: %s", len(keys), exc)
+            return False
+        return True
+
+    def seal(self, term: str, only: frozenset[str] | None = None) -> int:
         """Before a new leader's first decision: make every decision a predecessor may still have
         on its way fail, or be read. A leader paused between its Lease check and its write (a
         SIGSTOP, a long GC, a frozen VM) sends that write whenever it resumes; the resourceVersion
@@ -96,14 +148,17 @@ class Role:
         new resourceVersion first: our entry's message names this leader and its term, written
         guarded by the version read. A late write then conflicts; one that landed first makes the
         seal conflict instead, and the cache is caught up (and sealed again) until it holds it.
-        Returns the workloads sealed; raises RuntimeError if they keep changing (the caller seals
-        again before deciding)."""
+        `only`: the keys the Lease taken over named as on their way (`LeaderElector.announce`);
+        None: unknown, every such workload. Returns the workloads sealed; raises RuntimeError if
+        they keep changing (the caller seals again before deciding)."""
         _, known = self.reconcile_checks()
         message = f"to be decided by {term}"
         sealed = 0
         for _ in range(SEAL_ROUNDS):
             todo = []
             for wl in self.cache.workloads.items():
+                if only is not None and key_of(wl) not in only:
+                    continue
                 entry = our_entry(wl, set(known))
                 if (
                     entry is not None

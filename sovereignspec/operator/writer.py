@@ -98,6 +98,9 @@ class Writer:
         # the write, NotLeaderError, unless this replica surely leads, and yields the seconds left
         # of its claim); without, nothing (None: a write's default bound).
         self.fence: Callable[[], AbstractContextManager[float | None]] = nullcontext
+        # Before a batch of decisions is sent: with leader election, `LeaderElector.announce` (their
+        # keys into the Lease, for a successor to seal; raises unless that landed); without, nothing.
+        self.announce: Callable[[list[str]], None] = lambda keys: None
 
     def _apply(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         with self.fence() as left:

@@ -3,10 +3,21 @@ tests/cluster/test_leader_election.py)."""
 
 from __future__ import annotations
 
+import copy
+import json
+
 import pytest
 from kubernetes import client
 
-from sovereignspec.operator.leader import LeaderElector, LeaseRecord, claim, micro_time
+from sovereignspec.operator.leader import (
+    DECIDING,
+    LeaderElector,
+    LeaseRecord,
+    claim,
+    inherited_from,
+    micro_time,
+)
+from sovereignspec.operator.writer import NotLeaderError
 
 NOW, BEFORE = "2026-12-04T09:00:00.000000Z", "2026-12-04T08:00:00.000000Z"
 THEIRS = LeaseRecord("other_1", 15, BEFORE, BEFORE, 3)
@@ -114,3 +125,87 @@ def test_the_fence_yields_what_is_left_of_the_claim():
     with candidate.fence() as left:
         assert left == pytest.approx(10.0 - 4.0)
     assert candidate.term() == "me (term 4)"
+
+
+class _OneLease:
+    """One Lease as the API server keeps it: a write guarded by a resourceVersion that is not the
+    current one is refused (409), as the real one refuses it."""
+
+    def __init__(self) -> None:
+        self.obj: dict | None = None
+        self.version = 0
+
+    def call(self, method: str, body: dict | None) -> tuple[int, dict]:
+        if method == "GET":
+            return (404, {}) if self.obj is None else (200, copy.deepcopy(self.obj))
+        assert body is not None
+        if method == "POST" and self.obj is not None:
+            return 409, {}
+        if method == "PUT" and (
+            self.obj is None or body["metadata"].get("resourceVersion") != str(self.version)
+        ):
+            return 409, {}
+        self.version += 1
+        self.obj = copy.deepcopy(body)
+        self.obj["metadata"]["resourceVersion"] = str(self.version)
+        return 200, copy.deepcopy(self.obj)
+
+
+class _Replica(LeaderElector):
+    """A replica on its own clock, reaching `lease` as every replica reaches the one Lease."""
+
+    def __init__(self, lease: _OneLease, identity: str) -> None:
+        self.now, self.lease = 0.0, lease
+        super().__init__(
+            client.ApiClient(), "ns", "lease", identity, 15.0, 10.0, 2.0, monotonic=lambda: self.now
+        )
+
+    def _call(self, method, path, body=None):  # type: ignore[no-untyped-def]
+        return self.lease.call(method, body)
+
+    def lead(self) -> None:
+        assert self.try_acquire_or_renew() is True
+        self._leader = True  # as `run` sets it on a first success
+
+
+def deciding(lease: _OneLease) -> list[str]:
+    assert lease.obj is not None
+    return json.loads(lease.obj["metadata"]["annotations"][DECIDING])
+
+
+def test_a_successor_inherits_what_its_predecessor_announced_last_and_the_predecessor_announces_no_more():
+    lease = _OneLease()
+    a, b = _Replica(lease, "a"), _Replica(lease, "b")
+    a.lead()
+    assert a.inherited == frozenset()  # no Lease before it: nothing can be on its way
+    a.announce(["ns/one", "ns/two"])
+    a.now = 1.0
+    assert a.try_acquire_or_renew() is True and deciding(lease) == ["ns/one", "ns/two"]  # kept by a renewal
+    a.announce(["ns/slow"])  # then a pauses (SIGSTOP), its clock with it
+    assert b.try_acquire_or_renew() is False  # a's record, seen now
+    b.now = 15.0
+    b.lead()  # unrenewed for the lease's duration on b's clock: taken
+    assert b.inherited == frozenset({"ns/slow"}) and deciding(lease) == []
+    with pytest.raises(NotLeaderError, match="changed under a"):
+        a.announce(["ns/late"])  # a resumes sure it leads (its own clock stood still): refused
+    assert deciding(lease) == []  # and nothing of a's batch was named, so none of it may be sent
+
+
+def test_a_lease_handed_over_names_nothing_on_its_way_and_one_without_announcements_names_everything():
+    lease = _OneLease()
+    a, b = _Replica(lease, "a"), _Replica(lease, "b")
+    a.lead()
+    a.announce(["ns/one"])
+    assert a.release() is True  # its writes ended: nothing on its way
+    b.lead()
+    assert b.inherited == frozenset()
+    assert inherited_from({"metadata": {}, "spec": {}}) is None  # an older version's Lease: unknown
+    assert inherited_from({"metadata": {"annotations": {DECIDING: "{not json"}}}) is None
+    assert inherited_from({"metadata": {"annotations": {DECIDING: '[1, "x"]'}}}) is None
+    assert inherited_from(None) == frozenset()
+
+
+def test_a_replica_that_does_not_lead_may_not_announce():
+    a = _Replica(_OneLease(), "a")
+    with pytest.raises(NotLeaderError):
+        a.announce(["ns/one"])
