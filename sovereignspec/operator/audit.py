@@ -22,7 +22,7 @@ from kubernetes.client.exceptions import ApiException
 
 from sovereignspec.core.sovereignty import DEFAULT_JURISDICTION_LABEL
 from sovereignspec.operator import annotations as ann
-from sovereignspec.operator import metrics
+from sovereignspec.operator import metrics, record
 from sovereignspec.operator.ledger import pod_gpus
 from sovereignspec.operator.plan import Write, held, shorten
 from sovereignspec.operator.policy import PolicySpec
@@ -319,6 +319,19 @@ class AuditLog:
 
     def read_segments(self) -> list[dict[str, Any]]:
         return self.store.read_segments()
+
+    def recall(self) -> Seen:
+        """The bindings the record holds open (`record.open_bindings`), read when a replica first
+        records: it goes on from where the last one left, across a failover or a restart. None
+        can be read (the store down, the CRD missing): an empty start, said; running pods are then
+        recorded as bound again, and a pod that ended meanwhile gets no `ended` record."""
+        try:
+            segments = self.read_segments()
+        except Exception as exc:  # the store's refusal, the API's, a transport error alike
+            log.warning("the record's open bindings could not be read (%s: %s): starting from none",
+                        type(exc).__name__, exc)  # fmt: skip
+            return {}
+        return record.open_bindings(record.records_of(segments))
 
     def add(self, facts: Sequence[Mapping[str, Any]]) -> None:
         if self.off is None:

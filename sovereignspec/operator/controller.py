@@ -100,7 +100,8 @@ class Controller(Role):
         self.audit = AuditLog(api, self.settings.identity or operator_identity(), bucket_store(self.settings))
         # What runs, against where it may run and how it was decided.
         self.watches = Watches(lambda: self.writer, self.audit)
-        self._bindings_seen: Seen = {}
+        # The bindings the record holds open, read when this replica first records (`_recall`).
+        self._bindings_seen: Seen | None = None
         self._written: list[Write] = []  # this tick's decisions written, for the record
 
     # -- the tick ------------------------------------------------------------------------------
@@ -225,6 +226,8 @@ class Controller(Role):
         be written now waits, in order, for the next tick."""
         written, self._written = self._written, []
         default = min(groups.items())[1][0] if groups else None  # the first group's, as the watches'
+        if self._bindings_seen is None:
+            self._bindings_seen = self.audit.recall()
         record_tick(self.audit, written, world, default, self._bindings_seen)
 
     def _not_synced(self, started: float, report: TickReport) -> None:

@@ -157,6 +157,29 @@ def records_of(segments: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return [dict(r) for s in ordered for r in (s.get("records") or [])]
 
 
+def open_bindings(records: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str, str | None], dict[str, Any]]:
+    """The bindings `records` (in chain order) leave open: (pod uid, node, the node's label) -> the
+    pod and its workload, for every pod and node bound and not ended since (under the label of its
+    latest binding record: a relabelled node is recorded again).
+    What a replica that starts deciding carries on from: a pod that ended while none decided is
+    then recorded as ended, and one still running is not recorded as bound again."""
+    held: dict[tuple[str, str], tuple[str | None, dict[str, Any]]] = {}  # the latest label's binding
+    for r in records:
+        kind = r.get("kind")
+        if kind not in ("binding", "ended"):
+            continue
+        pod = dict(r.get("pod") or {})
+        uid = str(pod.get("uid") or f"{pod.get('namespace', '')}/{pod.get('name')}")
+        where = (uid, str(r.get("node") or ""))
+        if kind == "ended":
+            held.pop(where, None)
+            continue
+        label = r.get("nodeJurisdiction")
+        who = {"pod": pod, "workload": dict(r.get("workload") or {})}
+        held[where] = (None if label is None else str(label), who)
+    return {(uid, node, label): who for (uid, node), (label, who) in held.items()}
+
+
 def outside(records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Bindings on a node, and admissions by a worker cluster, whose jurisdiction is not one the
     namespace allowed."""

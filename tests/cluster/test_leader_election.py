@@ -250,12 +250,24 @@ def test_two_operators_decide_each_workload_of_a_burst_exactly_once_when_the_lea
             return next((o for o in operators if leads(env.api, namespace, o)), None)
 
         first = wait_until(leader, timeout=30, what="one operator to lead")
+        client.CoreV1Api(env.api).patch_namespace(
+            namespace, {"metadata": {"labels": {"sovereignspec.io/jurisdiction": "eu"}}}
+        )  # the pods below bound inside its jurisdictions
+        # Two GPU pods bound by hand, recorded by the first leader; one ends while no replica leads.
+        for name in ("stays", "ends"):
+            client.CoreV1Api(env.api).create_namespaced_pod(namespace, gpu_pod(name, next(iter(pool.nodes))))
+        # (The session's own operator records every GPU pod too: only these replicas' records count.)
+        by_first = f"/{first.proc.pid}_"  # type: ignore[union-attr]
+        wait_until(
+            lambda: len(pod_records(namespace, "binding", by_first)) == 2, timeout=60, what="both bindings"
+        )
         jobs = [f"burst-{i:02d}" for i in range(14)]
         for job in jobs[:4]:
             submit(pool, job, **CHAT)
         wait_until(lambda: decided(pool, jobs[0]), timeout=60, what="the first decision")
         first.kill()  # SIGKILL: no hand-over, the standby waits out the lease
         killed = time.monotonic()
+        client.CoreV1Api(env.api).delete_namespaced_pod("ends", namespace, grace_period_seconds=0)
         for job in jobs[4:]:
             submit(pool, job, **CHAT)
         finals = {j: decided(pool, j, timeout=90) for j in jobs}
@@ -281,9 +293,35 @@ def test_two_operators_decide_each_workload_of_a_burst_exactly_once_when_the_lea
         assert resumed < 4 + 3 * 0.5 + 30, resumed  # the lease, a retry or so, the rest of the burst
         assert "leads now" in second.logs()
         _recorded_through_the_failover(pool, jobs)
+        # The new leader goes on from the bindings the record holds open: the pod still running is
+        # not recorded bound again, and the one that ended while none led is recorded ended. (The
+        # session's own operator records the same pods into the same chain, and may record that end
+        # first: then the record holds it already, and the new leader does not repeat it.)
+        by_second = f"/{second.proc.pid}_"  # type: ignore[union-attr]
+        ends = lambda: [r for r in pod_records(namespace, "ended", "") if r["pod"]["name"] == "ends"]  # noqa: E731
+        wait_until(ends, timeout=30, what="the end of the pod that ended while none led")
+        assert len([r for r in ends() if by_second in r["replica"]]) <= 1, ends()
+        assert pod_records(namespace, "binding", by_second) == []  # "stays" not recorded bound again
+        first_bound = sorted(r["pod"]["name"] for r in pod_records(namespace, "binding", by_first))
+        assert first_bound == ["ends", "stays"], first_bound
     finally:
         for o in operators:
             o.stop()
+
+
+def gpu_pod(name: str, node: str) -> dict[str, Any]:
+    """A one-GPU pod bound by hand (no queue name, no scheduler, no kubelet here: it stays Pending)."""
+    return {
+        "metadata": {"name": name},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10",
+                 "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+    }  # fmt: skip
+
+
+def pod_records(namespace: str, kind: str, replica: str) -> list[dict[str, Any]]:
+    """This namespace's `binding` or `ended` records of pods by a replica (a part of its identity)."""
+    out = audit("export", "--namespace", namespace).stdout.splitlines()
+    return [r for r in map(json.loads, out) if r["kind"] == kind and replica in r["replica"]]
 
 
 @pytest.mark.parametrize("elect", [False, True], ids=["alone", "leading"])

@@ -232,6 +232,26 @@ def test_a_binding_is_recorded_once_and_again_when_its_nodes_jurisdiction_change
     assert seen == {} and binding_facts(_world([]), policy(), "op", "t4", seen) == []
 
 
+def test_a_replica_that_starts_recording_goes_on_from_the_bindings_the_record_holds_open() -> None:
+    # The last leader recorded a and b bound (b under two labels) and c bound and ended, then went
+    # away; while none decided, b's pod ended. The next replica reads the open bindings from the
+    # chain: b is recorded ended, once; a, still running, is not recorded bound again; c stays ended.
+    pods = [_pod("a", "h-eu"), _pod("b", "h-kr"), _pod("c", "h-eu")]
+    before: dict[Any, Any] = {}
+    facts = binding_facts(_world(pods), policy(), "op-0", "t0", before)
+    facts += binding_facts(_world(pods, kr_label="eu"), policy(), "op-0", "t1", before)
+    facts += binding_facts(_world(pods[:2]), policy(), "op-0", "t2", before)
+    assert [(f["kind"], f["pod"]["name"]) for f in facts][-1] == ("ended", "c")
+    records, _ = record.chain(record.Head(), facts)
+    carried = record.open_bindings(records)
+    assert carried == before  # what the last replica held, from the chain alone
+    later = binding_facts(_world(pods[:1]), policy(), "op-1", "t9", carried)
+    assert [(f["kind"], f["pod"]["name"], f["node"], f["replica"]) for f in later] == [
+        ("ended", "b", "h-kr", "op-1")
+    ]
+    assert record.open_bindings([*records, *later]) == carried  # a alone, still open
+
+
 def test_a_pod_that_finishes_is_recorded_ended_with_its_containers_last_finish() -> None:
     seen: dict[Any, Any] = {}
     pod = _pod("a", "h-eu")
