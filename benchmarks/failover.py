@@ -103,6 +103,30 @@ def our_entries(api: client.ApiClient, namespace: str, check: str) -> dict[str, 
     return out
 
 
+# What the new leader does between the loss and its first decision, as its log says it.
+STEPS = (("took the Lease", "leads now"), ("cache caught up", "caught up with the API server"),
+         ("sealed", "sealed for"))  # fmt: skip
+STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
+
+
+def takeover_steps(logs: str, lost_wall: float) -> dict[str, Any]:
+    """Seconds from the loss to each of the new leader's steps (`STEPS`), and how much it sealed."""
+    out: dict[str, Any] = {}
+    for line in logs.splitlines():
+        stamp = STAMP.match(line)
+        for label, text in STEPS:
+            if stamp and text in line and label not in out:
+                at = time.mktime(time.strptime(stamp.group(1)[:19], "%Y-%m-%d %H:%M:%S"))
+                out[label] = at + int(stamp.group(1)[20:]) / 1000 - lost_wall
+                if label == "sealed":
+                    out["how much"] = (
+                        line.split("sealed for")[0].rsplit(":", 1)[-1].strip()
+                        + " "
+                        + (line.rsplit("(", 1)[-1].rstrip(")"))
+                    )
+    return out
+
+
 def submit_all(api: client.ApiClient, namespace: str, n: int, done: threading.Event) -> None:
     for i in range(n):
         server_side_apply(api, k.job(f"w{i:05d}", namespace, "q", annotations=NOTES, gpus=1), "bench")
@@ -139,13 +163,14 @@ def one_round(api: client.ApiClient, token: str, flavor: str, url: str, n: int, 
             time.sleep(0.2)
         before, decided_by_first = decisions_made(standby), decisions_made(first)
         assert first.proc is not None
-        first_decision_s, exit_code = math.nan, None
+        first_decision_s, exit_code, steps = math.nan, None, {}
         if how != "none":  # "none": the same burst with no loss, the baseline
             first.proc.send_signal(signal.SIGKILL if how == "SIGKILL" else signal.SIGSTOP)
-            lost_at = time.monotonic()
+            lost_at, lost_wall = time.monotonic(), time.time()
             while decisions_made(standby) <= before:
                 time.sleep(0.05)
             first_decision_s = time.monotonic() - lost_at
+            steps = takeover_steps(standby.logs(), lost_wall)
             if how == "SIGSTOP":
                 first.proc.send_signal(signal.SIGCONT)  # its writes checked before the pause go out now
             exit_code = first.proc.wait(timeout=60)
@@ -174,6 +199,7 @@ def one_round(api: client.ApiClient, token: str, flavor: str, url: str, n: int, 
             "lost": n - len(ready), "repeated": sum(1 for c in told.values() if c > 1),
             "over_commits": sum(c - GPUS_PER_NODE for c in given.values() if c > GPUS_PER_NODE),
             "standby_decisions": decisions_made(standby) - before, "before_loss": decided_by_first,
+            "steps": steps,
         }  # fmt: skip
     finally:
         for o in operators:
@@ -197,6 +223,16 @@ def report(rounds: list[dict[str, Any]], n: int, nodes: int) -> bool:
         r["lost"] == r["repeated"] == r["over_commits"] == 0 and not r["first_decision_s"] > bound
         for r in rounds
     )
+    print("\nthe new leader's steps, seconds after the loss (from its log; its first decision as above)")
+    print(f"{'leader':<8} " + " ".join(f"{label:>16}" for label, _ in STEPS) + "  sealed of named")
+    for r in rounds:
+        if r["steps"]:
+            at = [r["steps"].get(label, math.nan) for label, _ in STEPS]
+            print(
+                f"{r['how']:<8} "
+                + " ".join(f"{t:>16.2f}" for t in at)
+                + f"  {r['steps'].get('how much', '?')}"
+            )
     print("every bound held" if ok else "a bound was not held (above)")
     return ok
 
