@@ -46,11 +46,18 @@ def held_back(p: Placer, w: WorkloadRequest, req: SpecRequest, mask: NDArray[np.
 
 
 def excluded(p: Placer, w: WorkloadRequest, mask: NDArray[np.bool_] | None) -> dict[str, str]:
+    """Why each node `w` cannot use was left out (the first EXPLAIN_LIMIT of them, by node order;
+    the rest counted). Every decision's record carries it, so it costs what naming those few
+    nodes costs, not a pass over the cluster per node: where the model fits is worked out once."""
     out: dict[str, str] = {}
-    skipped = 0
     usable_nodes = set(p.gpu_node[mask].tolist()) if mask is not None else set()
+    nodes = len(p._node_tenancy)
+    left_out = nodes - sum(1 for i in usable_nodes if 0 <= i < nodes)
     m = p._models.get(w.model_key)
+    fits_on: NDArray[np.bool_] | None = None  # per node: the model fits one of its GPUs
     for i, tenancy in enumerate(p._node_tenancy):
+        if len(out) >= EXPLAIN_LIMIT:
+            break
         if i in usable_nodes:
             continue
         why = check_node(w.requirement, tenancy, p.policy.jurisdiction_label)
@@ -58,19 +65,22 @@ def excluded(p: Placer, w: WorkloadRequest, mask: NDArray[np.bool_] | None) -> d
             text = "node-pool: not selected by the workload's flavor or nodeSelector"
         elif why is not None:
             text = f"{why.constraint}: {why.detail}"
-        elif m is not None and not p._fits(w, m)[p.gpu_node == i].any():
+        elif m is not None and not (fits_on := _fits_on(p, w, m) if fits_on is None else fits_on)[i]:
             text = f"capacity: {w.model_shown} does not fit this node's GPUs"
         elif i in p._unavailable:
             text = f"unavailable: {p._unavailable[i]}"
         else:
             text = "capacity: not enough free GPUs"
-        if len(out) < EXPLAIN_LIMIT:
-            out[tenancy.name] = text
-        else:
-            skipped += 1
-    if skipped:
-        out["..."] = f"{skipped} more nodes excluded"
+        out[tenancy.name] = text
+    if left_out > len(out):
+        out["..."] = f"{left_out - len(out)} more nodes excluded"
     return out
+
+
+def _fits_on(p: Placer, w: WorkloadRequest, m: Any) -> NDArray[np.bool_]:
+    """Per node: whether `w`'s model fits at least one of its GPUs (a node with none: False)."""
+    fits = np.asarray(p._fits(w, m), dtype=np.float64)
+    return np.asarray(np.bincount(p.gpu_node, weights=fits, minlength=len(p._node_tenancy)) > 0)
 
 
 def unplaced(
