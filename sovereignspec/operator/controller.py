@@ -100,7 +100,7 @@ class Controller(Role):
         self.audit = AuditLog(api, self.settings.identity or operator_identity(), bucket_store(self.settings))
         # What runs, against where it may run and how it was decided.
         self.watches = Watches(lambda: self.writer, self.audit)
-        # The bindings the record holds open, read when this replica first records (`_recall`).
+        # The bindings the record holds open, read when this replica first records (`AuditLog.recall`).
         self._bindings_seen: Seen | None = None
         self._written: list[Write] = []  # this tick's decisions written, for the record
 

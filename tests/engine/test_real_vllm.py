@@ -28,7 +28,7 @@ from sovereignspec.core.cluster import WorkloadRequest
 from sovereignspec.operator import annotations as ann
 from sovereignspec.operator import metrics
 from sovereignspec.operator.controller import Controller
-from sovereignspec.operator.ledger import Committed
+from sovereignspec.operator.ledger import Committed, handed
 from sovereignspec.operator.plan import Write, plan
 from sovereignspec.operator.view import build
 from sovereignspec.profiles import load_profiles
@@ -345,8 +345,9 @@ def test_an_engine_started_by_hand_with_speculation_under_a_plain_decision_is_se
         request = WorkloadRequest(f"{NAMESPACE}/chat", NAMESPACE, SERVED, DRAFT, 0.8)
         workload = {"metadata": {"name": "job-chat-1a2b3", "namespace": NAMESPACE, "uid": "u1"}}
         entry = {"name": CHECK, "state": "Ready", "podSetUpdates": plain.pod_set_updates}
+        mode, largest = handed(notes)  # as the ledger reads the decision back
         running = Committed(f"{NAMESPACE}/chat", NAMESPACE, "chat", "h1", 0, 0, 1, request, 0.0, None, CHECK,
-                            workload, entry)  # fmt: skip
+                            workload, entry, mode=mode, largest_budget=largest)  # fmt: skip
         controller = Controller(client.ApiClient(client.Configuration()), load_profiles())
         told: list[tuple[str, str, str]] = []
         controller.writer = SimpleNamespace(  # type: ignore[assignment]
