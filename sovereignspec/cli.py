@@ -235,6 +235,13 @@ def _operator_parser(sub: Subparsers) -> None:
     )
     op.add_argument("--liveness-port", type=bounded_int("--liveness-port", 0, 65535), default=8081)
     op.add_argument("--write-workers", type=bounded_int("--write-workers", 1, 64), default=8)
+    op.add_argument(
+        "--tick-limit",
+        type=bounded_int("--tick-limit", 1, 100000),
+        default=500,
+        help="workloads placed per tick, the first in tick order; the rest in the next tick at once, so "
+        "that a backlog (a new leader's first tick) does not hold back every decision (default 500)",
+    )
     learn = op.add_argument_group("online calibration (LearnedProfiles, from the engines' metrics)")
     learn.add_argument(
         "--learn-refit-seconds",

@@ -11,6 +11,7 @@ write after it, so the chain never forks.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from collections.abc import Iterable, Mapping, Sequence
@@ -315,6 +316,7 @@ class AuditLog:
         self.written = 0
         self.off: str | None = None  # why the record is not kept (its CRD is not installed)
         self.error: str | None = None  # why the last write failed
+        self._opened: Seen | None = None  # the open bindings, from the first read of the head
         log.info("sovereignty record: kept in %s", self.store.where())
 
     def read_segments(self) -> list[dict[str, Any]]:
@@ -324,14 +326,31 @@ class AuditLog:
         """The bindings the record holds open (`record.open_bindings`), read when a replica first
         records: it goes on from where the last one left, across a failover or a restart. None
         can be read (the store down, the CRD missing): an empty start, said; running pods are then
-        recorded as bound again, and a pod that ended meanwhile gets no `ended` record."""
-        try:
-            segments = self.read_segments()
-        except Exception as exc:  # the store's refusal, the API's, a transport error alike
-            log.warning("the record's open bindings could not be read (%s: %s): starting from none",
-                        type(exc).__name__, exc)  # fmt: skip
-            return {}
-        return record.open_bindings(record.records_of(segments))
+        recorded as bound again, and a pod that ended meanwhile gets no `ended` record. One read of
+        the segments serves this and the head, whichever is wanted first."""
+        if self._opened is None:
+            try:
+                segments = self._read()
+            except Exception as exc:  # the store's refusal, the API's, a transport error alike
+                log.warning("the record's open bindings could not be read (%s: %s): starting from none",
+                            type(exc).__name__, exc)  # fmt: skip
+                return {}
+            if self.head is None:
+                with contextlib.suppress(ValueError):  # refused, and named, by the first write
+                    self.head = head_of(segments)
+        return self._opened or {}
+
+    def _read(self) -> list[dict[str, Any]]:
+        """Every segment; the first read also keeps the bindings they leave open, for `recall`
+        (this replica has written none yet then)."""
+        segments = self.read_segments()
+        if self._opened is None:
+            try:
+                self._opened = record.open_bindings(record.records_of(segments))
+            except (KeyError, TypeError, ValueError) as exc:  # named by `audit verify`
+                log.warning("the record's open bindings could not be read (%s): starting from none", exc)
+                self._opened = {}
+        return segments
 
     def add(self, facts: Sequence[Mapping[str, Any]]) -> None:
         if self.off is None:
@@ -394,8 +413,9 @@ class AuditLog:
     def _write(self, batch: list[dict[str, Any]]) -> None:
         for attempt in range(3):
             if self.head is None:
+                segments = self._read()
                 try:
-                    self.head = head_of(self.read_segments())
+                    self.head = head_of(segments)
                 except ValueError as exc:  # never a chain started again on top of a broken one
                     raise StoreRefusedError(
                         f"the record's head cannot be read: {exc} (`sovereignspec audit verify` names it)"

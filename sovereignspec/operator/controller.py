@@ -38,7 +38,7 @@ from sovereignspec.operator.policy import GROUP, PLURAL, VERSION, PolicySpec
 from sovereignspec.operator.role import Role, Settings, TickReport
 from sovereignspec.operator.scoring import score
 from sovereignspec.operator.telemetry_source import TelemetryCache
-from sovereignspec.operator.view import View, build
+from sovereignspec.operator.view import View, build, first_placements
 from sovereignspec.operator.watches import Watches
 from sovereignspec.operator.workloads import (
     KEYS_ON_OWNER,
@@ -170,8 +170,7 @@ class Controller(Role):
             report.reevaluate_after = min(spec.reevaluation_seconds for spec, _ in groups.values())
         now = self.clock()
         pending_total = 0
-        aging_seen = False
-        running: set[str] | None = None  # every running decision's key (the ledger's, in any view)
+        first: View | None = None  # the ledger, and so its aging, is the same in every group's view
         profiles = self.learner.profiles()  # the shipped profiles, with what the engines taught
         for policy_name, (spec, checks) in sorted(groups.items()):
             try:
@@ -182,18 +181,13 @@ class Controller(Role):
                 self._carry_out(
                     drift_writes(_only(view, checks), spec, self._drift_reported), report, world, spec
                 )
-                running = {c.key for c in view.committed}
                 self._watch_decisions(view, checks, snapshot, report, world, spec)
-                if not aging_seen:  # the ledger, and so its aging, is the same in every group's view
-                    aging_seen = True
+                if first is None:
+                    first = view
                     self._age(view)
-                    specs = {c: s for c, (_, s) in active.items()}
-                    self._score(view, snapshot.tpot, specs, spec)
+                    self._score(view, snapshot.tpot, {c: s for c, (_, s) in active.items()}, spec)
                     self.watches.sovereignty(world, spec)
                     self._learn(view, spec, now)
-                if not self._events_checked:  # once: the ledger is the same in every group's view
-                    self._events_checked = True
-                    self._repost_events(view)
                 view = self._without_conflicted(view)
                 if any(p.waiting for p in view.pending):  # its owner is on its way: look again soon
                     report.reevaluate_after = min(report.reevaluate_after, 1.0)
@@ -202,16 +196,31 @@ class Controller(Role):
                 if report.decided:  # the previous policy group wrote decisions this tick: re-read first
                     report.more = True
                     break
-                self._carry_out(plan(policy_name, spec, view, profiles, now_rfc3339()), report, world, spec)
+                if self._place(policy_name, spec, view, profiles, report, world):
+                    break
             except Exception as exc:  # one policy group fails alone; the others are still decided
                 report.failures.append(f"policy {policy_name}: {type(exc).__name__}: {exc}")
                 metrics.TICK_FAILURES.labels(part="policy").inc()
                 log.exception("deciding for policy %s failed; the other policies go on", policy_name)
-        self.watches.settle(running)
+        if first is not None and not self._events_checked:  # after this tick's decisions, not before
+            self._events_checked = True
+            self._repost_events(first)
+        self.watches.settle(None if first is None else {c.key for c in first.committed})
         self._record(world, groups)
         metrics.PENDING.set(pending_total)
         metrics.TICK_SECONDS.observe(time.monotonic() - started)
         return report
+
+    def _place(self, policy_name: str, spec: PolicySpec, view: View, profiles: ProfileSet,
+               report: TickReport, world: World) -> bool:  # fmt: skip
+        """The first `--tick-limit` of the group's pending workloads placed and written; True if
+        some are left: the next tick comes at once, from a ledger that holds these."""
+        view, later = first_placements(view, self.settings.tick_limit)
+        self._carry_out(plan(policy_name, spec, view, profiles, now_rfc3339()), report, world, spec)
+        if later:
+            report.more = True
+            log.info("%d workload(s) of policy %s left for the next tick (--tick-limit)", later, policy_name)
+        return later > 0
 
     def _policy_refs(self, active: dict[str, tuple[str, PolicySpec]]) -> dict[str, tuple[str, int | None]]:
         """Each active check's SpeculationPolicy and its generation now, for the record."""

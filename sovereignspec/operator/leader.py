@@ -66,6 +66,11 @@ def inherited_from(lease: dict[str, Any] | None) -> frozenset[str] | None:
     return frozenset(keys)
 
 
+# How long after a lease runs out (on a candidate's clock) the candidate tries to take it: enough
+# that its clock's reading is past the lease's end when it checks.
+EXPIRY_MARGIN = 0.01
+
+
 @dataclass(frozen=True)
 class LeaseRecord:
     """The Lease's spec as client-go writes it."""
@@ -360,7 +365,21 @@ class LeaderElector:
                 )
                 self.on_stopped_leading()
                 return
-            self._stop.wait(self.retry_period * random.uniform(1.0, 1.2))
+            self._stop.wait(self.next_try())
+
+    def next_try(self) -> float:
+        """Seconds to the next round: a retry period, jittered; for a candidate no later than the
+        moment the lease it sees runs out on its clock, so that a standby takes over then rather
+        than up to a retry period after it (a failover's time is the lease's, not the lease's and
+        a poll's). Never sooner than that moment: the lease is not taken early."""
+        wait = self.retry_period * random.uniform(1.0, 1.2)
+        with self._cond:
+            seen = self._observed
+            if self._leader or seen is None or seen.holder in ("", self.identity):
+                return wait
+            left = self._observed_at + max(seen.duration_s, 1) - self._monotonic()
+        # Already run out: this round could not take it (another did, or the API failed): wait.
+        return min(wait, left + EXPIRY_MARGIN) if left > 0 else wait
 
     def release(self, wait: float = 10.0) -> bool:
         """Stop leading for good: refuse new writes, let those in flight end (up to `wait` s), then

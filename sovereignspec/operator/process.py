@@ -85,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
         field_manager=args.field_manager
         or ("sovereignspec-dispatcher" if dispatcher else "sovereignspec-controller"),
         write_workers=args.write_workers,
+        tick_limit=getattr(args, "tick_limit", 500),
         nominate=getattr(args, "nominate", 1),
         learn_refit_seconds=getattr(args, "learn_refit_seconds", 60.0),
         learn_window_seconds=getattr(args, "learn_window_seconds", 3600.0),

@@ -57,6 +57,7 @@ class Settings:
     controller_name: str = "sovereignspec.io/speculation"
     field_manager: str = "sovereignspec-controller"
     write_workers: int = 8
+    tick_limit: int = 500  # workloads placed per tick (view.first_placements)
     telemetry_cache_seconds: float = 1.0
     # A cache that cannot be listed or watched for this long fails the tick (and, repeated, the
     # liveness probe); shorter gaps (an API server restart) only pause the decisions.

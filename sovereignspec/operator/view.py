@@ -12,10 +12,11 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sovereignspec.core.cluster import ClusterView, GpuState, NodeState
+from sovereignspec.core.placement import tick_order
 from sovereignspec.core.roofline import headroom_from_tensor_activity
 from sovereignspec.core.running import LedgerMemo, neighbour_bound, with_ledger_load
 from sovereignspec.core.specs import ProfileSet
@@ -62,6 +63,24 @@ class View:
     # Pods of ours bound where their decision did not plan them (the scheduler's choice among the
     # nodes a spread workload is pinned to): counted there as well until they end.
     bound_elsewhere: list[Drift] = field(default_factory=list)
+
+
+def first_placements(view: View, limit: int) -> tuple[View, int]:
+    """The view with at most `limit` of its workloads to place, the first in the core's tick order
+    (`Placer.tick`), and how many are left for the next tick. Placed in that order, the first
+    `limit` get what they would get in one tick over all of them; the rest are placed next tick,
+    against a ledger that holds these. Workloads not to be placed (waiting, unreadable) all stay:
+    their writes are cheap. Why: a tick writes nothing until it has planned and recorded all it
+    holds, so a backlog of thousands (a new leader's first tick) would hold back every decision."""
+    placeable = sorted(
+        (tick_order(p.request), i)
+        for i, p in enumerate(view.pending)
+        if p.request is not None and p.waiting is None
+    )
+    if len(placeable) <= limit:
+        return view, 0
+    later = {i for _, i in placeable[limit:]}
+    return replace(view, pending=[p for i, p in enumerate(view.pending) if i not in later]), len(later)
 
 
 def reading_headroom(

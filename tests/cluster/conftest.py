@@ -92,8 +92,9 @@ def operator_env(api: client.ApiClient) -> Iterator[tuple[Any, Any]]:
             check, controller, {"apiGroup": "sovereignspec.io", "kind": "SpeculationPolicy", "name": "e2e"}
         ),
     )
-    # Profiles refitted every 2 s, not every minute: test_learning.py's readings in seconds.
-    operator = OperatorProcess(controller, extra=["--learn-refit-seconds", "2"]).start()
+    # Profiles refitted every 2 s, not every minute: test_learning.py's readings in seconds. Three
+    # workloads placed per tick, not 500: every burst a test makes is decided over several ticks.
+    operator = OperatorProcess(controller, extra=["--learn-refit-seconds", "2", "--tick-limit", "3"]).start()
 
     def active() -> bool:
         ac = client.CustomObjectsApi(api).get_cluster_custom_object(

@@ -11,6 +11,7 @@ from kubernetes import client
 
 from sovereignspec.operator.leader import (
     DECIDING,
+    EXPIRY_MARGIN,
     LeaderElector,
     LeaseRecord,
     claim,
@@ -209,3 +210,29 @@ def test_a_replica_that_does_not_lead_may_not_announce():
     a = _Replica(_OneLease(), "a")
     with pytest.raises(NotLeaderError):
         a.announce(["ns/one"])
+
+
+def test_a_standby_tries_again_when_the_lease_it_sees_runs_out_not_a_retry_period_later():
+    lease = _OneLease()
+    a, b = _Replica(lease, "a"), _Replica(lease, "b")
+    a.lead()
+    b.now = 0.5
+    assert b.try_acquire_or_renew() is False  # a's record, seen at 0.5: it runs to 15.5 on b's clock
+    assert 2.0 <= b.next_try() <= 2.4  # far from its end: a retry period, jittered
+    b.now = 14.0
+    assert b.next_try() == pytest.approx(1.5 + EXPIRY_MARGIN)
+    b.now = 15.5 - EXPIRY_MARGIN  # never sooner than its end: not taken early
+    assert b.try_acquire_or_renew() is False
+    b.now = 15.5 + EXPIRY_MARGIN
+    assert b.try_acquire_or_renew() is True  # taken the moment it ran out
+    b._leader = True
+    assert 2.0 <= b.next_try() <= 2.4  # a leader renews every retry period
+
+
+def test_a_standby_whose_round_failed_after_the_lease_ran_out_waits_a_retry_period_not_a_busy_loop():
+    lease = _OneLease()
+    a, b = _Replica(lease, "a"), _Replica(lease, "b")
+    a.lead()
+    assert b.try_acquire_or_renew() is False
+    b.now = 30.0  # the lease ran out at 15; this round failed (the API refused it, say)
+    assert 2.0 <= b.next_try() <= 2.4

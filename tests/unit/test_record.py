@@ -252,6 +252,28 @@ def test_a_replica_that_starts_recording_goes_on_from_the_bindings_the_record_ho
     assert record.open_bindings([*records, *later]) == carried  # a alone, still open
 
 
+@pytest.mark.parametrize("first", ["write", "recall"])
+def test_a_replica_reads_the_record_once_for_its_head_and_its_open_bindings_whichever_comes_first(
+    first: str,
+) -> None:
+    store = _Counting()
+    before: dict[Any, Any] = {}
+    last = _log(store, "op-0")
+    last.add(binding_facts(_world([_pod("a", "h-eu")]), policy(), "op-0", "t0", before))
+    assert last.flush()
+    store.lists = 0
+    new = _log(store, "op-1")
+    if first == "write":
+        new.add([{"kind": "leader", "replica": "op-1"}])
+        assert new.flush()
+    assert new.recall() == before  # a's binding, open
+    new.add([{"kind": "leader", "replica": "op-1", "again": True}])
+    assert new.flush()
+    assert store.lists == 1
+    chained = record.records_of(new.read_segments())
+    assert [r["seq"] for r in chained] == ([0, 1, 2] if first == "write" else [0, 1])
+
+
 def test_a_pod_that_finishes_is_recorded_ended_with_its_containers_last_finish() -> None:
     seen: dict[Any, Any] = {}
     pod = _pod("a", "h-eu")
@@ -323,10 +345,20 @@ class Store:
         self.objects[name] = copy.deepcopy(body)
 
 
+class _Counting(Store):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lists = 0
+
+    def list_cluster_custom_object(self, group: str, version: str, plural: str) -> dict[str, Any]:
+        self.lists += 1
+        return super().list_cluster_custom_object(group, version, plural)
+
+
 def _log(store: Store, writer: str = "op-0") -> AuditLog:
     log = AuditLog.__new__(AuditLog)
     log.store, log.writer, log.head, log.backlog, log.written = ClusterStore(store), writer, None, [], 0
-    log.off = log.error = None
+    log.off = log.error = log._opened = None
     return log
 
 
