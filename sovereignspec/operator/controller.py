@@ -35,7 +35,7 @@ from sovereignspec.operator.informer import ClusterCache, rv_int
 from sovereignspec.operator.learning import Learner, readings
 from sovereignspec.operator.plan import EventNote, Write, drift_writes, plan
 from sovereignspec.operator.policy import GROUP, PLURAL, VERSION, PolicySpec
-from sovereignspec.operator.role import Role, Settings, TickReport
+from sovereignspec.operator.role import Laps, Role, Settings, TickReport
 from sovereignspec.operator.scoring import score
 from sovereignspec.operator.telemetry_source import TelemetryCache
 from sovereignspec.operator.view import View, build, first_placements
@@ -54,9 +54,7 @@ from sovereignspec.operator.writer import TRANSPORT_ERRORS, WRITE_ERRORS, Confli
 from sovereignspec.telemetry.snapshot import Snapshot
 
 log = logging.getLogger(__name__)
-
-
-DECISION_REASONS = frozenset({"SpeculativeDecode", "PlainDecode"})
+SLOW_TICK_S = 2.0  # a tick longer than this logs where its time went
 
 
 def _placing(w: Write) -> str | None:
@@ -103,6 +101,7 @@ class Controller(Role):
         # The bindings the record holds open, read when this replica first records (`AuditLog.recall`).
         self._bindings_seen: Seen | None = None
         self._written: list[Write] = []  # this tick's decisions written, for the record
+        self.lap = Laps()  # where this tick's time went, logged when it is slow
 
     # -- the tick ------------------------------------------------------------------------------
 
@@ -153,7 +152,7 @@ class Controller(Role):
         return World(workloads, nodes, flavors, namespaces, pods, owners, known, tolerations)
 
     def tick(self) -> TickReport:
-        started = time.monotonic()
+        started, self.lap = time.monotonic(), Laps()
         report = TickReport()
         if not self.cache.synced():  # never decide from a cache that is not listed and watching
             self._not_synced(started, report)
@@ -163,6 +162,7 @@ class Controller(Role):
         if not known:
             return report
         world = replace(self.read_world(known), policy_refs=self._policy_refs(active))
+        self.lap("world")
         groups: dict[str, tuple[PolicySpec, set[str]]] = {}
         for check, (policy_name, spec) in sorted(active.items()):
             groups.setdefault(policy_name, (spec, set()))[1].add(check)
@@ -175,7 +175,9 @@ class Controller(Role):
         for policy_name, (spec, checks) in sorted(groups.items()):
             try:
                 snapshot = self.telemetry.get(spec)
+                self.lap("telemetry")
                 view = build(world, checks, spec, profiles, snapshot, now, self._ledger_memo)
+                self.lap("view")
                 self._observe(view, spec, checks)
                 pending_total += len(view.pending)
                 self._carry_out(
@@ -188,6 +190,7 @@ class Controller(Role):
                     self._score(view, snapshot.tpot, {c: s for c, (_, s) in active.items()}, spec)
                     self.watches.sovereignty(world, spec)
                     self._learn(view, spec, now)
+                self.lap("what runs")
                 view = self._without_conflicted(view)
                 if any(p.waiting for p in view.pending):  # its owner is on its way: look again soon
                     report.reevaluate_after = min(report.reevaluate_after, 1.0)
@@ -204,19 +207,25 @@ class Controller(Role):
                 log.exception("deciding for policy %s failed; the other policies go on", policy_name)
         if first is not None and not self._events_checked:  # after this tick's decisions, not before
             self._events_checked = True
-            self._repost_events(first)
+            self.repost_events(first.committed)
+        self.lap("events")
         self.watches.settle(None if first is None else {c.key for c in first.committed})
         self._record(world, groups)
+        self.lap("record")
         metrics.PENDING.set(pending_total)
-        metrics.TICK_SECONDS.observe(time.monotonic() - started)
+        metrics.TICK_SECONDS.observe(took := time.monotonic() - started)
+        if took > SLOW_TICK_S:  # where the time went, for whoever wonders why decisions lag
+            log.info("a slow tick: %.1f s (%s), %d decided", took, self.lap.text(), report.decided)
         return report
 
     def _place(self, policy_name: str, spec: PolicySpec, view: View, profiles: ProfileSet,
                report: TickReport, world: World) -> bool:  # fmt: skip
         """The first `--tick-limit` of the group's pending workloads placed and written; True if
         some are left: the next tick comes at once, from a ledger that holds these."""
-        view, later = first_placements(view, self.settings.tick_limit)
-        self._carry_out(plan(policy_name, spec, view, profiles, now_rfc3339()), report, world, spec)
+        self.lap("pending")
+        limit, self.first_batch = min(self.settings.tick_limit, self.first_batch or math.inf), None
+        view, later = first_placements(view, int(limit))
+        self._carry_out(plan(policy_name, spec, view, profiles, now_rfc3339()), report, world, spec, "plan")
         if later:
             report.more = True
             log.info("%d workload(s) of policy %s left for the next tick (--tick-limit)", later, policy_name)
@@ -391,38 +400,17 @@ class Controller(Role):
         self._carry_out(evict, report, world, spec)
         self.watches.evicted |= {w.key for w in evict if w.written == "ignored"}
 
-    def _repost_events(self, view: View) -> None:
-        """A decision's Event can be lost to a crash between the status write and the Event; after a
-        start-up, post it again from the check entry where the workload has none of ours."""
-        if not view.committed:
-            return
-        try:
-            events = self._list("/api/v1/events", [("fieldSelector", "source=sovereignspec")])
-        except ApiException as exc:
-            log.warning("could not list our Events to re-post lost ones: %s", exc.reason)
-            return
-        seen = {
-            (e.get("involvedObject") or {}).get("uid") for e in events if e.get("reason") in DECISION_REASONS
-        }
-        for c in view.committed:
-            uid = c.workload.get("metadata", {}).get("uid")
-            if uid in seen or c.part:  # one Event per workload, its pods spread or not
-                continue
-            gamma = c.gamma
-            message = str(c.entry.get("message", ""))
-            self.writer.event(
-                dict(c.workload),
-                "Workload",
-                "SpeculativeDecode" if gamma > 0 else "PlainDecode",
-                f"(re-posted after a restart) {message}",
-            )
-
-    def _carry_out(self, writes: list[Write], report: TickReport, world: World, spec: PolicySpec) -> None:
+    def _carry_out(
+        self, writes: list[Write], report: TickReport, world: World, spec: PolicySpec, step: str = "watches"
+    ) -> None:
+        self.lap(step)
         if self.settings.audit_required:  # the records first; otherwise recorded after the tick
             writes = ahead(self.audit, writes, world, spec)
+            self.lap("record ahead")
         # Only a placement can give a GPU twice if it lands late (`Role.send`); any other write
         # lands on a workload unchanged since, as if sent earlier, or conflicts.
         outcomes = self.send(writes, _placing, self._write)
+        self.lap("writes")
         for w, outcome in zip(writes, outcomes, strict=True):
             w.written = outcome
             if outcome in RECORDED or w.recorded:  # recorded ahead and not written: said so

@@ -8,7 +8,7 @@ import json
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -50,6 +50,25 @@ def _segments(items: list[T], placing: Callable[[T], str | None]) -> Iterator[tu
             keys.append(key)
     if segment:
         yield segment, keys
+
+
+DECISION_REASONS = frozenset({"SpeculativeDecode", "PlainDecode"})
+
+
+class Laps:
+    """Where a tick's time goes: `lap(step)` adds the seconds since the last lap to `step`."""
+
+    def __init__(self) -> None:
+        self.mark = time.monotonic()
+        self.spent: dict[str, float] = defaultdict(float)
+
+    def __call__(self, step: str) -> None:
+        now = time.monotonic()
+        self.spent[step] += now - self.mark
+        self.mark = now
+
+    def text(self) -> str:
+        return ", ".join(f"{step} {s:.2f}" for step, s in self.spent.items() if s >= 0.005)
 
 
 @dataclass(frozen=True)
@@ -103,6 +122,9 @@ class Role:
         self.check_reconciler = CheckReconciler(
             cache.checks, cache.policies, self.writer, settings.controller_name, profiles
         )
+        # The next tick's placements at most (`main._catch_up`: a new leader's first batch, small, so
+        # that its first decision does not wait for its predecessor's whole backlog to be planned).
+        self.first_batch: int | None = None
         self._pool = ThreadPoolExecutor(settings.write_workers, thread_name_prefix="sovereignspec-write")
         # Workloads whose write conflicted, at the resourceVersion that conflicted: not decided
         # again until the watch brings a newer one (re-deciding the same stale copy cannot succeed).
@@ -185,6 +207,29 @@ class Role:
             return False
         self.cache.workloads.put(written)
         return True
+
+    def repost_events(self, committed: Iterable[Any]) -> None:
+        """A decision's Event can be lost to a crash between the status write and the Event; after a
+        start-up, post it again from the check entry (`ledger.Committed`) where the workload has
+        none of ours."""
+        committed = list(committed)
+        if not committed:
+            return
+        try:
+            events = self._list("/api/v1/events", [("fieldSelector", "source=sovereignspec")])
+        except ApiException as exc:
+            log.warning("could not list our Events to re-post lost ones: %s", exc.reason)
+            return
+        seen = {
+            (e.get("involvedObject") or {}).get("uid") for e in events if e.get("reason") in DECISION_REASONS
+        }
+        for c in committed:
+            uid = c.workload.get("metadata", {}).get("uid")
+            if uid in seen or c.part:  # one Event per workload, its pods spread or not
+                continue
+            reason = "SpeculativeDecode" if c.gamma > 0 else "PlainDecode"
+            message = f"(re-posted after a restart) {c.entry.get('message', '')}"
+            self.writer.event(dict(c.workload), "Workload", reason, message)
 
     def _list(
         self, path: str, query: list[tuple[str, str]] | None = None, accept: str | None = None

@@ -95,3 +95,17 @@ def test_workloads_not_to_be_placed_are_all_kept_and_only_placeable_ones_count_a
 def test_a_backlog_within_the_limit_is_left_as_it_is() -> None:
     view = _view(_backlog())
     assert first_placements(view, 14) == (view, 0)
+
+
+def test_a_ticks_laps_add_up_per_step_and_name_only_the_steps_that_took_time(monkeypatch) -> None:
+    from sovereignspec.operator import role
+
+    clock = iter([10.0, 10.5, 12.0, 12.001, 13.0])
+    monkeypatch.setattr(role.time, "monotonic", lambda: next(clock))
+    lap = role.Laps()
+    lap("view")  # 0.5
+    lap("writes")  # 1.5
+    lap("record")  # 0.001: too little to name
+    lap("view")  # again: 0.999 more
+    assert lap.spent["view"] == pytest.approx(1.499)
+    assert lap.text() == "view 1.50, writes 1.50"
