@@ -55,6 +55,7 @@ from sovereignspec.telemetry.snapshot import Snapshot
 
 log = logging.getLogger(__name__)
 SLOW_TICK_S = 2.0  # a tick longer than this logs where its time went
+Groups = dict[str, tuple[PolicySpec, set[str]]]  # policy name -> its spec and the checks using it
 
 
 def _placing(w: Write) -> str | None:
@@ -163,7 +164,7 @@ class Controller(Role):
             return report
         world = replace(self.read_world(known), policy_refs=self._policy_refs(active))
         self.lap("world")
-        groups: dict[str, tuple[PolicySpec, set[str]]] = {}
+        groups: Groups = {}
         for check, (policy_name, spec) in sorted(active.items()):
             groups.setdefault(policy_name, (spec, set()))[1].add(check)
         if groups:
@@ -205,6 +206,16 @@ class Controller(Role):
                 report.failures.append(f"policy {policy_name}: {type(exc).__name__}: {exc}")
                 metrics.TICK_FAILURES.labels(part="policy").inc()
                 log.exception("deciding for policy %s failed; the other policies go on", policy_name)
+        self._after(first, world, groups)
+        metrics.PENDING.set(pending_total)
+        metrics.TICK_SECONDS.observe(took := time.monotonic() - started)
+        if took > SLOW_TICK_S:  # where the time went, for whoever wonders why decisions lag
+            log.info("a slow tick: %.1f s (%s), %d decided", took, self.lap.text(), report.decided)
+        return report
+
+    def _after(self, first: View | None, world: World, groups: Groups) -> None:
+        """After the tick's decisions: lost Events re-posted (once, after a start), the watches
+        settled on what runs, the tick recorded."""
         if first is not None and not self._events_checked:  # after this tick's decisions, not before
             self._events_checked = True
             self.repost_events(first.committed)
@@ -212,11 +223,6 @@ class Controller(Role):
         self.watches.settle(None if first is None else {c.key for c in first.committed})
         self._record(world, groups)
         self.lap("record")
-        metrics.PENDING.set(pending_total)
-        metrics.TICK_SECONDS.observe(took := time.monotonic() - started)
-        if took > SLOW_TICK_S:  # where the time went, for whoever wonders why decisions lag
-            log.info("a slow tick: %.1f s (%s), %d decided", took, self.lap.text(), report.decided)
-        return report
 
     def _place(self, policy_name: str, spec: PolicySpec, view: View, profiles: ProfileSet,
                report: TickReport, world: World) -> bool:  # fmt: skip
@@ -238,7 +244,7 @@ class Controller(Role):
         }
         return {check: (name, generations.get(name)) for check, (name, _) in active.items()}
 
-    def _record(self, world: World, groups: dict[str, tuple[PolicySpec, set[str]]]) -> None:
+    def _record(self, world: World, groups: Groups) -> None:
         """This tick's written decisions and the GPU pods' bindings (and changes of their nodes'
         jurisdiction labels) into the sovereignty record, then the record written: what cannot
         be written now waits, in order, for the next tick."""
