@@ -20,6 +20,11 @@ Lease no announcement of its predecessor can land, and a predecessor whose annou
 nothing of that batch. The successor therefore seals only what the Lease it took names (`inherited`),
 not every pending workload: one write per batch of decisions buys a takeover whose cost does not
 grow with the backlog.
+
+A standby also watches the Lease (`observe`): it sees each renewal when it is written rather than
+at its next read, up to a retry period later, so the lease's duration runs from the renewal it last
+saw and a takeover after a loss comes that much sooner. Its rounds still read the Lease before any
+take; the watch only makes the clock they judge by start on time.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from sovereignspec.operator import metrics
+from sovereignspec.operator.informer import Informer
 from sovereignspec.operator.writer import API_ERRORS, NotLeaderError
 
 log = logging.getLogger(__name__)
@@ -174,6 +180,7 @@ class LeaderElector:
         self._announced: list[str] = []
         # What the Lease we took named as on its way (`inherited_from`), set when we first lead.
         self.inherited: frozenset[str] | None = None
+        self._watch: Informer | None = None  # a standby's watch of the Lease (`observe`)
 
     @property
     def path(self) -> str:
@@ -293,9 +300,11 @@ class LeaderElector:
         else:
             found = lease
         current = LeaseRecord.of(found)
-        if current != self._observed:
-            self._observed, self._observed_at = current, seen
-        want = claim(current, seen - self._observed_at, self.identity, micro_time(self._wall()),
+        with self._cond:  # the watch (`observe`) may have seen this record first, and sooner
+            if current != self._observed:
+                self._observed, self._observed_at = current, seen
+            unchanged_for = seen - self._observed_at
+        want = claim(current, unchanged_for, self.identity, micro_time(self._wall()),
                      round(self.lease_duration))  # fmt: skip
         if want is None:
             return False
@@ -318,12 +327,32 @@ class LeaderElector:
             self._renewed = sent
         return True
 
+    def observe(self, kind: str, lease: dict[str, Any]) -> bool:
+        """A change of the Lease as the watch delivers it: a record not seen before is seen now,
+        as a round's read would see it, only sooner. Never moves what a round saw back in time: the
+        moment stamped is now, after the change was written. Returns False (no tick to wake)."""
+        current = LeaseRecord.of(None if kind == "DELETED" else lease)
+        with self._cond:
+            if not self._leader and current != self._observed:
+                self._observed, self._observed_at = current, self._monotonic()
+        return False
+
     # -- running -----------------------------------------------------------------------------------
 
     def start(self) -> LeaderElector:
         self._thread = threading.Thread(target=self.run, name="leader-election", daemon=True)
         self._thread.start()
+        # Only its own Lease: the field selector is what lets the Role name it (`list` and `watch`
+        # on one resourceName). A Role without them (an older chart) costs the head start, said once.
+        query = [("fieldSelector", f"metadata.name={self.name}")]
+        self._watch = Informer(
+            self.api, self.path, "lease", query=query, wake=self.observe, forbidden_is_absent=True
+        ).start()
         return self
+
+    def _unwatch(self) -> None:
+        if self._watch is not None:
+            self._watch.stop()
 
     def run(self) -> None:
         """Try every retry period (jittered); lead from the first success; stop for good on a loss."""
@@ -349,11 +378,13 @@ class LeaderElector:
                 if lost:
                     self._leader, self._closed = False, True
             if started:
+                self._unwatch()  # a leader learns of the Lease from its own writes
                 log.info("leader election: %s leads now", self.identity)
                 metrics.LEADER.set(1)
                 metrics.LEADER_TRANSITIONS.inc()
                 self.on_started_leading()
             if lost:
+                self._unwatch()
                 metrics.LEADER.set(0)
                 holder = self._observed.holder if self._observed else ""
                 log.error(
@@ -386,6 +417,7 @@ class LeaderElector:
         hand the Lease over at once (an empty holder) rather than make the next leader wait out its
         duration. True if it was handed over."""
         self._stop.set()
+        self._unwatch()
         with self._cond:
             self._closed = True
             ended = self._cond.wait_for(lambda: self._inflight == 0, timeout=wait)

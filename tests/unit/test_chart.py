@@ -105,11 +105,12 @@ def test_two_replicas_elect_a_leader_on_a_lease_only_they_may_touch(helm):
     assert {"--lease-duration=15", "--renew-deadline=10", "--retry-period=2"} <= set(args)
     role = next(d for d in docs if d["kind"] == "Role")
     assert role["metadata"]["namespace"] == "sovereignspec-system"
-    # create cannot name its object; get and update touch only this release's Lease.
+    # create cannot name its object; get, update and a standby's list and watch (by field selector)
+    # touch only this release's Lease.
     assert role["rules"] == lease_rules("t-sovereignspec") == [
         {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
         {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": ["t-sovereignspec"],
-         "verbs": ["get", "update"]},
+         "verbs": ["get", "list", "watch", "update"]},
     ]  # fmt: skip
     binding = next(d for d in docs if d["kind"] == "RoleBinding")
     assert binding["roleRef"]["name"] == role["metadata"]["name"]

@@ -236,3 +236,35 @@ def test_a_standby_whose_round_failed_after_the_lease_ran_out_waits_a_retry_peri
     assert b.try_acquire_or_renew() is False
     b.now = 30.0  # the lease ran out at 15; this round failed (the API refused it, say)
     assert 2.0 <= b.next_try() <= 2.4
+
+
+def test_a_standby_counts_the_lease_from_the_renewal_its_watch_saw_not_from_its_next_read():
+    lease = _OneLease()
+    a, b = _Replica(lease, "a"), _Replica(lease, "b")
+    a.lead()
+    assert b.try_acquire_or_renew() is False  # a's first record, read at 0
+    a.now = b.now = 1.0
+    assert a.try_acquire_or_renew() is True  # a renews at 1, and then dies
+    assert b.observe("MODIFIED", copy.deepcopy(lease.obj)) is False  # b's watch brings it at once
+    b.now = 3.0
+    assert b.try_acquire_or_renew() is False  # b's next read finds the record its watch saw: from 1
+    b.now = 10.0
+    b.observe("MODIFIED", copy.deepcopy(lease.obj))  # the same record again (a resumed watch): still from 1
+    b.now = 16.0 - EXPIRY_MARGIN
+    assert b.try_acquire_or_renew() is False  # never before the lease's end
+    b.now = 16.0 + EXPIRY_MARGIN
+    assert b.try_acquire_or_renew() is True  # 15 s after the renewal seen, not after the read at 3
+
+
+def test_a_leader_ignores_the_watch_and_a_deleted_lease_is_seen_as_none():
+    lease = _OneLease()
+    a, b = _Replica(lease, "a"), _Replica(lease, "b")
+    a.lead()
+    seen = a._observed
+    a.now = 5.0
+    a.observe("MODIFIED", {"spec": {"holderIdentity": "someone", "leaseDurationSeconds": 15}})
+    assert a._observed == seen  # its own writes say what the Lease holds
+    b.observe("ADDED", copy.deepcopy(lease.obj))
+    assert b._observed is not None and b._observed.holder == "a"
+    b.observe("DELETED", copy.deepcopy(lease.obj))
+    assert b._observed is None
