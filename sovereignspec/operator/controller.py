@@ -410,12 +410,18 @@ class Controller(Role):
         self, writes: list[Write], report: TickReport, world: World, spec: PolicySpec, step: str = "watches"
     ) -> None:
         self.lap(step)
-        if self.settings.audit_required:  # the records first; otherwise recorded after the tick
-            writes = ahead(self.audit, writes, world, spec)
+
+        def record(todo: list[Write]) -> list[Write]:
+            done = ahead(self.audit, todo, world, spec)
             self.lap("record ahead")
+            return done
+
         # Only a placement can give a GPU twice if it lands late (`Role.send`); any other write
         # lands on a workload unchanged since, as if sent earlier, or conflicts.
-        outcomes = self.send(writes, _placing, self._write)
+        if self.settings.audit_required:  # the records first; otherwise recorded after the tick
+            writes, outcomes = self.send_recorded(writes, _placing, self._write, record)
+        else:
+            outcomes = self.send(writes, _placing, self._write)
         self.lap("writes")
         for w, outcome in zip(writes, outcomes, strict=True):
             w.written = outcome
@@ -457,15 +463,17 @@ class Controller(Role):
         if w.outcome == "waiting":
             log.info("workload %s: %s", w.key, w.message)
             return "waiting"
+        if w.outcome not in ("drift", "ignored"):  # the ignored are counted by the watch (watches.py)
+            self._count(w)  # once written, before its Events: they tell of it, they are not it
         for note in w.events:
             self._event(wl, note)
             if note.reason == "ExclusiveWaiting":
                 metrics.EXCLUSIVE_WAITING.inc()
         if w.outcome == "drift":
             self._drift_reported[w.key] = w.drift
-            return "drift"
-        if w.outcome == "ignored":  # counted by the watch (watches.py)
-            return "ignored"
+        return w.outcome
+
+    def _count(self, w: Write) -> None:
         metrics.DECISIONS.labels(outcome=w.outcome, mode=w.mode).inc()
         if w.outcome == "placed":
             metrics.GAMMA.observe(w.gamma)
@@ -475,7 +483,6 @@ class Controller(Role):
             metrics.BAD_ANNOTATIONS.labels(field=name).inc()
         if w.bad_fields:
             log.warning("workload %s: bad annotations (%s): plain decode", w.key, ", ".join(w.bad_fields))
-        return w.outcome
 
     def _event(self, wl: dict[str, Any], note: EventNote) -> None:
         self.writer.event(wl, "Workload", note.reason, note.message, note.warning)

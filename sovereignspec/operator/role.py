@@ -144,12 +144,48 @@ class Role:
         each segment's placements announced before any of it is sent and the segment ended before
         the next is announced: a successor that takes the Lease seals what it names, and nothing
         else of ours can be on its way. A segment not announced is not sent ("error")."""
+        return self._send(items, list(_segments(items, placing)), write)
+
+    def send_recorded(
+        self,
+        items: list[T],
+        placing: Callable[[T], str | None],
+        write: Callable[[T], str],
+        ahead: Callable[[list[T]], list[T]],
+    ) -> tuple[list[T], list[str]]:
+        """`send`, after `ahead` (audit.required: the records persisted, a placement whose record
+        failed turned into a hold, every item kept in its place), which runs beside the first
+        segment's announcement: both are owed before anything is sent and neither needs the other,
+        so a tick's first decision waits for one of them, not both in turn. The announcement names
+        the placements as they were before `ahead`; one held since is named and not sent, and a
+        successor's seal of it changes nothing. Returns the items as sent and their outcomes."""
+        segments = list(_segments(items, placing))
+        keys = segments[0][1] if segments else []
+        first = self._pool.submit(self.announce, keys) if keys else None
+        try:
+            recorded = ahead(items)
+        finally:
+            named = first.result() if first is not None else True
+        if len(recorded) != len(items):
+            raise ValueError(f"the record ahead kept {len(recorded)} of {len(items)} writes")
+        return recorded, self._send(recorded, segments, write, named)
+
+    def _send(
+        self, items: list[T], segments: list[tuple[list[T], list[str]]], write: Callable[[T], str],
+        first_named: bool | None = None,
+    ) -> list[str]:  # fmt: skip
+        """`items` written in the cuts `segments` made (of these items, or of what they were before
+        the record ahead), each segment's keys announced first unless `first_named` says how the
+        first one's announcement went."""
         outcomes: list[str] = []
-        for segment, keys in _segments(items, placing):
-            if keys and not self.announce(keys):
-                outcomes += ["error"] * len(segment)
+        at = 0
+        for i, (segment, keys) in enumerate(segments):
+            part, at = items[at : at + len(segment)], at + len(segment)
+            named = first_named if i == 0 and first_named is not None else not keys or self.announce(keys)
+            if not named:
+                outcomes += ["error"] * len(part)
                 continue
-            outcomes += list(self._pool.map(write, segment))
+            outcomes += list(self._pool.map(write, part))
         return outcomes
 
     def announce(self, keys: list[str]) -> bool:

@@ -127,6 +127,38 @@ def test_a_silent_leader_stops_writing_before_a_standby_takes_over_after_the_lea
     b.release()
 
 
+def test_a_standby_sees_each_renewal_through_its_watch_under_the_charts_rules_not_at_its_next_read(
+    api, namespace, link
+):
+    # A retry period long enough that b reads the Lease once at its start and not again within the
+    # waits below (10 s + 12 s): what b learns of a's renewal in between can only come by its watch.
+    duration, deadline, retry = 100.0, 60.0, 30.0
+    a, b = candidates(api, namespace, link, duration, deadline, retry)
+    a.start()
+    try:
+        wait_until(a.leading, timeout=10, what="a to lead")
+        b.start()
+        _sees_renewals(a, b)
+    finally:
+        a.release()
+        b.release()
+
+
+def _sees_renewals(a: LeaderElector, b: LeaderElector) -> None:
+    assert b._watch is not None
+    watch = b._watch
+    wait_until(lambda: b._observed is not None and watch.synced.is_set(), timeout=10, what="b's first read")
+    assert not watch.absent and not watch.denied, watch.last_error  # the Role lets it list and watch
+    before = b._observed
+    assert a.try_acquire_or_renew()  # a renews now, between b's rounds
+
+    def renewal_seen() -> bool:
+        return b._observed is not None and b._observed.holder == "a" and b._observed != before
+
+    wait_until(renewal_seen, timeout=12, what="b to see a's renewal by its watch")
+    assert not b.leading()
+
+
 def leads(api: client.ApiClient, namespace: str, operator: OperatorProcess) -> bool:
     """The Lease names this operator process (its identity holds its pid)."""
     record = holder(api, namespace)
