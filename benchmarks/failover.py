@@ -176,8 +176,13 @@ def one_round(api: client.ApiClient, token: str, flavor: str, url: str, n: int, 
                 first.proc.send_signal(signal.SIGCONT)  # its writes checked before the pause go out now
             exit_code = first.proc.wait(timeout=60)
         feeder.join()
-        if how != "none":  # once its first tick has ended and said where its time went
+        if how != "none":  # once its first tick has ended and said where its time went (its line
+            # comes at the tick's end, after the first decision, and the burst may be all submitted)
+            tick_ends = time.monotonic() + 60
             steps = takeover_steps(standby.logs(), lost_wall)
+            while "first tick" not in steps and time.monotonic() < tick_ends:
+                time.sleep(0.5)
+                steps = takeover_steps(standby.logs(), lost_wall)
         deadline = time.monotonic() + max(600.0, 0.3 * n)
         entries: dict[str, dict[str, Any]] = {}
         while time.monotonic() < deadline:

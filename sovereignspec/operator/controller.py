@@ -234,7 +234,8 @@ class Controller(Role):
         self._carry_out(plan(policy_name, spec, view, profiles, now_rfc3339()), report, world, spec, "plan")
         if later:
             report.more = True
-            log.info("%d workload(s) of policy %s left for the next tick (--tick-limit)", later, policy_name)
+            cap = "--tick-limit" if limit == self.settings.tick_limit else "a new leader's first batch"
+            log.info("%d workload(s) of policy %s left for the next tick (%s)", later, policy_name, cap)
         return later > 0
 
     def _policy_refs(self, active: dict[str, tuple[str, PolicySpec]]) -> dict[str, tuple[str, int | None]]:
