@@ -340,14 +340,15 @@ class LeaderElector:
     # -- running -----------------------------------------------------------------------------------
 
     def start(self) -> LeaderElector:
-        self._thread = threading.Thread(target=self.run, name="leader-election", daemon=True)
-        self._thread.start()
         # Only its own Lease: the field selector is what lets the Role name it (`list` and `watch`
         # on one resourceName). A Role without them (an older chart) costs the head start, said once.
+        # Started first, so that a first round that leads at once stops it (`run`).
         query = [("fieldSelector", f"metadata.name={self.name}")]
         self._watch = Informer(
             self.api, self.path, "lease", query=query, wake=self.observe, forbidden_is_absent=True
         ).start()
+        self._thread = threading.Thread(target=self.run, name="leader-election", daemon=True)
+        self._thread.start()
         return self
 
     def _unwatch(self) -> None:
