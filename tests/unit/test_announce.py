@@ -47,13 +47,18 @@ class _Writer:
         self.log.append(("announce", list(keys)))
 
 
+def _role(monkeypatch, refuse_after: int) -> Role:
+    monkeypatch.setattr(role, "ANNOUNCE_KEYS", 2)
+    r = Role.__new__(Role)  # only what `send` uses: the writer's announcement and the pool
+    r.writer = _Writer(refuse_after=refuse_after)  # type: ignore[assignment]
+    r._pool = ThreadPoolExecutor(2)
+    return r
+
+
 def test_a_segment_is_sent_only_after_its_placements_are_named_and_not_at_all_when_naming_fails(
     monkeypatch,
 ) -> None:
-    monkeypatch.setattr(role, "ANNOUNCE_KEYS", 2)
-    r = Role.__new__(Role)  # only what `send` uses: the writer's announcement and the pool
-    r.writer = _Writer(refuse_after=2)  # type: ignore[assignment]
-    r._pool = ThreadPoolExecutor(2)
+    r = _role(monkeypatch, refuse_after=2)
 
     def write(item: str) -> str:
         r.writer.log.append(("write", item))  # type: ignore[attr-defined]
@@ -71,14 +76,6 @@ def test_a_segment_is_sent_only_after_its_placements_are_named_and_not_at_all_wh
     # The next segment named only once the last one's writes have ended.
     assert max(writes["place-a"], writes["wait-b"], writes["place-c"]) < second < writes["place-d"]
     assert "place-g" not in writes  # not named: not sent
-
-
-def _role(monkeypatch, refuse_after: int) -> Role:
-    monkeypatch.setattr(role, "ANNOUNCE_KEYS", 2)
-    r = Role.__new__(Role)  # only what `send` uses: the writer's announcement and the pool
-    r.writer = _Writer(refuse_after=refuse_after)  # type: ignore[assignment]
-    r._pool = ThreadPoolExecutor(2)
-    return r
 
 
 def test_the_record_ahead_runs_beside_the_first_announcement_and_a_placement_it_holds_is_named_not_sent(
