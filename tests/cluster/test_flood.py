@@ -59,8 +59,28 @@ def test_a_flood_of_large_templates_grows_no_memory_and_the_others_are_decided(e
         # No namespace controller or garbage collector runs here: the flood's 100 MB go by hand,
         # or every later API server start (test_watch_cache restarts it) re-reads them.
         for ns in (namespace, f"{namespace[:40]}-others"):
-            client.BatchV1Api(env.api).delete_collection_namespaced_job(ns)
-            client.CustomObjectsApi(env.api).delete_collection_namespaced_custom_object(
-                k.GROUP, k.VERSION, ns, "workloads"
-            )
+            _clear(env.api, ns)
             client.CoreV1Api(env.api).delete_namespace(ns)
+
+
+def _clear(api: Any, ns: str, timeout: float = 300.0) -> None:
+    """Delete the namespace's Jobs and Workloads and wait until they are gone, so that the next test
+    does not meet an API server and a Kueue still digesting 200 MB of deletions. One DELETE of the
+    whole collection can outlast the API server's 60 s request timeout on a loaded machine (504:
+    it went on deleting server-side), so each call is repeated until nothing is left."""
+    batch, custom = client.BatchV1Api(api), client.CustomObjectsApi(api)
+
+    def gone() -> bool:
+        try:
+            # Background, not the Job's legacy default (orphan): an orphan finalizer waits for a
+            # garbage collector that does not run here, and the Jobs would never go.
+            batch.delete_collection_namespaced_job(ns, propagation_policy="Background")
+            custom.delete_collection_namespaced_custom_object(k.GROUP, k.VERSION, ns, "workloads")
+        except client.ApiException as e:
+            if e.status not in (429, 500, 503, 504):
+                raise
+            return False
+        left = custom.list_namespaced_custom_object(k.GROUP, k.VERSION, ns, "workloads", limit=1)
+        return not left["items"] and not batch.list_namespaced_job(ns, limit=1).items
+
+    wait_until(gone, timeout=timeout, interval=2.0, what=f"the flood's Jobs and Workloads in {ns} to go")
