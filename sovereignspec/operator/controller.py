@@ -82,7 +82,6 @@ class Controller(Role):
         self.cache: ClusterCache
         self.telemetry = TelemetryCache(self.settings.telemetry_cache_seconds, clock)
         self._drift_reported: dict[str, str] = {}
-        self._loss_reported: set[str] = set()  # workloads told that their speculation is a net loss
         self._off_reported: set[str] = set()  # workloads told that their profile mispredicts them
         self._events_checked = False  # decisions' Events re-posted once after start-up
         # What the engines taught: the profiles decisions price with. Fits on a thread of their own.
@@ -186,12 +185,7 @@ class Controller(Role):
                 )
                 self._watch_decisions(view, checks, snapshot, report, world, spec)
                 if first is None:
-                    first = view
-                    self._age(view)
-                    self._score(view, snapshot.tpot, {c: s for c, (_, s) in active.items()}, spec)
-                    self.watches.sovereignty(world, spec)
-                    self._learn(view, spec, now)
-                self.lap("what runs")
+                    first, runs = view, (snapshot.tpot, spec)
                 view = self._without_conflicted(view)
                 if any(p.waiting for p in view.pending):  # its owner is on its way: look again soon
                     report.reevaluate_after = min(report.reevaluate_after, 1.0)
@@ -206,12 +200,31 @@ class Controller(Role):
                 report.failures.append(f"policy {policy_name}: {type(exc).__name__}: {exc}")
                 metrics.TICK_FAILURES.labels(part="policy").inc()
                 log.exception("deciding for policy %s failed; the other policies go on", policy_name)
+        if first is not None:  # after the writes: none of it changes this tick's placements
+            self._what_runs(first, *runs, {c: s for c, (_, s) in active.items()}, world, now, report)
         self._after(first, world, groups)
         metrics.PENDING.set(pending_total)
         metrics.TICK_SECONDS.observe(took := time.monotonic() - started)
         if took > SLOW_TICK_S:  # where the time went, for whoever wonders why decisions lag
             log.info("a slow tick: %.1f s (%s), %d decided", took, self.lap.text(), report.decided)
         return report
+
+    def _what_runs(self, view: View, tpot: dict[tuple[str, str], float], spec: PolicySpec,
+                   policies: dict[str, PolicySpec], world: World, now: float,
+                   report: TickReport) -> None:  # fmt: skip
+        """What runs, read from the first group's view once this tick's decisions are written (a
+        new leader's first decision waits on none of it): aging, scoring against the engines, pods
+        against their jurisdictions, online calibration (which prices the next tick)."""
+        try:
+            self.watches.aging(view)
+            self._score(view, tpot, policies, spec)
+            self.watches.sovereignty(world, spec)
+            self._learn(view, spec, now)
+        except Exception as exc:  # the decisions are written; what failed here is said and retried
+            report.failures.append(f"what runs: {type(exc).__name__}: {exc}")
+            metrics.TICK_FAILURES.labels(part="watch").inc()
+            log.exception("watching what runs failed; this tick's decisions are written")
+        self.lap("what runs")
 
     def _after(self, first: View | None, world: World, groups: Groups) -> None:
         """After the tick's decisions: lost Events re-posted (once, after a start), the watches
@@ -292,39 +305,6 @@ class Controller(Role):
         metrics.DRIFT.set(len(view.drift))
         for d in drifted:
             log.warning("sovereignty drift: %s: %s", d.committed.key, d.why)
-
-    def _age(self, view: View) -> None:
-        """Export what SovereignSpec would decide now for running speculative work, and tell a
-        workload once (an Event) when its speculation has become a net loss, so that its operators
-        can roll it. Never an eviction: a decision is not taken back for speed."""
-        for gauge in (
-            metrics.RUNNING_GAMMA,
-            metrics.GAMMA_NOW,
-            metrics.SPEEDUP_IN_FORCE,
-            metrics.AGGREGATE_IN_FORCE,
-        ):
-            gauge.clear()
-        losing = set()
-        for a in view.aging:
-            c = a.committed
-            labels = {"namespace": c.namespace, "workload": c.key.split("/", 1)[-1]}
-            metrics.RUNNING_GAMMA.labels(**labels).set(c.gamma)
-            metrics.GAMMA_NOW.labels(**labels).set(a.gamma_now)
-            metrics.SPEEDUP_IN_FORCE.labels(**labels).set(a.speedup_in_force)
-            metrics.AGGREGATE_IN_FORCE.labels(**labels).set(a.aggregate_in_force)
-            if a.aggregate_in_force >= 1.0:
-                continue
-            losing.add(c.key)
-            message = (
-                f"speculation is now a net loss for its GPU: γ={c.gamma} on {c.node}/gpu{c.gpu_index} at "
-                f"headroom {a.headroom:.2f} gives this workload S_real={a.speedup_in_force:.2f} but the "
-                f"GPU's aggregate token rate ×{a.aggregate_in_force:.2f} (SovereignSpec would choose "
-                f"γ={a.gamma_now} now); restart the workload to be decided again. It is not evicted for "
-                "speed."
-            )
-            self.watches.warn_once(self._loss_reported, c, "SpeculationNetLoss", message)
-        self._loss_reported &= losing  # a workload that recovers is told again if it loses again
-        metrics.NET_LOSS.set(len(losing))
 
     def _score(
         self,

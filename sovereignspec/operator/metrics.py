@@ -33,7 +33,7 @@ EXCLUSIVE_WAITING = Counter(
 )
 TICK_FAILURES = Counter(
     "sovereignspec_failures_total",
-    "Parts of a tick that failed alone (part: tick, policy, object, write, event)",
+    "Parts of a tick that failed alone (part: tick, policy, watch, object, write, event, learning, record)",
     ["part"],
 )
 TELEMETRY_REJECTED = Counter(

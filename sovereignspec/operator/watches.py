@@ -1,7 +1,8 @@
 """The worker's watches over what actually runs (`violations.py` finds; this tells): a GPU pod
-outside its namespace's jurisdictions, and a running workload whose engines do not keep its
-decision. Each is counted and told once while it lasts (a Warning Event, a log line, the metrics)
-and written to the sovereignty record; an ignored decision is evicted to be decided again where
+outside its namespace's jurisdictions, a running workload whose engines do not keep its decision,
+and one whose speculation has become a net loss for its GPU (told, never evicted). Each is counted
+and told once while it lasts (a Warning Event, a log line, the metrics) and written to the
+sovereignty record; an ignored decision is evicted to be decided again where
 its policy says so (`watch.evictIgnored`)."""
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from sovereignspec.operator.audit import AuditLog, ignored_fact
 from sovereignspec.operator.ledger import Committed
 from sovereignspec.operator.plan import EVENT_LIMIT, MESSAGE_LIMIT, EventNote, Write, shorten
 from sovereignspec.operator.policy import PolicySpec
+from sovereignspec.operator.view import View
 from sovereignspec.operator.violations import Ignored, ignored, violations
 from sovereignspec.operator.world import World
 from sovereignspec.operator.writer import now_rfc3339
@@ -37,6 +39,7 @@ class Watches:
         self.violations: set[tuple[str, str]] = set()  # (pod, node) found outside its jurisdictions
         self.ignoring: set[str] = set()  # workloads whose engines do not keep their decision: told once
         self.evicted: set[str] = set()  # those whose eviction was written (the controller adds them)
+        self.losing: set[str] = set()  # workloads told that their speculation is a net loss
         self._found: set[str] = set()  # this tick's, over the policies watched so far
         self._watched: set[str] = set()  # every running decision those policies hold
 
@@ -62,6 +65,39 @@ class Watches:
                 log.warning("could not post the violation Event of %s/%s: %s", v.namespace, v.pod, exc.reason)
         self.violations &= now
         metrics.VIOLATIONS.set(len(now))
+
+    def aging(self, view: View) -> None:
+        """Export what SovereignSpec would decide now for running speculative work, and tell a
+        workload once (an Event) when its speculation has become a net loss, so that its operators
+        can roll it. Never an eviction: a decision is not taken back for speed."""
+        for gauge in (
+            metrics.RUNNING_GAMMA,
+            metrics.GAMMA_NOW,
+            metrics.SPEEDUP_IN_FORCE,
+            metrics.AGGREGATE_IN_FORCE,
+        ):
+            gauge.clear()
+        losing = set()
+        for a in view.aging:
+            c = a.committed
+            labels = {"namespace": c.namespace, "workload": c.key.split("/", 1)[-1]}
+            metrics.RUNNING_GAMMA.labels(**labels).set(c.gamma)
+            metrics.GAMMA_NOW.labels(**labels).set(a.gamma_now)
+            metrics.SPEEDUP_IN_FORCE.labels(**labels).set(a.speedup_in_force)
+            metrics.AGGREGATE_IN_FORCE.labels(**labels).set(a.aggregate_in_force)
+            if a.aggregate_in_force >= 1.0:
+                continue
+            losing.add(c.key)
+            message = (
+                f"speculation is now a net loss for its GPU: γ={c.gamma} on {c.node}/gpu{c.gpu_index} at "
+                f"headroom {a.headroom:.2f} gives this workload S_real={a.speedup_in_force:.2f} but the "
+                f"GPU's aggregate token rate ×{a.aggregate_in_force:.2f} (SovereignSpec would choose "
+                f"γ={a.gamma_now} now); restart the workload to be decided again. It is not evicted for "
+                "speed."
+            )
+            self.warn_once(self.losing, c, "SpeculationNetLoss", message)
+        self.losing &= losing  # a workload that recovers is told again if it loses again
+        metrics.NET_LOSS.set(len(losing))
 
     def decisions(
         self,
