@@ -435,6 +435,19 @@ def test_scaling_a_deployment_decides_new_replicas_and_frees_removed_ones_for_th
     body["spec"]["replicas"] = 1
     server_side_apply(env.api, body, "sovereignspec-e2e")
     wait_until(lambda: decided_gpus(1), timeout=90, what="one replica left")
+
+    def held() -> int:  # Workloads our Ready entry still places and Kueue has not finished
+        return sum(
+            1
+            for wl in k.workloads(env.api, namespace)
+            if (k.check_state(wl, env.check) or {}).get("state") == "Ready"
+            and (k.condition(wl, "Finished") or {}).get("status") != "True"
+        )
+
+    # A removed replica's GPU is free once Kueue has finished its Workload, which may come after its
+    # Pod is gone: the ledger counts every unfinished Workload our check placed, and a decision
+    # taken before then is rightly a Retry (it passed alone, and failed in CI on a loaded machine).
+    wait_until(lambda: held() == 1, timeout=90, what="Kueue to finish the removed replicas' Workloads")
     submit(pool, "after", gpus=5, jurisdiction="eu", **CHAT)
     state, message = outcome(pool, "after")
     assert state == "Ready", message
