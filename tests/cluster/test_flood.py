@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+import urllib3
 from kubernetes import client
 
 from localdev import kueue as k
@@ -23,6 +25,7 @@ FLOOD_JOBS = 400
 PEAK_LIMIT_MIB = 140
 
 
+@pytest.mark.timeout(1200)  # 400 Jobs of 250 KiB in, then out: near the suite's 600 s on a loaded 2-core VM
 def test_a_flood_of_large_templates_grows_no_memory_and_the_others_are_decided(env: Any, namespace, unique):
     own = own_check(env, unique("flood"))
     operator = OperatorProcess(own.controller).start()
@@ -74,11 +77,17 @@ def _clear(api: Any, ns: str, timeout: float = 300.0) -> None:
         try:
             # Background, not the Job's legacy default (orphan): an orphan finalizer waits for a
             # garbage collector that does not run here, and the Jobs would never go.
-            batch.delete_collection_namespaced_job(ns, propagation_policy="Background")
-            custom.delete_collection_namespaced_custom_object(k.GROUP, k.VERSION, ns, "workloads")
+            # A client-side limit past the API server's 60 s: a DELETE whose answer never comes is
+            # asked again, not waited on for the rest of the test.
+            batch.delete_collection_namespaced_job(ns, propagation_policy="Background", _request_timeout=90)
+            custom.delete_collection_namespaced_custom_object(
+                k.GROUP, k.VERSION, ns, "workloads", _request_timeout=90
+            )
         except client.ApiException as e:
             if e.status not in (429, 500, 503, 504):
                 raise
+            return False
+        except urllib3.exceptions.HTTPError:  # the read timed out (or its retries did)
             return False
         left = custom.list_namespaced_custom_object(k.GROUP, k.VERSION, ns, "workloads", limit=1)
         return not left["items"] and not batch.list_namespaced_job(ns, limit=1).items
