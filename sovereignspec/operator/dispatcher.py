@@ -34,7 +34,6 @@ from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sovereignspec.core.cluster import WorkloadRequest
 from sovereignspec.core.dispatch import (
@@ -46,8 +45,6 @@ from sovereignspec.core.dispatch import (
     dispatch_order,
 )
 from sovereignspec.core.specs import ProfileSet
-from sovereignspec.errors import describe
-from sovereignspec.operator import annotations as ann
 from sovereignspec.operator import metrics
 from sovereignspec.operator.audit import AuditLog, bucket_store
 from sovereignspec.operator.dispatch_record import (
@@ -65,6 +62,11 @@ from sovereignspec.operator.requests import declared_request, learned_alpha
 from sovereignspec.operator.role import Role, Settings, TickReport
 from sovereignspec.operator.telemetry_source import TelemetryCache
 from sovereignspec.operator.view import reading_headroom
+from sovereignspec.operator.worker_clusters import (
+    WORKER_PROMETHEUS,
+    connected,
+    describe_worker,
+)
 from sovereignspec.operator.workloads import (
     UnreadableFieldError,
     condition,
@@ -80,56 +82,12 @@ log = logging.getLogger(__name__)
 
 MULTIKUEUE_CONTROLLER = "kueue.x-k8s.io/multikueue"
 DISPATCHER_NAME = "sovereignspec.io/dispatcher"
-# What a cluster administrator sets on each MultiKueueCluster (a cluster-scoped object).
-WORKER_JURISDICTION = ann.PREFIX + "jurisdiction"  # label: the worker's jurisdiction
-WORKER_TENANT = ann.PREFIX + "tenant"  # label: the one tenant a worker is dedicated to
-WORKER_PROMETHEUS = ann.PREFIX + "prometheus-url"  # annotation: the worker's Prometheus
-WORKER_GPU_TYPE = ann.PREFIX + "gpu-type"  # annotation: the profile its GPUs are priced with
-
-
 _Pending = tuple[dict[str, Any], dict[str, Any], list[str]]  # (Workload, our entry, its workers)
-
-
-class WorkerDescription(BaseModel):
-    """A MultiKueueCluster's labels and annotations, as the dispatcher accepts them."""
-
-    model_config = ConfigDict(extra="ignore", populate_by_name=True)
-    jurisdiction: str | None = Field(
-        None,
-        alias=WORKER_JURISDICTION,
-        pattern=f"^{ann.JURISDICTION_RE.pattern}$",
-        description="a jurisdiction code",
-    )
-    tenant: str | None = Field(
-        None, alias=WORKER_TENANT, pattern=f"^{ann.TENANT_RE.pattern}$", description="a DNS-1123 name"
-    )
-    prometheus_url: str | None = Field(
-        None, alias=WORKER_PROMETHEUS, pattern=r"https?://[^\s]{1,2000}", description="an http(s) URL"
-    )
-    gpu_type: str | None = Field(None, alias=WORKER_GPU_TYPE, max_length=64, description="a GPU profile name")
 
 
 def _dispatching(d: Decision) -> str | None:
     """A dispatch that names worker clusters, or admits: what a write landing late could do twice."""
     return key_of(d.wl) if d.nominated or d.state == "Ready" else None
-
-
-def describe_worker(obj: dict[str, Any]) -> tuple[WorkerDescription, str | None]:
-    """The worker's description, or an empty one and what is wrong with it (fail closed)."""
-    meta = obj.get("metadata") or {}
-    fields = {**(meta.get("annotations") or {}), **(meta.get("labels") or {})}
-    try:
-        return WorkerDescription.model_validate(fields), None
-    except ValidationError as exc:
-        where = f"MultiKueueCluster {meta.get('name')}"
-        return WorkerDescription(), describe(exc, WorkerDescription, where=where).replace("\n", "; ")
-
-
-def connected(obj: dict[str, Any]) -> tuple[bool, str]:
-    for c in (obj.get("status") or {}).get("conditions") or []:
-        if c.get("type") == "Active":
-            return c.get("status") == "True", f"{c.get('reason', '')}: {c.get('message', '')}"[:200]
-    return False, "MultiKueue has not connected to it yet"
 
 
 def _decision(
@@ -272,26 +230,7 @@ class DispatchController(Role):
         waiting = 0
         for policy_name, (spec, checks) in sorted(by_policy.items()):
             try:
-                self._acceptance = {}
-                workers = self._workers(spec)
-                decisions = self._decide(spec, checks, workers, configs, namespaces)
-                places = {n: w.jurisdiction for n, w in workers.items()}
-                if self.settings.audit_required:  # the records first; otherwise after the writes
-                    decisions = ahead(self.audit, decisions, places, namespaces, spec, now_rfc3339())
-                waiting += sum(1 for d in decisions if d.outcome == "wait")
-                written, refused = [], []
-                outcomes = self.send(decisions, _dispatching, self._write_one)
-                for d, outcome in zip(decisions, outcomes, strict=True):
-                    report.outcomes[outcome] += 1
-                    if outcome == "conflict":
-                        report.conflicts += 1
-                    elif outcome != "error":
-                        report.decided += 1
-                    if d.recorded and outcome not in DISPATCHED:  # recorded ahead, then refused
-                        refused.append((d, outcome))
-                    elif outcome in DISPATCHED and not d.recorded:
-                        written.append(d.written())
-                self._record(written, refused, places, namespaces, spec)
+                waiting += self._dispatch(spec, checks, configs, namespaces, report)
             except Exception as exc:
                 report.failures.append(f"policy {policy_name}: {type(exc).__name__}: {exc}")
                 metrics.TICK_FAILURES.labels(part="policy").inc()
@@ -301,6 +240,43 @@ class DispatchController(Role):
         metrics.PENDING.set(waiting)
         metrics.TICK_SECONDS.observe(time.monotonic() - started)
         return report
+
+    def _dispatch(
+        self,
+        spec: PolicySpec,
+        checks: set[str],
+        configs: dict[str, list[str]],
+        namespaces: dict[str, dict[str, str]],
+        report: TickReport,
+    ) -> int:
+        """One policy's workloads decided, recorded and written; returns how many wait."""
+        self._acceptance = {}
+        workers = self._workers(spec)
+        decisions = self._decide(spec, checks, workers, configs, namespaces)
+        places = {n: w.jurisdiction for n, w in workers.items()}
+        if self.settings.audit_required:
+            # The records first (`ahead`: a nomination whose record fails is held), persisted beside
+            # the first segment's announcement in the Lease, as the worker role does: both are owed
+            # before anything is sent and neither needs the other. Otherwise recorded after the writes.
+            def record(todo: list[Decision]) -> list[Decision]:
+                return ahead(self.audit, todo, places, namespaces, spec, now_rfc3339())
+
+            decisions, outcomes = self.send_recorded(decisions, _dispatching, self._write_one, record)
+        else:
+            outcomes = self.send(decisions, _dispatching, self._write_one)
+        written, refused = [], []
+        for d, outcome in zip(decisions, outcomes, strict=True):
+            report.outcomes[outcome] += 1
+            if outcome == "conflict":
+                report.conflicts += 1
+            elif outcome != "error":
+                report.decided += 1
+            if d.recorded and outcome not in DISPATCHED:  # recorded ahead, then refused
+                refused.append((d, outcome))
+            elif outcome in DISPATCHED and not d.recorded:
+                written.append(d.written())
+        self._record(written, refused, places, namespaces, spec)
+        return sum(1 for d in decisions if d.outcome == "wait")
 
     def _record(
         self,

@@ -3,6 +3,7 @@ what it writes, and that it never replaces a nomination someone else wrote."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -159,3 +160,37 @@ def test_a_queue_without_a_multikueue_check_waits_with_the_reason(controller):
     wl = workload("a", "team-kr", admissionChecks=[{"name": CHECK, "state": "Pending", "message": ""}])
     d = decide(controller, wl)["a"]
     assert d.outcome == "wait" and "MultiKueue" in d.message
+
+
+def test_a_nomination_is_recorded_beside_its_announcement_and_sent_after_both(controller, monkeypatch):
+    """audit.required: the dispatcher's records persist while the first segment's nominations are
+    named in the Lease (`Role.send_recorded`), as the worker role's do; a new leader's first
+    dispatch waits for the slower of the two, not for both in turn."""
+    import threading
+
+    from sovereignspec.operator import dispatcher
+    from sovereignspec.operator.role import TickReport
+
+    log: list[tuple[str, object]] = []
+    named = threading.Event()
+
+    def announce(keys: list[str]) -> None:
+        log.append(("announce", list(keys)))
+        named.set()
+
+    def ahead(_audit, decisions, *_rest):
+        # Waits for the announcement: were the two in turn (the record first), it would never come.
+        assert named.wait(10), "the nominations were not named beside their record"
+        log.append(("recorded", [d.wl["metadata"]["name"] for d in decisions]))
+        return [replace(d, recorded=True) for d in decisions]
+
+    monkeypatch.setattr(controller.writer, "announce", announce)
+    monkeypatch.setattr(dispatcher, "ahead", ahead)
+    monkeypatch.setattr(controller, "_write_one", lambda d: log.append(("write", d.outcome)) or d.outcome)
+    monkeypatch.setattr(controller, "_record", lambda *_a: None)
+    controller.cache.workloads.put(workload("a", "team-kr"))
+    spec = parse_policy("p", {"telemetry": {"source": "none"}})
+    report = TickReport()
+    waiting = controller._dispatch(spec, {CHECK}, controller._configs_by_check(), NAMESPACES, report)
+    assert log == [("announce", ["team-kr/a"]), ("recorded", ["a"]), ("write", "nominate")]
+    assert (waiting, report.decided, dict(report.outcomes)) == (0, 1, {"nominate": 1})

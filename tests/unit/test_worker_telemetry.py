@@ -45,7 +45,8 @@ def test_the_dispatcher_reads_a_workers_prometheus_with_the_policys_sglang_meani
     # so it learnt SGLang acceptance with the default meaning whatever the policy said.
     from kubernetes import client
 
-    from sovereignspec.operator.dispatcher import WORKER_JURISDICTION, WORKER_PROMETHEUS, DispatchController
+    from sovereignspec.operator.dispatcher import DispatchController
+    from sovereignspec.operator.worker_clusters import WORKER_JURISDICTION, WORKER_PROMETHEUS
     from sovereignspec.profiles import load_profiles
 
     controller = DispatchController(client.ApiClient(), load_profiles())
