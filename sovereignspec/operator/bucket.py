@@ -6,8 +6,8 @@ version. Object Lock keeps versioning on, so a second PUT of the same key adds a
 leaves the first intact. The first version written is the segment: readers take the oldest version
 of each key, and a writer that finds an older version than its own lost the race for that segment
 (another replica wrote it first) and appends after it, as a 409 makes it do in the cluster store.
-A newer version (a loser's, or a forger's) changes nothing a reader sees; `newer_versions` names
-them for `audit verify`.
+A newer version (a loser's, or a forger's) changes nothing a reader sees; `later_versions` hands
+them to `audit verify`, which names each one that is not a whole chain from where the first began.
 
 Credentials come from the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN,
 AWS_REGION), as every S3 client reads them; the chart fills them from a Secret.
@@ -136,11 +136,26 @@ class BucketStore:
                 out.append({"name": key.rpartition("/")[2].removesuffix(".json"), **spec})
             return out
 
-    def newer_versions(self) -> list[str]:
-        """Keys with more than one version: a segment written over (its first version stands)."""
-        counts: dict[str, int] = {}
+    def later_versions(self) -> list[tuple[str, str, dict[str, Any]]]:
+        """Every version of a segment's key but its first, as (segment name, version id, its content;
+        {} where it is not a JSON object), in key order, oldest first: what `audit verify` checks
+        against the first (`record.verify_rewrite`)."""
         with refusals():
+            versions: dict[str, list[str]] = {}
             for o in self.client.list_objects(self.bucket, prefix=self.prefix, include_version=True):
-                if o.object_name and not o.is_delete_marker:
-                    counts[o.object_name] = counts.get(o.object_name, 0) + 1
-        return sorted(k for k, n in counts.items() if n > 1)
+                if not o.is_delete_marker and o.object_name and o.version_id:
+                    versions.setdefault(o.object_name, []).append(str(o.version_id))  # newest first
+            out = []
+            for key, ids in sorted(versions.items()):
+                for version in reversed(ids[:-1]):
+                    response = self.client.get_object(self.bucket, key, version_id=version)
+                    try:
+                        content = json.loads(response.read())
+                    except ValueError:
+                        content = {}
+                    finally:
+                        response.close()
+                        response.release_conn()
+                    name = key.rpartition("/")[2].removesuffix(".json")
+                    out.append((name, version, content if isinstance(content, dict) else {}))
+            return out

@@ -132,22 +132,48 @@ def verify(segments: Sequence[Mapping[str, Any]]) -> list[Finding]:
             found.append(
                 Finding(name, None, f"segment {expected} is missing (the next present is {segment['index']})")
             )
-        for record in segment.get("records") or []:
-            at = record.get("seq")
-            if record.get("digest") != digest_of(record):
-                found.append(
-                    Finding(name, at, "its digest is not its content's: edited after it was written")
-                )
-            if record.get("prev") != prev:
-                found.append(
-                    Finding(
-                        name, at, "it does not follow the record before it (removed, reordered or forked)"
-                    )
-                )
-            if at != seq:
-                found.append(Finding(name, at, f"sequence number {at} where {seq} was due"))
-            prev = str(record.get("digest"))
-            seq = (at if isinstance(at, int) else seq) + 1
+        prev, seq = _walk(name, segment.get("records") or [], prev, seq, found)
+    return found
+
+
+def _walk(
+    name: str, records: Iterable[Mapping[str, Any]], prev: str, seq: int, found: list[Finding]
+) -> tuple[str, int]:
+    """`records` checked as the chain's next, after the record of digest `prev` and number
+    `seq` - 1; their breaks added to `found`; returns where the chain then stands."""
+    for record in records:
+        at = record.get("seq")
+        if record.get("digest") != digest_of(record):
+            found.append(Finding(name, at, "its digest is not its content's: edited after it was written"))
+        if record.get("prev") != prev:
+            found.append(
+                Finding(name, at, "it does not follow the record before it (removed, reordered or forked)")
+            )
+        if at != seq:
+            found.append(Finding(name, at, f"sequence number {at} where {seq} was due"))
+        prev = str(record.get("digest"))
+        seq = (at if isinstance(at, int) else seq) + 1
+    return prev, seq
+
+
+def verify_rewrite(first: Mapping[str, Any], later: Mapping[str, Any], version: str) -> list[Finding]:
+    """A later version of a segment's object, which Object Lock keeps beside the first (the one
+    readers take and `verify` checks). A replica that lost the race for that segment wrote a whole
+    chain from the same record as the first version's writer did; a version that is not one was
+    written over it: each record edited, removed, reordered or renumbered there is named, with
+    the version. [] for a loser's segment, or for a forger's who recomputed every digest (then
+    only the first version, which no one can change, stands)."""
+    name = f"{first.get('name', first.get('index'))} (later version {version})"
+    records = list(first.get("records") or [])
+    if not records:  # nothing to start from: the first version itself is what verify judges
+        return []
+    prev, seq = records[0].get("prev"), records[0].get("seq")
+    found: list[Finding] = []
+    if not isinstance(prev, str) or not isinstance(seq, int):
+        return found
+    if later.get("index") != first.get("index"):
+        found.append(Finding(name, None, f"it says it is segment {later.get('index')}"))
+    _walk(name, later.get("records") or [], prev, seq, found)
     return found
 
 

@@ -25,6 +25,7 @@ from minio.error import S3Error
 from localdev import controlplane
 from localdev.operator import OperatorProcess
 from localdev.s3 import LocalS3
+from sovereignspec.auditing import _rewrites
 from sovereignspec.operator import record
 from sovereignspec.operator.audit import SEGMENT_RECORDS, AuditLog, ahead, read_segments
 from sovereignspec.operator.bucket import BucketStore
@@ -95,13 +96,19 @@ def test_segments_are_written_once_under_compliance_retention_and_no_one_may_del
         admin.remove_object(bucket, key, version_id=version)
     assert refused.value.code == "AccessDenied"
 
-    # A forger with write access puts a new version over segment 0: readers still take the first,
-    # the chain still verifies, and `newer_versions` names the key.
-    forged = json.dumps({**segs[0], "records": []}).encode()
+    # A forger with write access puts a new version over segment 0, a record edited in it: readers
+    # still take the first, the chain still verifies, and `audit verify` names the forged version.
+    edited = json.loads(json.dumps(segs[0]))
+    edited["records"][1]["node"] = "h-kr"
+    forged = json.dumps(edited).encode()
     admin.put_object(bucket, key, io.BytesIO(forged), len(forged))
     again = store(s3, bucket)
     assert again.read_segments() == segs and record.verify(again.read_segments()) == []
-    assert again.newer_versions() == [key]
+    ((name, version, _),) = again.later_versions()
+    assert _rewrites(segs, again.later_versions()) == [
+        f"record 1 of segment {name} (later version {version}): its digest is not its content's: "
+        "edited after it was written"
+    ]
 
 
 def test_a_segment_another_replica_wrote_first_is_followed_never_forked(s3, creds) -> None:
@@ -116,8 +123,11 @@ def test_a_segment_another_replica_wrote_first_is_followed_never_forked(s3, cred
     segs = store(s3, bucket).read_segments()
     assert record.verify(segs) == []
     assert [(s["index"], s["writer"]) for s in segs] == [(0, "op-0"), (1, "op-1"), (2, "op-0")]
-    # op-0's losing write of segment 1 stays (locked) as a later version; op-1's is segment 1.
-    assert store(s3, bucket).newer_versions() == ["sovereignspec/audit/audit-000000000001.json"]
+    # op-0's losing write of segment 1 stays (locked) as a later version; op-1's is segment 1. The
+    # loser's is a whole chain from where op-1's began: `audit verify` notes it, and fails on nothing.
+    later = store(s3, bucket).later_versions()
+    assert [(name, content["writer"]) for name, _, content in later] == [("audit-000000000001", "op-0")]
+    assert _rewrites(segs, later) == []
 
 
 def _placement() -> Write:
@@ -360,3 +370,89 @@ def test_the_leader_killed_mid_burst_leaves_one_chain_in_the_bucket_with_every_p
     assert placed and placed <= recorded, (placed - recorded, records)
     assert len({r["replica"] for r in records if r["kind"] == "leader"}) == 2, records
     assert len({r["replica"] for r in records if r["kind"] == "decision"}) == 2, records
+
+
+def _run_pod(pool: Any, job: str) -> str:
+    """The Job's one pod, bound where its admitted template says (the scheduler's part, done by
+    hand: the harness runs no scheduler), owned by the Job; returns its node."""
+    j = client.BatchV1Api(pool.env.api).read_namespaced_job(job, pool.namespace)
+    host = j.spec.template.spec.node_selector["kubernetes.io/hostname"]
+    node = next(name for name, h in pool.hosts.items() if h == host)
+    owner = {"apiVersion": "batch/v1", "kind": "Job", "name": job, "uid": j.metadata.uid, "controller": True}
+    pod = {
+        "metadata": {"name": f"{job}-0", "namespace": pool.namespace, "ownerReferences": [owner]},
+        "spec": {"nodeName": node, "containers": [{"name": "engine", "image": "registry.k8s.io/pause:3.10",
+                 "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+    }  # fmt: skip
+    client.CoreV1Api(pool.env.api).create_namespaced_pod(pool.namespace, pod)
+    return node
+
+
+def test_a_burst_across_tenants_and_jurisdictions_verifies_in_the_bucket_and_where_names_every_pods_node(
+    s3, creds, env, namespace, unique
+) -> None:
+    """The operator as deployed with its record in the bucket; two tenants, one allowed only eu and
+    one only kr, each with a burst of Jobs over eu and kr nodes. Every decision places the tenant in
+    its own jurisdiction; each Job's pod bound where its admitted template says. `audit verify`,
+    reading the bucket and the cluster, finds nothing wrong with either tenant; `audit where` names,
+    for every Job, the node it was decided on and the node its pod was bound to, both inside the
+    tenant's jurisdiction."""
+    from tests.cluster.operator_env import add_namespace, in_namespace
+
+    bucket = s3.bucket(f"tenants-{secrets.token_hex(3)}")
+    own = own_check(env, unique("tenants"))
+    flags = ["--audit-bucket", bucket, "--audit-endpoint", s3.endpoint, "--audit-retention-days", "1"]
+    operator = OperatorProcess(own.controller, extra=flags, env=s3.env()).start()
+    try:
+        pool = make_pool(
+            own, namespace, [("H100-SXM", "eu", 4, [0.95] * 4), ("H100-SXM", "kr", 4, [0.95] * 4)]
+        )
+        juris = {name: j for name, (_, j, _) in pool.nodes.items()}
+        client.CoreV1Api(env.api).patch_namespace(
+            namespace, {"metadata": {"labels": {"sovereignspec.io/jurisdiction": "eu"}}}
+        )
+        kr = in_namespace(pool, add_namespace(pool, "kr", {"sovereignspec.io/jurisdiction": "kr"}))
+        tenants = {pool.namespace: (pool, "eu"), kr.namespace: (kr, "kr")}
+        jobs = [(p, f"burst-{i}") for i in range(3) for p in (pool, kr)]  # interleaved, as they arrive
+        for p, job in jobs:
+            submit(p, job, **CHAT)
+        bound: dict[tuple[str, str], str] = {}
+        for p, job in jobs:
+            assert our_entry(p, decided(p, job))["state"] == "Ready"
+            admitted_job(p, job, timeout=120)
+            bound[(p.namespace, job)] = _run_pod(p, job)
+        assert {(ns, juris[node]) for (ns, _), node in bound.items()} == {
+            (ns, j) for ns, (_, j) in tenants.items()
+        }  # every pod inside its tenant's jurisdiction: the decisions kept them there
+
+        def everything_recorded() -> list[dict[str, Any]] | None:
+            records = record.records_of(store(s3, bucket, 1).read_segments())
+            pods = {(r["pod"]["namespace"], r["workload"]["name"]) for r in records if r["kind"] == "binding"}
+            return records if set(bound) <= pods else None
+
+        records = wait_until(everything_recorded, timeout=60, what="every pod's binding in the bucket")
+    finally:
+        operator.stop()
+    assert record.verify(store(s3, bucket, 1).read_segments()) == []
+    decisions = [r for r in records if r["kind"] == "decision" and r.get("state") == "Ready"]
+    assert {(r["workload"]["namespace"], r["nodeJurisdiction"]) for r in decisions} == {
+        (ns, j) for ns, (_, j) in tenants.items()
+    }, decisions
+    admin = str(controlplane.kubeconfig("admin"))
+
+    def audit_bucket(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "sovereignspec.cli", "audit", "--kubeconfig", admin,
+             "--audit-bucket", bucket, "--audit-endpoint", s3.endpoint, *args],
+            capture_output=True, text=True, check=False, timeout=60, env={**os.environ, **s3.env()},
+        )  # fmt: skip
+
+    verified = audit_bucket("verify")
+    # The cluster's other admitted workloads are in its own record, not this bucket: only ours count.
+    assert [line for ns in tenants for line in mine(verified.stdout, ns)] == [], verified.stdout
+    for (ns, job), node in bound.items():
+        where = audit_bucket("where", f"{ns}/{job}")
+        j = tenants[ns][1]
+        assert where.returncode == 0, where.stdout + where.stderr
+        assert f"Ready (placed) on {node} ({j})" in where.stdout, where.stdout
+        assert f"pod {job}-0 bound to {node} ({j}; allowed: {j})" in where.stdout, where.stdout

@@ -117,6 +117,68 @@ def test_reordered_records_are_named() -> None:
     assert "record 1 of segment audit-000000000000: sequence number 1 where 0 was due" in found
 
 
+def _later(first: dict[str, Any], records: list[dict[str, Any]]) -> dict[str, Any]:
+    return {**copy.deepcopy(first), "records": records}
+
+
+@pytest.mark.parametrize(
+    ("tamper", "named"),
+    [
+        ("edit", "record 3 of segment audit-000000000001 (later version v2): its digest is not"),
+        ("remove", "record 4 of segment audit-000000000001 (later version v2): it does not follow"),
+        ("reorder", "record 4 of segment audit-000000000001 (later version v2): it does not follow"),
+    ],
+)  # fmt: skip
+def test_a_later_version_of_a_bucket_segment_edited_removed_or_reordered_is_named(tamper, named) -> None:
+    """Object Lock keeps a segment's first version, which readers take; what a forger can do is
+    write a later one. One that is not a whole chain from where the first began is named."""
+    first = segments()[1]
+    records = copy.deepcopy(first["records"])
+    if tamper == "edit":
+        records[0]["node"] = "h-kr"
+    elif tamper == "remove":
+        del records[0]
+    else:
+        records[0], records[1] = records[1], records[0]
+    found = [str(f) for f in record.verify_rewrite(first, _later(first, records), "v2")]
+    assert any(f.startswith(named) for f in found), found
+
+
+def test_a_later_version_a_replica_wrote_after_losing_the_race_is_a_whole_chain_and_not_a_failure() -> None:
+    segs = segments()
+    first = segs[1]
+    # The loser chained its own facts from the same head as the winner: after segment 0.
+    losers, _ = record.chain(record.head_of(segs[:1]), [fact(40), fact(41)])
+    assert record.verify_rewrite(first, _later(first, losers), "v2") == []
+    # ...and a forger who recomputed every digest is not told from one: the first version stands.
+    elsewhere = _later(first, losers)
+    elsewhere["index"] = 2
+    (finding,) = record.verify_rewrite(first, elsewhere, "v3")
+    assert str(finding) == "segment audit-000000000001 (later version v3): it says it is segment 2"
+
+
+def test_audit_verify_fails_on_a_forged_later_version_and_notes_a_losers(capsys) -> None:
+    from sovereignspec.auditing import _rewrites
+
+    segs = segments()
+    first = segs[1]
+    losers, _ = record.chain(record.head_of(segs[:1]), [fact(40)])
+    edited = copy.deepcopy(first["records"])
+    edited[1]["node"] = "h-kr"
+    later = [
+        ("audit-000000000001", "v2", _later(first, losers)),
+        ("audit-000000000001", "v3", _later(first, edited)),
+        ("audit-000000000001", "v4", {}),  # not JSON, or not an object
+    ]
+    failures = _rewrites(segs, later)
+    assert failures == [
+        "record 4 of segment audit-000000000001 (later version v3): its digest is not its content's: "
+        "edited after it was written",
+        "segment audit-000000000001 (later version v4): not a segment written by a replica",
+    ]
+    assert "segment audit-000000000001 has a later version v2: a replica that lost" in capsys.readouterr().out
+
+
 def test_the_audit_verdict_names_unrecorded_workloads_and_bindings_outside_their_jurisdictions() -> None:
     segs = segments(2)
     outside_fact = {**fact(2, kind="binding"), "pod": {"namespace": "team-a", "name": "chat-2-x"},
