@@ -25,6 +25,7 @@ CASES = [
     (Requirement("a", "eu"), node("n", "kr"), "jurisdiction", True),
     (Requirement("a", "eu"), node("n"), "jurisdiction", True),
     (Requirement("a"), node("n"), None, None),
+    (Requirement("a"), node("n", tenants={"b"}), None, None),  # sharing unless a tenant asks otherwise
     (Requirement("a", exclusive=True), node("n", tenants={"b"}), "shared-node", False),
     (Requirement("a", exclusive=True), node("n", tenants={"a"}), None, None),
     (Requirement("a"), node("n", tenants={"b"}, exclusive={"b"}), "exclusive-tenant-present", False),
@@ -106,3 +107,17 @@ def test_the_vectorised_index_agrees_with_the_scalar_check_as_work_is_placed(spe
                 n.tenants | {tenant},
                 n.exclusive_tenants | ({tenant} if exclusive else set()),
             )
+
+
+def test_requirements_nodes_and_exclusions_are_values_that_nothing_changes_in_place() -> None:
+    """A placer copies a node's tenancy when it places work there, and a requirement keys the
+    placer's caches: changed in place, either would change what an earlier decision saw."""
+    import dataclasses
+
+    from sovereignspec.core.sovereignty import Exclusion
+
+    values = [Requirement("a"), node("n"), Exclusion("jurisdiction", "node is in kr", True)]
+    for value, field in zip(values, ("exclusive", "tenants", "permanent"), strict=True):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(value, field, None)
+    assert hash(Requirement("a", "eu")) == hash(Requirement("a", "eu"))
