@@ -239,7 +239,8 @@ def _operator_parser(sub: Subparsers) -> None:
         "--tick-limit",
         type=bounded_int("--tick-limit", 1, 100000),
         default=500,
-        help="workloads placed per tick, the first in tick order; the rest in the next tick at once, so "
+        help="workloads placed (dispatcher: nominated) per tick and policy, the first in tick order; the "
+        "rest in the next tick at once, so "
         "that a backlog (a new leader's first tick) does not hold back every decision (default 500)",
     )
     learn = op.add_argument_group("online calibration (LearnedProfiles, from the engines' metrics)")

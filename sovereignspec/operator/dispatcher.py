@@ -228,9 +228,16 @@ class DispatchController(Role):
             by_policy.setdefault(policy_name, (spec, set()))[1].add(check)
         report.reevaluate_after = min(spec.reevaluation_seconds for spec, _ in by_policy.values())
         waiting = 0
+        # As the worker role's `_place`: at most --tick-limit dispatched per policy and tick (a new
+        # leader's first tick fewer), the rest in the next tick at once, which counts these against
+        # their workers (`_committed`: each write is in the cache as soon as it lands).
+        limit, self.first_batch = (
+            min(self.settings.tick_limit, self.first_batch or self.settings.tick_limit),
+            None,
+        )
         for policy_name, (spec, checks) in sorted(by_policy.items()):
             try:
-                waiting += self._dispatch(spec, checks, configs, namespaces, report)
+                waiting += self._dispatch(spec, checks, configs, namespaces, report, limit)
             except Exception as exc:
                 report.failures.append(f"policy {policy_name}: {type(exc).__name__}: {exc}")
                 metrics.TICK_FAILURES.labels(part="policy").inc()
@@ -248,11 +255,16 @@ class DispatchController(Role):
         configs: dict[str, list[str]],
         namespaces: dict[str, dict[str, str]],
         report: TickReport,
+        limit: int,
     ) -> int:
-        """One policy's workloads decided, recorded and written; returns how many wait."""
+        """One policy's first `limit` workloads (in dispatch order) decided, recorded and written;
+        returns how many wait."""
         self._acceptance = {}
         workers = self._workers(spec)
-        decisions = self._decide(spec, checks, workers, configs, namespaces)
+        decisions, later = self._decide(spec, checks, workers, configs, namespaces, limit)
+        if later:
+            report.more = True
+            log.info("%d workload(s) left for the next tick (at most %d dispatched per tick)", later, limit)
         places = {n: w.jurisdiction for n, w in workers.items()}
         if self.settings.audit_required:
             # The records first (`ahead`: a nomination whose record fails is held), persisted beside
@@ -307,14 +319,19 @@ class DispatchController(Role):
         workers: dict[str, Worker],
         configs: dict[str, list[str]],
         namespaces: dict[str, dict[str, str]],
-    ) -> list[Decision]:
+        limit: int | None = None,
+    ) -> tuple[list[Decision], int]:
+        """The decisions on the first `limit` pending workloads in dispatch order (and on those
+        that cannot be read), and how many are left for the next tick."""
         pending = self._pending(checks, configs)
         if not pending:
-            return []
+            return [], 0
         out: list[Decision] = []
         requests = self._requests(pending, spec, namespaces, out)
         # Latency-sensitive, high-acceptance work first: it takes the headroom (as in a worker).
         requests.sort(key=lambda t: (dispatch_order(t[3]), key_of(t[0])))
+        later = max(len(requests) - limit, 0) if limit is not None else 0
+        requests = requests[: len(requests) - later]
         policy = spec.placer_settings()
         dispatchers: dict[tuple[str, ...], Dispatcher] = {}
         for wl, entry, pool, request in requests:
@@ -340,7 +357,7 @@ class DispatchController(Role):
                 dispatchers[key] = Dispatcher(self.profiles, listed, policy)
             d = dispatchers[key].dispatch(self._with_acceptance(request, spec), self.settings.nominate)
             out.append(self._from_dispatch(wl, entry, d))
-        return out
+        return out, later
 
     def _pending(self, checks: set[str], configs: dict[str, list[str]]) -> list[_Pending]:
         """Workloads with quota reserved whose check waits on us (or is Ready with a nomination,

@@ -86,7 +86,8 @@ def decide(c: DispatchController, *wls: dict[str, Any]) -> dict[str, Any]:
     for wl in wls:
         c.cache.workloads.put(wl)
     spec = parse_policy("p", {"telemetry": {"source": "none"}})
-    out = c._decide(spec, {CHECK}, c._workers(spec), c._configs_by_check(), NAMESPACES)
+    out, later = c._decide(spec, {CHECK}, c._workers(spec), c._configs_by_check(), NAMESPACES)
+    assert later == 0  # no limit: every pending workload decided
     return {d.wl["metadata"]["name"]: d for d in out}
 
 
@@ -191,6 +192,50 @@ def test_a_nomination_is_recorded_beside_its_announcement_and_sent_after_both(co
     controller.cache.workloads.put(workload("a", "team-kr"))
     spec = parse_policy("p", {"telemetry": {"source": "none"}})
     report = TickReport()
-    waiting = controller._dispatch(spec, {CHECK}, controller._configs_by_check(), NAMESPACES, report)
+    waiting = controller._dispatch(spec, {CHECK}, controller._configs_by_check(), NAMESPACES, report, 500)
     assert log == [("announce", ["team-kr/a"]), ("recorded", ["a"]), ("write", "nominate")]
     assert (waiting, report.decided, dict(report.outcomes)) == (0, 1, {"nominate": 1})
+
+
+def test_a_tick_dispatches_at_most_its_limit_in_dispatch_order_and_the_next_counts_those_dispatched(
+    controller, monkeypatch
+):
+    """A new leader's first tick (`first_batch`), then --tick-limit: the first workloads in dispatch
+    order are decided, the tick asks for the next at once, and that one counts what was nominated
+    (each write is in the cache as it lands) and decides the rest."""
+
+    written: list[str] = []
+
+    def write(d):  # as the API server answers: the nomination and our Ready entry, in the cache
+        wl = {**d.wl, "status": {**d.wl["status"], "nominatedClusterNames": list(d.nominated or ())}}
+        wl["status"]["admissionChecks"] = [
+            {**e, "state": d.state} if e["name"] == CHECK else e for e in d.wl["status"]["admissionChecks"]
+        ]
+        controller.cache.workloads.put(wl)
+        written.append(d.wl["metadata"]["name"])
+        return d.outcome
+
+    from sovereignspec.operator import dispatcher
+
+    monkeypatch.setattr(controller, "_write_one", write)
+    monkeypatch.setattr(controller, "_record", lambda *_a: None)
+    monkeypatch.setattr(dispatcher, "ahead", lambda _log, ds, *_rest: [replace(d, recorded=True) for d in ds])
+    monkeypatch.setattr(controller.writer, "announce", lambda keys: None)
+    monkeypatch.setattr(controller.cache, "synced", lambda: True)
+    monkeypatch.setattr(controller, "reconcile_checks", lambda: ({CHECK: ("p", _POLICY)}, {}))
+    monkeypatch.setattr(controller.cache, "namespaces", _Namespaces())
+    for name in ("c", "a", "b"):
+        controller.cache.workloads.put(workload(name, "team-kr"))
+    controller.first_batch = 1
+    first = controller.tick()
+    assert (written, first.more, first.decided) == (["a"], True, 1)
+    second = controller.tick()  # --tick-limit (500): the rest; "a" is Ready and nominated, left alone
+    assert (written, second.more, second.decided) == (["a", "b", "c"], False, 2)
+
+
+_POLICY = parse_policy("p", {"telemetry": {"source": "none"}})
+
+
+class _Namespaces:
+    def items(self) -> list[dict[str, Any]]:
+        return [{"metadata": {"name": n, "labels": labels}} for n, labels in NAMESPACES.items()]
