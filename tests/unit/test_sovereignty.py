@@ -121,3 +121,19 @@ def test_requirements_nodes_and_exclusions_are_values_that_nothing_changes_in_pl
         with pytest.raises(dataclasses.FrozenInstanceError):
             setattr(value, field, None)
     assert hash(Requirement("a", "eu")) == hash(Requirement("a", "eu"))
+
+
+def test_an_excluded_node_is_named_by_the_jurisdiction_it_is_in_or_the_label_it_lacks() -> None:
+    labelled = check_node(Requirement("a", "eu", allowed=frozenset({"eu"})), node("n", "kr"))
+    unlabelled = check_node(Requirement("a", "eu", allowed=frozenset({"eu"})), node("n"))
+    assert labelled is not None and labelled.detail.endswith("node is in kr")
+    assert unlabelled is not None and unlabelled.detail.endswith(f"node has no {JUR} label")
+
+
+def test_an_exclusive_tenant_placed_by_the_index_keeps_every_other_tenant_off_its_node() -> None:
+    """Whatever number the index gives the tenant (here the third it interns, after two
+    jurisdictions): "no exclusive holder" is a number no tenant can have."""
+    index = TenancyIndex([node("n0", "eu"), node("n1", "kr")])
+    index.place(0, Requirement("x", exclusive=True))
+    assert index.mask(Requirement("y")).tolist() == [False, True]
+    assert index.mask(Requirement("x")).tolist() == [True, True]
