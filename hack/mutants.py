@@ -50,6 +50,7 @@ FILES = [
 ]
 # Fast and sharp first: `-x` stops at the first failure, so most mutants die in seconds.
 TESTS = [
+    "tests/unit/test_sovereignty.py",  # first: the filter's own table, 1 s, kills its mutants at once
     "tests/unit/test_published.py",
     "tests/unit/test_roofline.py",
     "tests/unit/test_placement.py",
