@@ -321,8 +321,10 @@ class DispatchController(Role):
         namespaces: dict[str, dict[str, str]],
         limit: int | None = None,
     ) -> tuple[list[Decision], int]:
-        """The decisions on the first `limit` pending workloads in dispatch order (and on those
-        that cannot be read), and how many are left for the next tick."""
+        """The decisions on the first `limit` workloads waiting for one, in dispatch order (and on
+        those that cannot be read), and how many are left for the next tick. Nominations already
+        Ready, judged again every tick, are not counted: they seldom write, and counted they could
+        fill every tick's cut and leave the waiting ones to wait forever."""
         pending = self._pending(checks, configs)
         if not pending:
             return [], 0
@@ -330,8 +332,11 @@ class DispatchController(Role):
         requests = self._requests(pending, spec, namespaces, out)
         # Latency-sensitive, high-acceptance work first: it takes the headroom (as in a worker).
         requests.sort(key=lambda t: (dispatch_order(t[3]), key_of(t[0])))
-        later = max(len(requests) - limit, 0) if limit is not None else 0
-        requests = requests[: len(requests) - later]
+        waiting = [r for r in requests if r[1].get("state") != "Ready"]
+        later = max(len(waiting) - limit, 0) if limit is not None else 0
+        if later:
+            cut = {id(r[0]) for r in waiting[len(waiting) - later :]}
+            requests = [r for r in requests if id(r[0]) not in cut]
         policy = spec.placer_settings()
         dispatchers: dict[tuple[str, ...], Dispatcher] = {}
         for wl, entry, pool, request in requests:

@@ -226,6 +226,11 @@ def test_a_tick_dispatches_at_most_its_limit_in_dispatch_order_and_the_next_coun
     monkeypatch.setattr(controller.cache, "namespaces", _Namespaces())
     for name in ("c", "a", "b"):
         controller.cache.workloads.put(workload(name, "team-kr"))
+    # Nominated and Ready before this leader (first in dispatch order): judged again every tick,
+    # never counted against the cut, else it would fill it tick after tick.
+    ready = workload("0-nominated", "team-kr", nominatedClusterNames=["worker-kr"])
+    ready["status"]["admissionChecks"][0]["state"] = "Ready"
+    controller.cache.workloads.put(ready)
     controller.first_batch = 1
     first = controller.tick()
     assert (written, first.more, first.decided) == (["a"], True, 1)
