@@ -15,6 +15,7 @@ cache at once (`put`), and an object in the cache is never replaced by an older 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import random
@@ -145,7 +146,8 @@ class Informer:
         self._stop.set()
         open_watch = self._open
         if open_watch is not None:
-            open_watch.shutdown()  # unblocks the read in the informer's thread
+            with contextlib.suppress(OSError):  # EBADF: its thread closed it meanwhile, so it is unblocked
+                open_watch.shutdown()  # unblocks the read in the informer's thread
         if self._thread is not None and wait > 0:
             self._thread.join(wait)
         return self._thread is None or not self._thread.is_alive()

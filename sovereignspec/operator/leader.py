@@ -352,8 +352,13 @@ class LeaderElector:
         return self
 
     def _unwatch(self) -> None:
+        """The standby's watch stopped. Never raises: it runs in the election's thread between
+        taking (or losing) the Lease and saying so, and that thread must live to renew it."""
         if self._watch is not None:
-            self._watch.stop()
+            try:
+                self._watch.stop()
+            except Exception:
+                log.exception("leader election: stopping the Lease's watch failed; the election goes on")
 
     def run(self) -> None:
         """Try every retry period (jittered); lead from the first success; stop for good on a loss."""

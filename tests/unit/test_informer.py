@@ -338,3 +338,16 @@ def test_a_forbidden_optional_feature_is_an_empty_cache_only_where_it_may_be_so(
     else:
         with pytest.raises(client.ApiException):
             informer._relist()
+
+
+def test_stopping_a_watch_whose_connection_its_own_thread_just_closed_does_not_raise(informer):
+    """The leader election stops its standby's watch the moment it takes the Lease; the watch's
+    thread may have closed the connection an instant before (EBADF on shutdown). Raised, that
+    ended the election's thread: a leader that never renewed, never saw its Lease taken."""
+
+    class Closed:
+        def shutdown(self) -> None:
+            raise OSError(9, "Bad file descriptor")
+
+    informer._open = Closed()
+    assert informer.stop() is True

@@ -268,3 +268,21 @@ def test_a_leader_ignores_the_watch_and_a_deleted_lease_is_seen_as_none():
     assert b._observed is not None and b._observed.holder == "a"
     b.observe("DELETED", copy.deepcopy(lease.obj))
     assert b._observed is None
+
+
+def test_the_election_goes_on_to_lead_when_stopping_its_standby_watch_fails():
+    class Failing:
+        def stop(self) -> None:
+            raise OSError(9, "Bad file descriptor")  # as urllib3's shutdown of a closed socket
+
+    a = _Replica(_OneLease(), "a")
+    a._watch = Failing()  # type: ignore[assignment]
+    led: list[bool] = []
+
+    def leads() -> None:
+        led.append(True)
+        a._stop.set()  # one round is enough
+
+    a.on_started_leading = leads
+    a.run()  # returned, not raised
+    assert led == [True] and a._leader
