@@ -86,7 +86,19 @@ def test_alpha_and_tpot_of_stand_in_vllm_and_sglang_reach_the_decision_by_namesp
             ok = keys <= set(accepted) and owners <= set(tpot)
             return (accepted, tpot) if ok else None
 
+        def scraped() -> bool:
+            # Every scraped engine's per-request TPOT seen at least three times. Before, the reader
+            # can meet a scrape between its per-request query (one sample: no rate yet) and its
+            # per-event one (two), and take the event latency, τ times the TPOT, as it is meant
+            # to where an engine exports no TPOT (CI read SGLang's 0.0725 for its 0.028).
+            metric = '__name__=~"(vllm|sglang):request_time_per_output_token_seconds_count"'
+            found = env.prometheus.query(
+                f'count_over_time({{{metric}, namespace=~"{namespace}|{other}"}}[1m]) >= 3'
+            )
+            return len(found) >= 4  # chat-a, chat-b, the replica and the group member
+
         time.sleep(3)  # increase() needs two scrapes
+        wait_until(scraped, timeout=45, what="three scrapes of every engine's TPOT")
         accepted, tpot = wait_until(both, timeout=45, what="both engines' series, relabelled")
         assert accepted[(namespace, MODEL)][0] == pytest.approx(0.3, abs=1e-6)
         assert accepted[(other, MODEL)][0] == pytest.approx(0.5, abs=1e-3)
