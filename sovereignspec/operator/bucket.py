@@ -127,14 +127,18 @@ class BucketStore:
                     oldest[o.object_name] = str(o.version_id)  # newest first: the last one stays
             out = []
             for key, version in sorted(oldest.items()):
-                response = self.client.get_object(self.bucket, key, version_id=version)
-                try:
-                    spec = json.loads(response.read())
-                finally:
-                    response.close()
-                    response.release_conn()
+                spec = json.loads(self._read(key, version))
                 out.append({"name": key.rpartition("/")[2].removesuffix(".json"), **spec})
             return out
+
+    def _read(self, key: str, version: str) -> bytes:
+        """One version of an object, its connection given back."""
+        response = self.client.get_object(self.bucket, key, version_id=version)
+        try:
+            return bytes(response.read())
+        finally:
+            response.close()
+            response.release_conn()
 
     def later_versions(self) -> list[tuple[str, str, dict[str, Any]]]:
         """Every version of a segment's key but its first, as (segment name, version id, its content;
@@ -148,14 +152,10 @@ class BucketStore:
             out = []
             for key, ids in sorted(versions.items()):
                 for version in reversed(ids[:-1]):
-                    response = self.client.get_object(self.bucket, key, version_id=version)
                     try:
-                        content = json.loads(response.read())
+                        content = json.loads(self._read(key, version))
                     except ValueError:
                         content = {}
-                    finally:
-                        response.close()
-                        response.release_conn()
                     name = key.rpartition("/")[2].removesuffix(".json")
                     out.append((name, version, content if isinstance(content, dict) else {}))
             return out
