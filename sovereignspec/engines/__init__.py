@@ -15,9 +15,9 @@ from collections.abc import Mapping
 from sovereignspec.core.handoff import Table
 from sovereignspec.core.specs import DrafterSpec
 from sovereignspec.engines import sglang, vllm
-from sovereignspec.engines.base import Engine, EngineConfig, Key, Metrics, MetricsReader
+from sovereignspec.engines.base import Engine, EngineConfig, Key, Metrics, MetricsReader, Option
 
-__all__ = ["ENGINES", "Engine", "EngineConfig", "Key", "Metrics", "MetricsReader", "engine_config"]
+__all__ = ["ENGINES", "Engine", "EngineConfig", "Key", "Metrics", "MetricsReader", "Option", "engine_config"]
 
 # The registry: one line per engine, in the order their readings are preferred.
 ENGINES: tuple[Engine, ...] = (vllm.ENGINE, sglang.ENGINE)
@@ -58,6 +58,11 @@ def handed_table(notes: Mapping[str, str]) -> Table:
         if table is not None:
             return table
     return []
+
+
+def policy_options() -> tuple[tuple[str, Option], ...]:
+    """(engine name, setting) for every setting an engine holds in the SpeculationPolicy."""
+    return tuple((engine.name, option) for engine in ENGINES for option in engine.options)
 
 
 def tpot_metrics() -> tuple[str, ...]:

@@ -63,6 +63,21 @@ class EngineConfig:
         return self.notes.get(key, "")
 
 
+@dataclass(frozen=True)
+class Option:
+    """A setting the SpeculationPolicy holds for one engine, under `telemetry.acceptance.<field>`:
+    how a cluster's version of the engine means its metrics. The engine reads it as `key`."""
+
+    field: str  # the policy's (and the CRD's) field name, camelCase
+    key: str  # what the engine's `acceptance` finds it under in its options
+    accepted: tuple[str, ...]  # the values it takes, the first the default
+    meaning: str  # what each value means, for the error that names a bad one
+
+    @property
+    def default(self) -> str:
+        return self.accepted[0]
+
+
 class Engine(Protocol):
     """One serving engine. Register its module's `ENGINE` in `sovereignspec.engines.ENGINES`."""
 
@@ -71,6 +86,7 @@ class Engine(Protocol):
     takes_table: bool  # whether it reads the per-batch budget (`core.handoff.Table`)
     batch_limit: str  # its flag capping the running requests (said when a profile point cannot fill)
     metrics: Metrics
+    options: tuple[Option, ...]  # its settings in the SpeculationPolicy (`Option`), often none
 
     def configure(self, method: str, draft: str, gamma: int, top: int, table: Table | None) -> dict[str, str]:
         """Its annotations for a speculative decision: `method` (its name for the drafter), the

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 
 from sovereignspec.core.handoff import Table
 from sovereignspec.core.speedup import alpha_from_draft_acceptance
-from sovereignspec.engines.base import Key, Metrics, MetricsReader
+from sovereignspec.engines.base import Key, Metrics, MetricsReader, Option
 from sovereignspec.engines.sglang_launch import SGLANG_ADAPTIVE, SGLANG_ARGS
 
 ARGS = SGLANG_ARGS  # the flags `launch` appends
@@ -32,6 +32,16 @@ class Sglang:
     outputs: tuple[str, ...] = (ARGS, ADAPTIVE)
     takes_table = True  # in its adaptive mode only (ADAPTIVE_ALGORITHMS)
     batch_limit = "--max-running-requests"
+    # Its spec_accept_rate gauge changed meaning with PR #23530 (merged 2026-04-23): accepted drafts
+    # over proposed drafts, (τ-1)/γ. Before, (accepted + 1)/(proposed + 1) per step: τ/(γ+1).
+    options: tuple[Option, ...] = (
+        Option(
+            field="sglangAcceptRate",
+            key="accept_rate",
+            accepted=("drafts", "tokens-with-bonus"),
+            meaning="drafts (SGLang with PR #23530) or tokens-with-bonus (SGLang before it)",
+        ),
+    )
     metrics = Metrics(
         prefix="sglang:",
         tpot=(

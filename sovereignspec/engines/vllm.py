@@ -23,7 +23,7 @@ from typing import cast
 
 from sovereignspec.core.handoff import Table
 from sovereignspec.core.speedup import alpha_from_draft_acceptance
-from sovereignspec.engines.base import Key, Metrics, MetricsReader
+from sovereignspec.engines.base import Key, Metrics, MetricsReader, Option
 from sovereignspec.engines.vllm_launch import VLLM_CONFIG, VLLM_PER_BATCH
 
 CONFIG = VLLM_CONFIG  # the annotation `launch` turns into --speculative-config
@@ -40,6 +40,7 @@ class Vllm:
     outputs: tuple[str, ...] = (CONFIG,)
     takes_table = True
     batch_limit = "--max-num-seqs"
+    options: tuple[Option, ...] = ()  # its counters mean the same in every version read
     metrics = Metrics(
         prefix="vllm:",
         tpot=(

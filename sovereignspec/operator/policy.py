@@ -7,9 +7,18 @@ policy makes the AdmissionCheck inactive with a message naming the field, instea
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import re
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    create_model,
+    model_validator,
+)
 
 from sovereignspec.core.cluster import PlacerSettings
 from sovereignspec.core.defaults import (
@@ -21,6 +30,7 @@ from sovereignspec.core.defaults import (
     SELF_BENEFIT_MARGIN,
 )
 from sovereignspec.core.sovereignty import DEFAULT_JURISDICTION_LABEL
+from sovereignspec.engines import Option, policy_options
 from sovereignspec.errors import describe
 
 GROUP = "sovereignspec.io"
@@ -42,21 +52,41 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
 
 
-class Acceptance(_Model):
+class _AcceptanceFields(_Model):
     learn: bool = Field(True, description="true or false")
     window: str = Field("5m", pattern=r"^[0-9]+[smh]$", description="a Prometheus range such as 5m")
     prior_weight_tokens: float = Field(2000.0, alias="priorWeightTokens", ge=0, description="a number >= 0")
-    # SGLang changed what its spec_accept_rate gauge means (PR #23530, merged 2026-04-23): accepted
-    # drafts over proposed drafts, (τ-1)/γ. Before, (accepted + 1)/(proposed + 1) per step: τ/(γ+1).
-    sglang_accept_rate: Literal["drafts", "tokens-with-bonus"] = Field(
-        "drafts",
-        alias="sglangAcceptRate",
-        description="drafts (SGLang with PR #23530) or tokens-with-bonus (SGLang before it)",
+
+
+def _option_name(option: Option) -> str:
+    """The model's attribute for an engine's policy setting: its field name in snake case."""
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", option.field).lower()
+
+
+# Each engine's settings (`Engine.options`: what its metrics mean in a cluster's version of it) are
+# fields here, declared by the engine's own module: a new engine's setting needs no line here.
+_ENGINE_FIELDS: dict[str, Any] = {
+    _option_name(option): (
+        Literal[option.accepted],
+        Field(option.default, alias=option.field, description=option.meaning),
     )
+    for _, option in policy_options()
+}
+_Acceptance: type[_AcceptanceFields] = create_model(
+    "_Acceptance", __base__=_AcceptanceFields, **_ENGINE_FIELDS
+)
+
+
+class Acceptance(_Acceptance):
+    """How α is read: learned from the engines' counters over `window`, weighed against the declared
+    prior, with each engine's own settings beside them (`engine_options`)."""
 
     def engine_options(self) -> dict[str, dict[str, str]]:
         """Per engine (`sovereignspec.engines`), what the policy says its metrics mean."""
-        return {"sglang": {"accept_rate": self.sglang_accept_rate}}
+        out: dict[str, dict[str, str]] = {}
+        for engine, option in policy_options():
+            out.setdefault(engine, {})[option.key] = getattr(self, _option_name(option))
+        return out
 
 
 _PATH = r"^/"

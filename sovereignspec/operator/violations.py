@@ -179,8 +179,8 @@ def ignored(
     """Every running decision its engines did not keep over the telemetry's window (`drafting`:
     (namespace, owner) -> draft tokens; `drafts`: -> drafts): decided plain, they drafted; decided
     speculative (or armed at a lighter batch), they drafted more tokens per draft than its largest
-    budget. One per workload, not per spread pod. Engines with no draft counters (SGLang) are never
-    found here."""
+    budget. One per workload, not per spread pod. Engines with no draft counters (`Metrics.drafted`
+    empty) are never found here."""
     out: list[Ignored] = []
     seen: set[str] = set()
     for c in committed:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from sovereignspec import engines
-from sovereignspec.engines.base import Engine, Metrics
+from sovereignspec.engines.base import Engine, Metrics, Option
 from sovereignspec.engines.launchers import LAUNCHERS
 from sovereignspec.launchkit import Launcher, LaunchError
 from sovereignspec.profiles import load_profiles
@@ -53,6 +53,9 @@ def structure(engine: Engine) -> None:
     assert engine.outputs and all(re.fullmatch(r"[a-z0-9][a-z0-9-]*", key) for key in engine.outputs)
     assert isinstance(engine.takes_table, bool)
     assert engine.batch_limit.startswith("--")
+    for option in engine.options:  # the policy's field for it, camelCase as the CRD's fields are
+        assert isinstance(option, Option) and re.fullmatch(r"[a-z][A-Za-z0-9]*", option.field), option
+        assert option.accepted and option.key and option.meaning, option
     m = engine.metrics
     assert isinstance(m, Metrics) and m.prefix.endswith(":")
     assert len(m.tpot) == 3 and any(m.tpot), "at least one TPOT histogram"
@@ -131,3 +134,24 @@ def test_the_launcher_skeleton_in_the_docs_holds_to_the_same_structure() -> None
 
 def test_every_engine_has_one_launcher_and_every_launcher_an_engine() -> None:
     assert sorted(e.name for e in engines.ENGINES) == sorted(launcher.name for launcher in LAUNCHERS)
+
+
+@pytest.mark.parametrize(
+    "engine, option",
+    [(e, o) for e in engines.ENGINES for o in e.options],
+    ids=lambda x: getattr(x, "field", getattr(x, "name", "")),
+)
+def test_each_engines_policy_setting_is_a_field_of_the_policy_that_reaches_the_engine(
+    engine: Engine, option: Option
+) -> None:
+    from sovereignspec.operator.policy import Acceptance, parse_policy
+
+    assert Acceptance().engine_options()[engine.name][option.key] == option.default
+    for value in option.accepted:
+        chosen = Acceptance.model_validate({option.field: value}).engine_options()
+        assert chosen[engine.name][option.key] == value
+    with pytest.raises(ValueError) as bad:
+        parse_policy("p", {"telemetry": {"acceptance": {option.field: "not-a-meaning"}}})
+    said = str(bad.value)
+    assert f"telemetry.acceptance.{option.field}" in said and "not-a-meaning" in said
+    assert all(repr(value) in said for value in option.accepted), said
