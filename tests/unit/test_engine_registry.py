@@ -90,6 +90,12 @@ def test_engines_are_registered_once_each_and_write_distinct_annotations() -> No
     assert len(keys) == len(set(keys)) and frozenset(keys) == engines.OUTPUTS
     prefixes = [e.metrics.prefix for e in engines.ENGINES]
     assert len(prefixes) == len(set(prefixes))
+    # Each engine's policy settings become fields beside acceptance's own: no two may share a name.
+    from sovereignspec.operator.policy import _AcceptanceFields
+
+    fields = [o.field for _, o in engines.policy_options()]
+    own = {f.alias or name for name, f in _AcceptanceFields.model_fields.items()}
+    assert len(fields) == len(set(fields)) and not own & set(fields), fields
 
 
 def test_every_drafter_names_its_method_only_for_registered_engines() -> None:
