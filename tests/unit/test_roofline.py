@@ -247,3 +247,33 @@ def test_the_smooth_maximum_with_one_exponent_per_gpu_is_the_full_formula_per_co
     assert np.array_equal(smooth_max(a, b, p[None, :]), _smooth_max_in_full(a, b, p))
     one = smooth_max(0.5, 0.45, 8.0)
     assert isinstance(one, np.floating) and one == _smooth_max_in_full(0.5, 0.45, 8.0)
+
+
+@pytest.mark.parametrize("gamma", [0, 1, 3, 8])
+def test_tau_for_floats_is_the_array_tau_and_gamma_plus_one_at_alpha_one(gamma):
+    # The float τ decides in the placer's one-GPU updates and the simulator's requests; at α = 1
+    # (and within 1e-12 of it, where the geometric sum divides by almost nothing) every drafted
+    # token is accepted: γ + 1 per step, by hand.
+    from sovereignspec.core.scalar import tau as scalar_tau
+    from sovereignspec.core.speedup import tau
+
+    assert scalar_tau(1.0, gamma) == gamma + 1.0
+    assert scalar_tau(1.0 - 1e-13, gamma) == gamma + 1.0
+    assert scalar_tau(0.5, 3) == pytest.approx(1.875, rel=1e-15)  # 1 + 1/2 + 1/4 + 1/8
+    for alpha in (0.0, 0.3, 0.7, 0.999, 1.0 - 1e-13, 1.0):
+        assert scalar_tau(alpha, gamma) == float(tau(alpha, gamma)), alpha
+
+
+def test_a_gpus_coefficients_and_its_choice_cannot_be_changed_once_made(profiles):
+    # One Coeffs serves every GPU of a type and a Choice is kept in the placer's caches: a write to
+    # either would change other GPUs' or later decisions unseen.
+    import dataclasses
+
+    from sovereignspec.core.scalar import Choice, Coeffs
+
+    c = Coeffs.of(profiles.gpus["H100-SXM"], profiles.models["llama-3.1-8b"], 1)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        c.flops = 1.0  # type: ignore[misc]
+    choice = Choice(gamma=2, step=0.01, plain=0.008, before=0.007, load=4.0)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        choice.gamma = 3  # type: ignore[misc]
