@@ -277,3 +277,39 @@ def test_a_gpus_coefficients_and_its_choice_cannot_be_changed_once_made(profiles
     choice = Choice(gamma=2, step=0.01, plain=0.008, before=0.007, load=4.0)
     with pytest.raises(dataclasses.FrozenInstanceError):
         choice.gamma = 3  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("gpu", ["H100-SXM", "RTX-4090"])
+def test_headroom_and_its_inverse_for_floats_are_the_arrays_below_and_past_the_ridge(profiles, gpu):
+    # The float twins update a GPU's reading after each placement (`Placer._commit`): a reading
+    # past the ridge is 0 headroom, never below it, and one outside 0-1 maps to the nearest end.
+    from sovereignspec.core.scalar import Coeffs
+
+    model = profiles.models["llama-3.1-8b"]
+    roof, c = roofline_for(profiles.gpus[gpu], model), Coeffs.of(profiles.gpus[gpu], model, 1)
+    # (query tokens, sequences, context): from the weight stream to far past the ridge (a long
+    # verification over few short sequences)
+    steps = [(1.0, 1.0, 1024.0), (64.0, 64.0, 1024.0), (512.0, 64.0, 128.0), (32768.0, 64.0, 128.0)]
+    for n, s, ctx in steps:
+        assert c.headroom(n, s, ctx) == float(roof.headroom(n, s, ctx)), (n, s, ctx)
+        assert 0.0 <= c.headroom(n, s, ctx) <= 1.0
+    assert c.headroom(32768.0, 64.0, 128.0) == 0.0 < c.headroom(1.0, 1.0, 1024.0)
+    for h in (-0.2, 0.0, 0.3, 0.9, 1.0, 1.3):
+        assert c.seqs_for_headroom(h, 1024.0) == float(roof.seqs_for_headroom(h, 1024.0)), h
+    assert c.seqs_for_headroom(1.3, 1024.0) == c.seqs_for_headroom(1.0, 1024.0) == 0.0
+    assert c.seqs_for_headroom(-0.2, 1024.0) == c.seqs_for_headroom(0.0, 1024.0) > 0.0
+
+
+def test_on_a_tie_the_float_choice_keeps_the_shorter_draft_as_the_array_argmax_does(profiles):
+    # Two draft lengths whose scores are equal on the tie grid: the array path's argmax takes the
+    # first (the shorter draft, less work for the same gain); the float path must do the same.
+    from sovereignspec.core.scalar import Coeffs, best_gamma, speedup_at
+
+    c = Coeffs.of(profiles.gpus["H100-SXM"], profiles.models["llama-3.1-8b"], 1)
+    idle = 1.0  # no background: the aggregate is the workload's own speed-up
+    ratio = {g: speedup_at(c, [1.0, 1.0, 1.0], g, 4.0, 1024.0, 0.05, 0.0, idle)[0] for g in (1, 2)}
+    taus = [1.0, 1.8, 1.8 * ratio[1] / ratio[2]]  # γ = 2's τ chosen to score exactly what γ = 1 does
+    choice = best_gamma(c, taus, 4.0, 1024.0, 0.05, 0.0, 0.0, idle, math.inf, True)
+    assert choice.gamma == 1
+    nudged = [1.0, 1.8, taus[2] * (1 + 1e-6)]  # a millionth more for γ = 2: now it wins
+    assert best_gamma(c, nudged, 4.0, 1024.0, 0.05, 0.0, 0.0, idle, math.inf, True).gamma == 2
