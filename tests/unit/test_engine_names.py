@@ -13,8 +13,6 @@ PACKAGE = Path(__file__).resolve().parents[2] / "sovereignspec"
 ENGINE_NAMES = re.compile(r"vllm|sglang", re.I)
 OWN = ("engines/", "profiles.py")
 DECLARED = {
-    # The Policy CRD's field for what an SGLang gauge means: API, handed to that engine's module.
-    "operator/policy.py",
     # The simulator's baseline that imitates vLLM's static per-batch table, named after it.
     "sim/policies.py",
     # Figure labels that cite the measured fit the figure compares against.
