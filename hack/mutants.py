@@ -51,6 +51,8 @@ FILES = [
 # Fast and sharp first: `-x` stops at the first failure, so most mutants die in seconds.
 TESTS = [
     "tests/unit/test_sovereignty.py",  # first: the filter's own table, 1 s, kills its mutants at once
+    "tests/unit/test_budget.py",  # the draft budget handed to engines, 1 s
+    "tests/unit/test_choosing.py",  # which GPU among the admissible, over hand-made figures, 1 s
     "tests/unit/test_published.py",
     "tests/unit/test_roofline.py",
     "tests/unit/test_placement.py",
