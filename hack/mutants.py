@@ -53,6 +53,15 @@ TESTS = [
     "tests/unit/test_sovereignty.py",  # first: the filter's own table, 1 s, kills its mutants at once
     "tests/unit/test_budget.py",  # the draft budget handed to engines, 1 s
     "tests/unit/test_choosing.py",  # which GPU among the admissible, over hand-made figures, 1 s
+    # operator/plan.py's own: messages and borders, node constraints, pod sets, the decision
+    # record, the tick's limit, transport errors, the informer's view (1-3 s each)
+    "tests/unit/test_borders.py",
+    "tests/unit/test_node_constraints.py",
+    "tests/unit/test_pod_sets.py",
+    "tests/unit/test_record.py",
+    "tests/unit/test_tick_limit.py",
+    "tests/unit/test_transport_errors.py",
+    "tests/unit/test_informer.py",
     "tests/unit/test_published.py",
     "tests/unit/test_roofline.py",
     "tests/unit/test_placement.py",
