@@ -212,6 +212,20 @@ def test_messages_are_cut_at_a_word_boundary() -> None:
     assert len(short) <= 50 and short.endswith("…") and short[:-1] in text and text[len(short) - 1] in " ;,"
 
 
+@pytest.mark.parametrize("limit", [1, 2, 10, 44])
+def test_a_message_that_fits_its_limit_exactly_is_not_cut(limit: int) -> None:
+    text = ("the quick brown fox jumps over the lazy dog " * 2)[:limit]
+    assert shorten(text, limit) == text
+    assert len(shorten(text + "x", limit)) <= limit and shorten(text + "x", limit).endswith("…")
+
+
+def test_a_message_with_no_word_boundary_past_half_its_limit_is_cut_mid_word_rather_than_emptied() -> None:
+    """Cutting back to a space in the first half would throw away most of what fits."""
+    text = "a " + "x" * 100
+    short = shorten(text, 20)
+    assert short == "a " + "x" * 17 + "…"
+
+
 def test_liveness_says_only_ok_or_not_and_fails_once_ticks_keep_failing(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

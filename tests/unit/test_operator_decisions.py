@@ -93,43 +93,45 @@ def test_a_view_reads_each_gpus_headroom_from_fresh_telemetry_only(
         (
             "an idle GPU and a good drafter: speculative, on a node",
             [chat().obj()], [node("h1")], snapshot(IDLE),
-            "Ready", "speculative", "maximises the GPU's token rate", ["SpeculativeDecode"],
+            "Ready", "speculative", "maximises the GPU's token rate", [("SpeculativeDecode", False)],
         ),
         (
             "a saturated GPU: plain decode at once, never a wait for speed",
             [chat().obj()], [node("h1")], snapshot(BUSY),
-            "Ready", "plain", "(saturated): plain decode", ["PlainDecode"],
+            "Ready", "plain", "(saturated): plain decode", [("PlainDecode", False)],
         ),
         (
             "stale telemetry: plain decode until it returns",
             [chat().obj()], [node("h1")], snapshot(IDLE, observed_at=NOW - 3600),
-            "Ready", "plain", "no fresh telemetry", ["PlainDecode"],
+            "Ready", "plain", "no fresh telemetry", [("PlainDecode", False)],
         ),
         (
             "a malformed acceptance rate: plain, the field named, a warning Event",
             [chat().annotate(acceptance_rate="1.5").obj()], [node("h1")], snapshot(IDLE),
             "Ready", "plain", "acceptance-rate: got '1.5'; accepted: a decimal number in [0, 1]",
-            ["PlainDecode", "BadAnnotation"],
+            [("PlainDecode", False), ("BadAnnotation", True)],
         ),
         (
             "no node in the namespace's jurisdiction: rejected, sovereignty fails closed",
             [chat().obj()], [node("h1", "kr")], snapshot(IDLE),
-            "Rejected", "none", "no node of its flavor and node constraints in jurisdiction eu", ["Rejected"],
+            "Rejected", "none", "no node of its flavor and node constraints in jurisdiction eu",
+            [("Rejected", True)],
         ),
         (
             "an annotation reaching outside the namespace's jurisdiction: rejected",
             [chat().annotate(jurisdiction="kr").obj()], [node("h1")], snapshot(IDLE),
-            "Rejected", "none", "accepted: one the namespace allows: eu", ["Rejected"],
+            "Rejected", "none", "accepted: one the namespace allows: eu", [("Rejected", True)],
         ),
         (
             "more GPUs than any node has: rejected for good, with the numbers",
             [chat().gpus("8").obj()], [node("h1")], snapshot(IDLE),
-            "Rejected", "none", "needs 8 GPUs on one node; the largest node it may use has 4", ["Rejected"],
+            "Rejected", "none", "needs 8 GPUs on one node; the largest node it may use has 4",
+            [("Rejected", True)],
         ),
         (
             "every admissible node cordoned: Retry, not Rejected",
             [chat().obj()], [_cordoned()], snapshot(IDLE),
-            "Retry", "none", "no admissible node with free GPUs now", ["Retry"],
+            "Retry", "none", "no admissible node with free GPUs now", [("Retry", False)],
         ),
     ],
 )  # fmt: skip
@@ -141,12 +143,14 @@ def test_each_decision_writes_its_state_mode_reason_and_events(
     state: str,
     mode: str,
     says: str,
-    events: list[str],
+    events: list[tuple[str, bool]],
 ) -> None:
+    """Events are Warnings only where the user must act (a bad annotation, a rejection); a retry
+    or a decision is Normal."""
     write = _decide(workloads, nodes, snap)
     assert (write.state, write.mode) == (state, mode), why
     assert says in write.message, write.message
-    assert [e.reason for e in write.events] == events
+    assert [(e.reason, e.warning) for e in write.events] == events
     assert len(write.message) <= MESSAGE_LIMIT
     if state == "Ready":
         (update,) = write.pod_set_updates or []
@@ -154,6 +158,7 @@ def test_each_decision_writes_its_state_mode_reason_and_events(
         assert update["annotations"][ann.OUT_MODE] == mode
     else:
         assert write.pod_set_updates is None  # nothing reaches the pod unless it is admitted
+        assert write.gamma == 0 and write.speedup is None  # nor any draft budget
 
 
 @pytest.mark.parametrize(("retries", "after"), [(0, 15), (1, 30), (3, 120), (6, 600), (63, 600), (-1, 15)])
@@ -251,6 +256,21 @@ def test_a_template_setting_our_keys_to_values_a_plain_decision_could_write_wait
 ) -> None:
     write = _decide([chat().annotate(**{key: value}).obj()], [_cordoned()], snapshot(IDLE))
     assert write.state == "Retry", write.message
+
+
+def test_our_keys_set_plainly_in_a_template_are_placed_plain_or_refused_where_the_decision_differs() -> None:
+    """Placed, our keys land together and agree, or not at all: a template's plain-looking GPU type
+    that the placement matches gives a plain decision with a Warning; one it contradicts (the
+    engine would read the user's) is refused, naming it."""
+    agrees = _decide([chat().annotate(gpu_type="H100-SXM").obj()], [node("h1")], snapshot(IDLE))
+    assert (agrees.state, agrees.mode) == ("Ready", "plain"), agrees.message
+    assert [(e.reason, e.warning) for e in agrees.events] == [
+        ("PlainDecode", False),
+        ("ReservedAnnotation", True),
+    ]
+    clashes = _decide([chat().annotate(gpu_type="A100-80G-SXM").obj()], [node("h1")], snapshot(IDLE))
+    assert clashes.state == "Rejected", clashes.message
+    assert f"{ann.OUT_GPU_TYPE}='A100-80G-SXM', which only SovereignSpec writes" in clashes.message
 
 
 @pytest.mark.parametrize(("retries", "warned"), [(3, False), (4, True), (9, True)])

@@ -111,6 +111,18 @@ def test_our_output_keys_forged_on_the_worker_template_reject_the_group_before_p
     write = decide(wl)
     assert (write.state, write.pod_set_updates) == ("Rejected", None), write.message
     assert f"pod set worker: the pod template sets {key}={value!r}" in write.message, write.message
+    assert "remove it from spec.template" in write.message, write.message
+
+
+def test_keys_forged_on_both_templates_are_each_named_and_removing_them_is_asked() -> None:
+    wl = group({}, {})
+    for i, (key, value) in enumerate([(ann.OUT_MODE, "speculative"), (ann.OUT_BUDGET, "4")]):
+        wl["spec"]["podSets"][i]["template"]["metadata"]["annotations"][key] = value
+    write = decide(wl)
+    assert write.state == "Rejected", write.message
+    assert f"pod set leader: the pod template sets {ann.OUT_MODE}='speculative'" in write.message
+    assert f"pod set worker: the pod template sets {ann.OUT_BUDGET}='4'" in write.message
+    assert "remove them from spec.template" in write.message, write.message
 
 
 def test_a_plain_mode_on_the_worker_template_gets_a_plain_decision_for_the_whole_group() -> None:

@@ -701,3 +701,22 @@ def test_the_dispatchers_nominations_are_recorded_before_they_are_written_or_hel
     assert a.event == ("RecordUnavailable", a.message, True)
     assert (r.state, r.recorded) == ("Rejected", True)
     assert [f["workload"]["uid"] for f in failing.backlog] == ["u-r"]
+
+
+def test_the_decision_events_text_gives_each_figure_and_says_n_a_for_what_was_not_known() -> None:
+    from sovereignspec.core.decision import DecisionRecord
+    from sovereignspec.operator.plan import record_text
+
+    r = DecisionRecord(
+        "w", "t", "admitted", "speculative", 3, "maximises the GPU's token rate", node="h1", gpu_index=0,
+        gpu_type="H100-SXM", alpha=0.8, speedup=2.345, tau=3.1, step_plain_ms=10.0, step_ms=12.5,
+        tpot_ms=4.03, background_seqs=12.34, candidates=4,
+    )  # fmt: skip
+    text = record_text(r, "declared")
+    said = (
+        "S_real=2.35", "τ=3.10", "α=0.80 (declared)", "≈ 12.3 seqs", "step 10.00→12.50 ms", "TPOT 4.03 ms",
+        "headroom=n/a", "aggregate=n/a", "(unconstrained n/a)", "candidates=4",
+    )  # fmt: skip
+    for part in said:
+        assert part in text, (part, text)
+    assert "None" not in text
