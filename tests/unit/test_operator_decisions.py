@@ -152,6 +152,7 @@ def test_each_decision_writes_its_state_mode_reason_and_events(
     assert says in write.message, write.message
     assert [(e.reason, e.warning) for e in write.events] == events
     assert len(write.message) <= MESSAGE_LIMIT
+    assert "None" not in write.message, write.message  # nothing unknown printed as Python's None
     if state == "Ready":
         (update,) = write.pod_set_updates or []
         assert update["nodeSelector"] == {"kubernetes.io/hostname": "h1"}
@@ -271,6 +272,35 @@ def test_our_keys_set_plainly_in_a_template_are_placed_plain_or_refused_where_th
     clashes = _decide([chat().annotate(gpu_type="A100-80G-SXM").obj()], [node("h1")], snapshot(IDLE))
     assert clashes.state == "Rejected", clashes.message
     assert f"{ann.OUT_GPU_TYPE}='A100-80G-SXM', which only SovereignSpec writes" in clashes.message
+
+
+def test_a_plain_decision_that_arms_a_per_batch_table_says_up_to_which_batch_it_speculates() -> None:
+    """γ* = 0 at a declared 512 sequences, but the engine is handed a table that speculates at
+    lighter batches: the message names the largest batch still speculating and the armed cost."""
+    wl = chat().annotate(max_num_seqs="512", context_length="144", acceptance_rate="0.7").obj()
+    write = _decide([wl], [node("h1")], snapshot(IDLE))
+    assert (write.state, write.gamma) == ("Ready", 0), write.message
+    (update,) = write.pod_set_updates or []
+    assert update["annotations"][ann.OUT_MODE] == "speculative"
+    notes = update["annotations"]
+    table = json.loads(notes[OUT_VLLM])["num_speculative_tokens_per_batch_size"]  # vLLM 0.32's key
+    top = max(hi for _, hi, k in table if k > 0)
+    assert top < 512 and "light-batch speculative γ=0 on h1/gpu0" in write.message
+    assert f"speculates up to batch {top} (per-batch table {table})" in write.message, write.message
+
+
+def test_our_keys_set_plainly_in_a_template_on_a_saturated_gpu_are_placed_plain() -> None:
+    write = _decide([chat().annotate(gpu_type="H100-SXM").obj()], [node("h1")], snapshot(BUSY))
+    assert (write.state, write.mode, write.gamma) == ("Ready", "plain", 0), write.message
+
+
+def test_an_event_note_is_immutable() -> None:
+    from dataclasses import FrozenInstanceError
+
+    from sovereignspec.operator.plan import EventNote
+
+    with pytest.raises(FrozenInstanceError):
+        EventNote("Retry", "m").warning = True  # type: ignore[misc]
 
 
 @pytest.mark.parametrize(("retries", "warned"), [(3, False), (4, True), (9, True)])
