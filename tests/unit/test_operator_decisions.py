@@ -171,6 +171,12 @@ def test_a_retry_backs_off_exponentially_from_the_entrys_retry_count_up_to_the_c
     assert write.message.startswith(f"retry in {after}s: ")
 
 
+def test_a_first_retry_without_a_retry_count_waits_the_base_backoff() -> None:
+    """Kueue 0.19.2 leaves retryCount out (omitempty) until the check first goes to Retry: none yet."""
+    write = _decide([chat().check("Pending").obj()], [_cordoned()], snapshot(IDLE))
+    assert write.state == "Retry" and write.requeue_after == 15, write.message
+
+
 def test_a_speculative_decision_hands_the_engine_a_table_it_reads_and_a_plain_one_hands_it_nothing() -> None:
     notes = _decide([chat().obj()], [node("h1")], snapshot(IDLE)).pod_set_updates[0]["annotations"]  # type: ignore[index]
     vllm = json.loads(notes[OUT_VLLM])
