@@ -162,6 +162,22 @@ def test_each_decision_writes_its_state_mode_reason_and_events(
         assert write.gamma == 0 and write.speedup is None  # nor any draft budget
 
 
+@pytest.mark.parametrize(
+    ("snap", "why"),
+    [
+        (Snapshot(fetched_at=NOW - 3600), "(telemetry last read 3600s ago (limit 60s))"),
+        (
+            Snapshot(fetched_at=NOW, error="Prometheus: connection refused"),
+            "(Prometheus: connection refused)",
+        ),
+    ],
+)
+def test_a_plain_decision_for_want_of_telemetry_says_why_none_could_be_read(snap: Snapshot, why: str) -> None:
+    write = _decide([chat().obj()], [node("h1")], snap)
+    assert (write.state, write.mode) == ("Ready", "plain"), write.message
+    assert write.message.startswith("plain γ=0 on h1/gpu0") and write.message.endswith(why), write.message
+
+
 @pytest.mark.parametrize(("retries", "after"), [(0, 15), (1, 30), (3, 120), (6, 600), (63, 600), (-1, 15)])
 def test_a_retry_backs_off_exponentially_from_the_entrys_retry_count_up_to_the_cap(
     retries: int, after: int
