@@ -221,9 +221,10 @@ def test_a_message_that_fits_its_limit_exactly_is_not_cut(limit: int) -> None:
 
 def test_a_message_with_no_word_boundary_past_half_its_limit_is_cut_mid_word_rather_than_emptied() -> None:
     """Cutting back to a space in the first half would throw away most of what fits."""
-    text = "a " + "x" * 100
-    short = shorten(text, 20)
-    assert short == "a " + "x" * 17 + "…"
+    assert shorten("a " + "x" * 100, 20) == "a " + "x" * 17 + "…"
+    # A space before half the limit is not cut back to either; one past half is.
+    assert shorten("x" * 8 + " " + "y" * 50, 20) == "x" * 8 + " " + "y" * 10 + "…"
+    assert shorten("x" * 12 + " " + "y" * 50, 20) == "x" * 12 + "…"
 
 
 def test_liveness_says_only_ok_or_not_and_fails_once_ticks_keep_failing(

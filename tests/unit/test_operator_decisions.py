@@ -311,9 +311,21 @@ def test_a_plain_decision_that_arms_a_per_batch_table_says_up_to_which_batch_it_
     assert f"speculates up to batch {top} (per-batch table {table})" in write.message, write.message
 
 
-def test_our_keys_set_plainly_in_a_template_on_a_saturated_gpu_are_placed_plain() -> None:
-    write = _decide([chat().annotate(gpu_type="H100-SXM").obj()], [node("h1")], snapshot(BUSY))
-    assert (write.state, write.mode, write.gamma) == ("Ready", "plain", 0), write.message
+@pytest.mark.parametrize(
+    ("why", "notes", "snap"),
+    [
+        ("a saturated GPU (γ* 0)", {}, snapshot(BUSY)),
+        ("γ* 1 on an idle GPU", {"max_num_seqs": "256", "context_length": "144", "acceptance_rate": "0.7"},
+         snapshot(IDLE)),
+    ],
+)  # fmt: skip
+def test_our_keys_set_plainly_in_a_template_are_placed_plain_whatever_gamma_would_have_been(
+    why: str, notes: dict[str, str], snap: Snapshot
+) -> None:
+    write = _decide([chat().annotate(gpu_type="H100-SXM", **notes).obj()], [node("h1")], snap)
+    assert (write.state, write.mode, write.gamma) == ("Ready", "plain", 0), (why, write.message)
+    (update,) = write.pod_set_updates or []
+    assert update["annotations"][ann.OUT_BUDGET] == "0" and OUT_VLLM not in update["annotations"]
 
 
 def test_an_event_note_is_immutable() -> None:
