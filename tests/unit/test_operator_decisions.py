@@ -178,6 +178,27 @@ def test_a_plain_decision_for_want_of_telemetry_says_why_none_could_be_read(snap
     assert write.message.startswith("plain γ=0 on h1/gpu0") and write.message.endswith(why), write.message
 
 
+@pytest.mark.parametrize(
+    ("notes", "gamma"),
+    [({}, 4), ({"max_num_seqs": "256", "context_length": "144", "acceptance_rate": "0.7"}, 1)],
+)
+def test_a_speculative_decision_says_so_first_and_hands_its_predicted_tpot(
+    notes: dict[str, str], gamma: int
+) -> None:
+    write = _decide([chat().annotate(**notes).obj()], [node("h1")], snapshot(IDLE))
+    assert write.gamma == gamma and write.message.startswith(f"speculative γ={gamma} on h1/gpu0"), (
+        write.message
+    )
+    (update,) = write.pod_set_updates or []
+    assert float(update["annotations"][ann.OUT_TPOT]) > 0.0
+
+
+def test_a_cluster_with_no_nodes_rejects_saying_why_and_excludes_nothing() -> None:
+    write = _decide([chat().obj()], [], snapshot(IDLE))
+    assert write.state == "Rejected" and "excluded" not in write.message, write.message
+    assert write.message.startswith("rejected: no node matches its flavor's node labels")
+
+
 @pytest.mark.parametrize(("retries", "after"), [(0, 15), (1, 30), (3, 120), (6, 600), (63, 600), (-1, 15)])
 def test_a_retry_backs_off_exponentially_from_the_entrys_retry_count_up_to_the_cap(
     retries: int, after: int
@@ -326,6 +347,7 @@ def test_our_keys_set_plainly_in_a_template_are_placed_plain_whatever_gamma_woul
     assert (write.state, write.mode, write.gamma) == ("Ready", "plain", 0), (why, write.message)
     (update,) = write.pod_set_updates or []
     assert update["annotations"][ann.OUT_BUDGET] == "0" and OUT_VLLM not in update["annotations"]
+    assert update["annotations"][ann.OUT_SPEEDUP] == "1.000"  # plain decode is 1x plain
 
 
 def test_an_event_note_is_immutable() -> None:
