@@ -225,6 +225,7 @@ def test_a_message_with_no_word_boundary_past_half_its_limit_is_cut_mid_word_rat
     # A space before half the limit is not cut back to either; one past half is.
     assert shorten("x" * 8 + " " + "y" * 50, 20) == "x" * 8 + " " + "y" * 10 + "…"
     assert shorten("x" * 12 + " " + "y" * 50, 20) == "x" * 12 + "…"
+    assert shorten("x" * 10 + " " + "y" * 50, 20) == "x" * 10 + " " + "y" * 8 + "…"  # at half: not past it
 
 
 def test_liveness_says_only_ok_or_not_and_fails_once_ticks_keep_failing(

@@ -199,6 +199,23 @@ def test_a_cluster_with_no_nodes_rejects_saying_why_and_excludes_nothing() -> No
     assert write.message.startswith("rejected: no node matches its flavor's node labels")
 
 
+def test_a_decision_on_a_gpu_type_the_engines_taught_says_which_profile_priced_it() -> None:
+    """What `core.learning.with_learning` says about a (GPU type, model) reaches the message of a
+    decision there, and only there."""
+    import dataclasses
+
+    why = "learned profile (the compute ridge is pinned; held-out error 3% against the shipped 21%)"
+    taught = dataclasses.replace(profiles(), pricing={("H100-SXM", "llama-3.1-8b"): why})
+    view = _view([chat().obj()], [node("h1")], snapshot(IDLE))
+    (write,) = plan("default", policy(), view, taught, STAMP)
+    assert write.message.endswith(f"; priced with the {why}"), write.message
+    elsewhere = dataclasses.replace(profiles(), pricing={("A100-80G-SXM", "llama-3.1-8b"): why})
+    (write,) = plan(
+        "default", policy(), _view([chat().obj()], [node("h1")], snapshot(IDLE)), elsewhere, STAMP
+    )
+    assert "priced with" not in write.message, write.message
+
+
 @pytest.mark.parametrize(("retries", "after"), [(0, 15), (1, 30), (3, 120), (6, 600), (63, 600), (-1, 15)])
 def test_a_retry_backs_off_exponentially_from_the_entrys_retry_count_up_to_the_cap(
     retries: int, after: int
