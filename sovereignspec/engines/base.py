@@ -34,7 +34,7 @@ class MetricsReader(Protocol):
 class Metrics:
     """An engine's metric names, as its /metrics exports them."""
 
-    prefix: str  # every series of the engine starts with it, e.g. "vllm:"
+    prefix: str  # every series of the engine starts with it: its metric namespace and the colon
     # Histograms of time per output token, in order of preference: per request, the names older
     # versions exported, per output event (overstates per-token latency under speculation).
     tpot: tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]
@@ -81,7 +81,7 @@ class Option:
 class Engine(Protocol):
     """One serving engine. Register its module's `ENGINE` in `sovereignspec.engines.ENGINES`."""
 
-    name: str  # as drafter profiles name it under `engines` ("vllm" -> their `vllm_method`)
+    name: str  # as drafter profiles name it: the keys of `profiles.EngineProfile.by_engine`
     outputs: tuple[str, ...]  # the annotations (after the prefix) `configure` may write
     takes_table: bool  # whether it reads the per-batch budget (`core.handoff.Table`)
     batch_limit: str  # its flag capping the running requests (said when a profile point cannot fill)
