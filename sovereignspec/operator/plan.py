@@ -465,7 +465,7 @@ def record_text(record: DecisionRecord, alpha_source: str) -> str:
     """The decision record as one Event message (Events cap messages near 1 kB)."""
     r = record
     parts = [
-        f"{r.mode} γ*={r.gamma} (unconstrained {_n(r.unconstrained_gamma)}) "
+        f"{r.mode} γ*={r.gamma} (unconstrained {_f(r.unconstrained_gamma, 0)}) "
         f"on {r.node}/gpu{r.gpu_index} {r.gpu_type}",
         f"S_real={_f(r.speedup)} aggregate={_f(r.aggregate_speedup)} τ={_f(r.tau)} "
         f"α={_f(r.alpha)} ({alpha_source})",
@@ -486,7 +486,3 @@ def _excluded_text(record: DecisionRecord) -> str:
 
 def _f(value: float | None, digits: int = 2) -> str:
     return "n/a" if value is None else f"{value:.{digits}f}"
-
-
-def _n(value: int | None) -> str:
-    return "n/a" if value is None else str(value)
