@@ -66,11 +66,10 @@ def _label(policy: PolicySpec) -> str:
 def _node_labels(world: World) -> dict[str, Mapping[str, str]]:
     """Node labels by node name and by hostname label (decisions name nodes by hostname)."""
     out: dict[str, Mapping[str, str]] = {}
-    for n in world.nodes:
-        labels = n["metadata"].get("labels") or {}
-        out[str(n["metadata"]["name"])] = labels
-        if ann.HOSTNAME in labels:
-            out.setdefault(str(labels[ann.HOSTNAME]), labels)
+    for n in world.node_views:
+        out[n.name] = n.labels
+        if ann.HOSTNAME in n.labels:
+            out.setdefault(n.labels[ann.HOSTNAME], n.labels)
     return out
 
 

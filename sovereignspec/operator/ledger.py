@@ -35,6 +35,7 @@ from sovereignspec.operator.workloads import (
     container_gpus,
     job_name,
     key_of,
+    labels_match,
     owner_of,
     parse_time,
     requested_gpus,
@@ -258,13 +259,9 @@ def _reach(world: World, pool: frozenset[str], updates: list[dict[str, Any]]) ->
     nodeSelector selects."""
     selectors = [{str(k): str(v) for k, v in (u.get("nodeSelector") or {}).items()} for u in updates] or [{}]
     return frozenset(
-        str(n["metadata"]["name"])
-        for n in world.nodes
-        if str(n["metadata"]["name"]) in pool
-        and any(
-            all((n["metadata"].get("labels") or {}).get(k) == v for k, v in selector.items())
-            for selector in selectors
-        )
+        n.name
+        for n in world.node_views
+        if n.name in pool and any(labels_match(n.labels, selector) for selector in selectors)
     )
 
 

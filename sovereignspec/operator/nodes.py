@@ -1,76 +1,35 @@
 """Which nodes a workload may be placed on, from its flavor, its nodeSelector and tolerations,
-and Kueue's topology assignment; and whether a node takes new work now. Plain dicts in, plain data
-out: no I/O."""
+and Kueue's topology assignment; and whether a node takes new work now. Nodes as their typed views
+(operator/objects.py), workloads as dicts; plain data out: no I/O."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sovereignspec.operator.workloads import (
-    BEYOND_BOUNDS,
-    GPU_RESOURCE,
-    UnreadableFieldError,
-    labels_match,
-    topology_assignment,
-)
-
-# Taints the node lifecycle controller and the kubelet set while a node is down or unhealthy.
-# They come and go: such a node takes no new work now (free 0), but stays in a workload's pool, so
-# that a workload is made to wait for it and never Rejected because its node is briefly away.
-TRANSIENT_TAINT_PREFIX = "node.kubernetes.io/"
-
-_BLOCKING = ("NoSchedule", "NoExecute")
+from sovereignspec.operator.objects import NodeView, Taint
+from sovereignspec.operator.workloads import BEYOND_BOUNDS, GPU_RESOURCE, UnreadableFieldError, labels_match
 
 
-def _taints(node: Mapping[str, Any]) -> list[dict[str, Any]]:
-    taints = (node.get("spec") or {}).get("taints") or []
-    return [t for t in taints if isinstance(t, dict) and t.get("effect") in _BLOCKING]
-
-
-def node_unavailable(node: Mapping[str, Any]) -> str | None:
-    """Why a node takes no new work now (cordoned, not Ready, a node.kubernetes.io/ taint), or None.
-
-    A Node with no Ready condition at all is one nobody reports on (the simulated nodes of the
-    examples before any controller-manager marks them): it counts as available."""
-    if (node.get("spec") or {}).get("unschedulable"):
-        return "cordoned"
-    for c in (node.get("status") or {}).get("conditions") or []:
-        if isinstance(c, dict) and c.get("type") == "Ready" and c.get("status") != "True":
-            return f"not Ready ({c.get('reason') or c.get('status')})"
-    for t in _taints(node):
-        if str(t.get("key", "")).startswith(TRANSIENT_TAINT_PREFIX):
-            return f"tainted {t.get('key')}:{t.get('effect')}"
-    return None
-
-
-def _tolerates(tolerations: list[Any], taint: Mapping[str, Any]) -> bool:
+def _tolerates(tolerations: list[Any], taint: Taint) -> bool:
     """Kubernetes' toleration rule (k8s.io/api core/v1 Toleration.ToleratesTaint)."""
     for tol in tolerations:
         if not isinstance(tol, dict):
             continue
-        if tol.get("effect") and tol.get("effect") != taint.get("effect"):
+        if tol.get("effect") and tol.get("effect") != taint.effect:
             continue
         key, op = tol.get("key") or "", tol.get("operator") or "Equal"
-        if op == "Exists" and (not key or key == taint.get("key")):
+        if op == "Exists" and (not key or key == taint.key):
             return True
-        if (
-            op == "Equal"
-            and key == taint.get("key")
-            and (tol.get("value") or "") == (taint.get("value") or "")
-        ):
+        if op == "Equal" and key == taint.key and (tol.get("value") or "") == taint.value:
             return True
     return False
 
 
-def _admits(node: Mapping[str, Any], tolerations: list[Any]) -> bool:
+def _admits(node: NodeView, tolerations: list[Any]) -> bool:
     """The workload tolerates every lasting NoSchedule/NoExecute taint of the node (taints that an
     administrator sets, such as a GPU pool's `nvidia.com/gpu:NoSchedule`)."""
-    return all(
-        _tolerates(tolerations, t)
-        for t in _taints(node)
-        if not str(t.get("key", "")).startswith(TRANSIENT_TAINT_PREFIX)
-    )
+    return all(_tolerates(tolerations, t) for t in node.taints if not t.transient)
 
 
 PoolMemo = dict[tuple[Any, ...], frozenset[str]]
@@ -132,11 +91,11 @@ def required_affinity(pod_spec: Mapping[str, Any], where: str) -> tuple[Any, ...
     return tuple(_term_rules(t, f"{at}.nodeSelectorTerms[{i}]") for i, t in enumerate(terms))
 
 
-def affinity_admits(node: Mapping[str, Any], terms: tuple[Any, ...]) -> bool:
+def affinity_admits(node: NodeView, terms: tuple[Any, ...]) -> bool:
     """Kubernetes' rule (component-helpers nodeaffinity): some term whose every rule the node meets;
     a term with no rules meets nothing."""
-    labels = node["metadata"].get("labels") or {}
-    fields = {"metadata.name": node["metadata"]["name"]}
+    labels = node.labels
+    fields = {"metadata.name": node.name}
     return any(rules and all(_meets(labels if part == "matchExpressions" else fields, key, op, values)
                              for part, key, op, values in rules) for rules in terms)  # fmt: skip
 
@@ -159,7 +118,7 @@ def _meets(labels: Mapping[str, Any], key: str, op: str, values: tuple[str, ...]
 
 def node_pool(
     wl: dict[str, Any],
-    nodes: list[dict[str, Any]],
+    nodes: Sequence[NodeView],
     flavors: dict[str, dict[str, str]],
     tolerations_of: Mapping[str, list[Any]] | None = None,
     memo: PoolMemo | None = None,
@@ -197,23 +156,23 @@ def node_pool(
     key = tuple((sel, conflicting, repr(tol), aff) for sel, conflicting, tol, aff in asks)
     names = memo.get(key) if memo is not None else None
     if names is None:
-        names = frozenset(n["metadata"]["name"] for n in nodes if all(_allows(n, ask) for ask in asks))
+        names = frozenset(n.name for n in nodes if all(_allows(n, ask) for ask in asks))
         if memo is not None:
             memo[key] = names
     return names, flavor
 
 
-def _allows(node: Mapping[str, Any], ask: tuple[Any, ...]) -> bool:
+def _allows(node: NodeView, ask: tuple[Any, ...]) -> bool:
     selector, conflicting, tolerations, affinity = ask
     return (
         not conflicting
-        and labels_match(node["metadata"].get("labels") or {}, dict(selector))
+        and labels_match(node.labels, dict(selector))
         and _admits(node, tolerations)
         and (affinity is None or affinity_admits(node, affinity))
     )
 
 
-def assigned_pool(wl: Mapping[str, Any], nodes: list[dict[str, Any]], pool: frozenset[str]) -> frozenset[str]:
+def assigned_pool(wl: Mapping[str, Any], nodes: Sequence[NodeView], pool: frozenset[str]) -> frozenset[str]:
     """A decided workload's reach: the nodes of Kueue's topology assignment where it has one (its
     pods may run only there), else its pool."""
     try:
@@ -221,3 +180,69 @@ def assigned_pool(wl: Mapping[str, Any], nodes: list[dict[str, Any]], pool: froz
     except UnreadableFieldError:
         return pool
     return pool if assigned is None else pool & frozenset().union(*(n for n, _ in assigned))
+
+
+def _domain_values(level: Mapping[str, Any], count: int, where: str) -> list[str]:
+    if "universal" in level:
+        return [str(level["universal"])] * count
+    ind = level.get("individual") or {}
+    roots = ind.get("roots") or []
+    if not isinstance(roots, list) or len(roots) != count:
+        raise UnreadableFieldError(f"{where}.individual.roots: got {roots!r}; accepted: {count} values")
+    return [f"{ind.get('prefix') or ''}{r}{ind.get('suffix') or ''}" for r in roots]
+
+
+def topology_assignment(
+    wl: Mapping[str, Any], nodes: Sequence[NodeView]
+) -> tuple[tuple[frozenset[str], int], ...] | None:
+    """Where Kueue's Topology Aware Scheduling put the workload's pods before checks ran
+    (`status.admission.podSetAssignments[].topologyAssignment`, v1beta2's sliced form): per domain,
+    the nodes whose labels carry its value at every level, and its pod count. None: no assignment.
+    Raises UnreadableFieldError for an assignment that cannot be read."""
+    out: list[tuple[frozenset[str], int]] = []
+    found = False
+    # Nodes by their values at an assignment's levels: one pass over the nodes per level list,
+    # not one per domain (a slice may name thousands of domains).
+    index: dict[tuple[str, ...], dict[tuple[str | None, ...], set[str]]] = {}
+    assignments = ((wl.get("status") or {}).get("admission") or {}).get("podSetAssignments") or []
+    for a, psa in enumerate(assignments):
+        ta = psa.get("topologyAssignment") if isinstance(psa, dict) else None
+        if not ta:
+            continue
+        found = True
+        levels = [str(x) for x in ta.get("levels") or []]
+        for s, piece in enumerate(ta.get("slices") or []):
+            where = f"status.admission.podSetAssignments[{a}].topologyAssignment.slices[{s}]"
+            count = piece.get("domainCount")
+            if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+                raise UnreadableFieldError(f"{where}.domainCount: got {count!r}; accepted: an integer >= 1")
+            per_level = piece.get("valuesPerLevel") or []
+            if len(per_level) != len(levels):
+                raise UnreadableFieldError(
+                    f"{where}.valuesPerLevel: got {len(per_level)} levels; "
+                    f"accepted: {len(levels)} (one per level)"
+                )
+            values = [
+                _domain_values(lv, count, f"{where}.valuesPerLevel[{i}]") for i, lv in enumerate(per_level)
+            ]
+            counts = piece.get("podCounts") or {}
+            pods = (
+                [counts["universal"]] * count
+                if "universal" in counts
+                else list(counts.get("individual") or [])
+            )
+            if len(pods) != count or not all(
+                isinstance(c, int) and not isinstance(c, bool) and c >= 1 for c in pods
+            ):
+                raise UnreadableFieldError(
+                    f"{where}.podCounts: got {counts!r}; accepted: {count} counts >= 1"
+                )
+            by_values = index.get(tuple(levels))
+            if by_values is None:
+                by_values = index[tuple(levels)] = {}
+                for n in nodes:
+                    by_values.setdefault(tuple(n.labels.get(lv) for lv in levels), set()).add(n.name)
+            for d in range(count):
+                members = by_values.get(tuple(values[i][d] for i in range(len(levels))), set())
+                out.append((frozenset(members), int(pods[d])))
+    return tuple(out) if found else None

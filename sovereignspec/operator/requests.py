@@ -12,7 +12,7 @@ from sovereignspec.core.cluster import WorkloadRequest
 from sovereignspec.core.specs import ProfileSet
 from sovereignspec.operator import annotations as ann
 from sovereignspec.operator import kinds
-from sovereignspec.operator.nodes import PoolMemo, node_pool
+from sovereignspec.operator.nodes import PoolMemo, node_pool, topology_assignment
 from sovereignspec.operator.policy import PolicySpec
 from sovereignspec.operator.workloads import (
     KEYS_ON_OWNER,
@@ -24,7 +24,6 @@ from sovereignspec.operator.workloads import (
     pod_set_counts,
     requested_gpus,
     requested_pods,
-    topology_assignment,
 )
 from sovereignspec.operator.world import TenancyOf, World, safe_key
 from sovereignspec.telemetry.snapshot import Snapshot, blend_acceptance
@@ -213,7 +212,7 @@ def pending_workload(
 ) -> PendingWorkload:
     meta = wl["metadata"]
     try:
-        pool, flavor = node_pool(wl, world.nodes, world.flavors, world.flavor_tolerations, pools)
+        pool, flavor = node_pool(wl, world.node_views, world.flavors, world.flavor_tolerations, pools)
     except UnreadableFieldError as exc:  # a constraint that cannot be read, or past its bound
         return unreadable(wl, entry, str(exc))
     owner = world.owners.get((meta["namespace"], *owner_of(wl)))
@@ -233,7 +232,7 @@ def pending_workload(
         declared, request, source = declared_request(
             wl, policy, profiles, snapshot, pool, tenancy(meta["namespace"], policy), owner
         )
-        assigned = topology_assignment(wl, world.nodes)
+        assigned = topology_assignment(wl, world.node_views)
         if request is not None and assigned is not None:
             request = replace(request, assigned=assigned)
         if request is None:

@@ -11,9 +11,8 @@ This module does no I/O: it takes plain dicts (as the API returns them) and retu
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from sovereignspec.core.cluster import ClusterView, GpuState, NodeState
 from sovereignspec.core.placement import tick_order
@@ -33,14 +32,13 @@ from sovereignspec.operator.ledger import (
     ledger_entries,
     planned_nodes,
 )
-from sovereignspec.operator.nodes import PoolMemo, assigned_pool, node_pool, node_unavailable
+from sovereignspec.operator.nodes import PoolMemo, assigned_pool, node_pool
+from sovereignspec.operator.objects import NodeView
 from sovereignspec.operator.policy import PolicySpec
 from sovereignspec.operator.requests import PendingWorkload, pending_workload, unreadable
 from sovereignspec.operator.workloads import (
-    GPU_RESOURCE,
     UnreadableFieldError,
     condition,
-    gpu_quantity,
     our_entry,
 )
 from sovereignspec.operator.world import World, safe_key, tenancy_of
@@ -106,7 +104,7 @@ def build(
     ledger (every check this controller serves). `ledger_memo`, kept by the caller from one view
     to the next, spares recomputing the load of GPUs whose placements did not change."""
     errors: list[str] = []
-    hostnames, by_host = _hostnames(world.nodes)
+    hostnames, by_host = _hostnames(world.node_views)
     tenancy = _Tenancies(world)
     committed, pending, missing_nodes = _read_workloads(
         world, checks, policy, profiles, snapshot, hostnames, by_host, tenancy, errors
@@ -117,7 +115,7 @@ def build(
     planned = planned_nodes(committed)  # before any is counted where bound
     count_where_bound(committed, moved)
     cluster, headroom, stale_reason = _cluster(
-        world.nodes, committed, pods_by_node, policy, profiles, snapshot, now, errors
+        world.node_views, committed, pods_by_node, policy, profiles, snapshot, now, errors
     )
     cluster = with_ledger_load(
         cluster,
@@ -133,16 +131,14 @@ def build(
     return View(cluster, committed, pending, stale_reason, headroom, drift, hostnames, errors, aging, bound)
 
 
-def _hostnames(nodes: list[dict[str, Any]]) -> tuple[dict[str, str], dict[str, str]]:
+def _hostnames(nodes: Sequence[NodeView]) -> tuple[dict[str, str], dict[str, str]]:
     """Node name -> its hostname label (the name where it has none), and hostname -> the first
     node that carries it."""
     hostnames: dict[str, str] = {}
     by_host: dict[str, str] = {}
     for n in nodes:
-        name = n["metadata"]["name"]
-        host = str((n["metadata"].get("labels") or {}).get(ann.HOSTNAME) or name)
-        hostnames[name] = host
-        by_host.setdefault(host, name)
+        hostnames[n.name] = n.hostname
+        by_host.setdefault(n.hostname, n.name)
     return hostnames, by_host
 
 
@@ -187,10 +183,10 @@ def _read_workloads(
             if state == "Ready":
                 spec = world.policies.get(str(entry.get("name")), policy)
                 try:
-                    pool, _ = node_pool(wl, world.nodes, world.flavors, world.flavor_tolerations, pools)
+                    pool, _ = node_pool(wl, world.node_views, world.flavors, world.flavor_tolerations, pools)
                 except UnreadableFieldError:  # decided once, unreadable now: its reach is every node
                     pool = frozenset(hostnames)
-                pool = assigned_pool(wl, world.nodes, pool)
+                pool = assigned_pool(wl, world.node_views, pool)
                 for done in ledger_entries(
                     wl, entry, spec, profiles, snapshot, pool, by_host, tenancy, world, errors
                 ):
@@ -225,20 +221,8 @@ def _stale_reason(policy: PolicySpec, snapshot: Snapshot, now: float) -> str | N
     return None
 
 
-def _gpu_count(node: dict[str, Any], errors: list[str]) -> int:
-    """The node's allocatable GPUs (at most 1,024); 0, with the error said, where unreadable."""
-    status = node.get("status") or {}
-    try:
-        raw = (status.get("allocatable") or status.get("capacity") or {}).get(GPU_RESOURCE, 0) or 0
-        count = gpu_quantity(raw, f"Node {node['metadata']['name']} status.allocatable[{GPU_RESOURCE}]")
-    except UnreadableFieldError as exc:
-        errors.append(str(exc))
-        return 0
-    return min(count, 1024)
-
-
 def _cluster(
-    nodes: list[dict[str, Any]],
+    nodes: Sequence[NodeView],
     committed: list[Committed],
     pods_by_node: Mapping[str, list[tuple[str, int]]],
     policy: PolicySpec,
@@ -263,14 +247,12 @@ def _cluster(
     gpu_states: list[GpuState] = []
     headroom_out: dict[tuple[str, int], float | None] = {}
     for node in nodes:
-        meta = node["metadata"]
-        labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
-        gpu_type = policy.profiles.gpu_products.get(labels.get(GPU_PRODUCT_LABEL, ""))
-        count = _gpu_count(node, errors)
+        if node.gpu_error:
+            errors.append(node.gpu_error)
+        name, host, count = node.name, node.hostname, node.gpus
+        gpu_type = policy.profiles.gpu_products.get(node.labels.get(GPU_PRODUCT_LABEL, ""))
         if gpu_type not in profiles.gpus or count <= 0:
             continue
-        name = meta["name"]
-        host = labels.get(ann.HOSTNAME, name)
         efficiency = profiles.gpus[gpu_type].compute_efficiency
         for gi in range(count):
             reading = None if stale_reason else snapshot.gpus.get((host, gi)) or snapshot.gpus.get((name, gi))
@@ -284,10 +266,10 @@ def _cluster(
         mine = by_node.get(name, [])
         foreign = pods_by_node.get(name, [])
         used = sum(count if c.gpus < 0 else c.gpus for c in mine) + sum(g for _, g in foreign)
-        unavailable = node_unavailable(node)
+        unavailable = node.unavailable
         free = 0 if unavailable else max(count - used, 0)
         holders = mine + reaching.get(name, [])
         tenants = frozenset(c.request.tenant for c in holders) | frozenset(t for t, _ in foreign)
         exclusive = frozenset(c.request.tenant for c in holders if c.request.exclusive)
-        node_states.append(NodeState(name, labels, free, tenants, exclusive, count, unavailable))
+        node_states.append(NodeState(name, node.labels, free, tenants, exclusive, count, unavailable))
     return ClusterView(node_states, gpu_states), headroom_out, stale_reason

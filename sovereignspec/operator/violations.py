@@ -64,7 +64,7 @@ def violations(world: World, default: PolicySpec, errors: list[str] | None = Non
     policy a check of ours uses (the first that finds it names it); namespaces that declare no
     jurisdiction are not checked. A pod on a node no longer in the cluster is the ledger's drift,
     not this. A pod that cannot be read is named in `errors` and skipped alone."""
-    labels = {str(n["metadata"]["name"]): n["metadata"].get("labels") or {} for n in world.nodes}
+    labels = {n.name: n.labels for n in world.node_views}
     policies: list[tuple[str, PolicySpec]] = []
     for check, given in sorted(world.policies.items()):
         if all(given is not seen for _, seen in policies):

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from sovereignspec.operator import annotations as ann
+from sovereignspec.operator.objects import NodeView
 from sovereignspec.operator.policy import PolicySpec
 from sovereignspec.operator.workloads import key_of
 
@@ -71,6 +73,11 @@ class World:
     flavor_tolerations: dict[str, list[Any]] = field(default_factory=dict)
     # every active check -> its SpeculationPolicy's name and generation (what the record names)
     policy_refs: dict[str, tuple[str, int | None]] = field(default_factory=dict)
+
+    @cached_property
+    def node_views(self) -> tuple[NodeView, ...]:
+        """The nodes as the decision reads them, parsed once per World (one tick)."""
+        return tuple(NodeView.of(n) for n in self.nodes)
 
 
 def safe_key(wl: object) -> str:

@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from sovereignspec.operator.nodes import node_pool, node_unavailable
+from sovereignspec.operator.nodes import node_pool
+from sovereignspec.operator.objects import NodeView
 
 
 def node(name: str, *, ready: str | None = None, taints: list[dict[str, str]] | None = None,
@@ -51,7 +52,7 @@ GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"
 def test_a_node_takes_no_new_work_while_it_is_down_cordoned_or_transiently_tainted(
     n: dict[str, Any], why: str | None
 ) -> None:
-    assert node_unavailable(n) == why
+    assert NodeView.of(n).unavailable == why
 
 
 @pytest.mark.parametrize(
@@ -69,10 +70,9 @@ def test_a_node_takes_no_new_work_while_it_is_down_cordoned_or_transiently_taint
 def test_a_lasting_taint_keeps_a_node_out_of_the_pool_of_workloads_that_do_not_tolerate_it(
     tolerations: list[dict[str, str]], flavor_tolerations: list[dict[str, str]], in_pool: bool
 ) -> None:
-    nodes = [node("tainted", taints=[GPU_TAINT]), node("open")]
-    pool, flavor = node_pool(
-        workload(tolerations), nodes, {"gpu": {"gpu": "yes"}}, {"gpu": flavor_tolerations}
-    )
+    nodes = [NodeView.of(node("tainted", taints=[GPU_TAINT])), NodeView.of(node("open"))]
+    flavors, extra = {"gpu": {"gpu": "yes"}}, {"gpu": flavor_tolerations}
+    pool, flavor = node_pool(workload(tolerations), nodes, flavors, extra)
     assert flavor == "gpu"
     assert ("tainted" in pool) is in_pool
     assert "open" in pool
@@ -82,5 +82,5 @@ def test_a_node_that_is_down_stays_in_the_pool_so_its_workloads_wait_rather_than
     down = node(
         "down", ready="Unknown", taints=[{"key": "node.kubernetes.io/unreachable", "effect": "NoSchedule"}]
     )
-    pool, _ = node_pool(workload(), [down], {"gpu": {"gpu": "yes"}})
+    pool, _ = node_pool(workload(), [NodeView.of(down)], {"gpu": {"gpu": "yes"}})
     assert pool == frozenset({"down"})

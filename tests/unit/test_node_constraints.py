@@ -16,6 +16,7 @@ from sovereignspec.core.specs import ProfileSet
 from sovereignspec.operator import workloads as wls
 from sovereignspec.operator.cuts import strip_workload
 from sovereignspec.operator.nodes import node_pool
+from sovereignspec.operator.objects import NodeView
 from sovereignspec.operator.plan import Write, plan
 from sovereignspec.operator.view import build
 from sovereignspec.operator.workloads import UnreadableFieldError
@@ -154,9 +155,9 @@ def test_gt_and_lt_compare_label_values_as_integers() -> None:
     nodes[0]["metadata"]["labels"]["gen"] = "9"
     nodes[1]["metadata"]["labels"]["gen"] = "10"
     wl = with_affinity(chat("x").obj(), {"matchExpressions": [expr("gen", "Gt", "9")]})
-    assert node_pool(wl, nodes, {})[0] == {"eu-2"}
+    assert node_pool(wl, [NodeView.of(n) for n in nodes], {})[0] == {"eu-2"}
     wl = with_affinity(chat("x").obj(), {"matchExpressions": [expr("gen", "Lt", "10")]})
-    assert node_pool(wl, nodes, {})[0] == {"eu-1"}
+    assert node_pool(wl, [NodeView.of(n) for n in nodes], {})[0] == {"eu-1"}
 
 
 # -- what the cache keeps of the constraints -----------------------------------------------------
@@ -207,7 +208,7 @@ def test_a_constraint_past_its_bound_is_not_kept_and_the_workload_is_rejected_na
     kept = strip_workload(json.loads(json.dumps(wl)))
     assert len(json.dumps(kept)) < 3_000
     with pytest.raises(UnreadableFieldError, match="accepted: at most"):
-        node_pool(kept, NODES, {})
+        node_pool(kept, [NodeView.of(n) for n in NODES], {})
     write = decide(kept, "eu")
     assert write.state == "Rejected" and f"spec.podSets[0].template.spec.{field}" in write.message, (
         write.message

@@ -1,0 +1,90 @@
+"""The typed views of API objects (operator/objects.py): what a Node is read as, once per tick."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from sovereignspec.operator.objects import MAX_NODE_GPUS, NodeView, Taint
+from sovereignspec.operator.world import World
+
+
+def raw(name: str = "n1", labels: dict[str, Any] | None = None, **rest: Any) -> dict[str, Any]:
+    return {"metadata": {"name": name, "labels": labels or {}}, **rest}
+
+
+def test_a_node_is_named_by_its_hostname_label_and_by_its_name_where_it_has_none() -> None:
+    assert NodeView.of(raw("n1", {"kubernetes.io/hostname": "host-1"})).hostname == "host-1"
+    assert NodeView.of(raw("n1")).hostname == "n1"
+    assert NodeView.of(raw("n1", {"kubernetes.io/hostname": ""})).hostname == "n1"
+
+
+def test_label_values_are_read_as_strings() -> None:
+    assert NodeView.of(raw(labels={"gen": 9, "zone": "a"})).labels == {"gen": "9", "zone": "a"}
+
+
+@pytest.mark.parametrize(
+    ("status", "gpus", "error"),
+    [
+        ({"allocatable": {"nvidia.com/gpu": "8"}}, 8, None),
+        ({"capacity": {"nvidia.com/gpu": "4"}}, 4, None),  # no allocatable yet: its capacity
+        ({"allocatable": {"nvidia.com/gpu": "2"}, "capacity": {"nvidia.com/gpu": "8"}}, 2, None),
+        ({}, 0, None),
+        ({"allocatable": {"cpu": "64"}}, 0, None),
+        ({"allocatable": {"nvidia.com/gpu": str(MAX_NODE_GPUS)}}, MAX_NODE_GPUS, None),
+        ({"allocatable": {"nvidia.com/gpu": str(MAX_NODE_GPUS + 1)}}, MAX_NODE_GPUS, None),
+        ({"allocatable": {"nvidia.com/gpu": "1.5"}}, 0, "Node n1 status.allocatable[nvidia.com/gpu]"),
+        ({"allocatable": {"nvidia.com/gpu": "eight"}}, 0, "Node n1 status.allocatable[nvidia.com/gpu]"),
+    ],
+    ids=["allocatable", "capacity", "allocatable-first", "none", "no-gpus", "at-cap", "past-cap",
+         "fraction", "garbage"],
+)  # fmt: skip
+def test_a_nodes_gpus_are_its_allocatable_count_capped_and_an_unreadable_count_is_zero_and_said(
+    status: dict[str, Any], gpus: int, error: str | None
+) -> None:
+    view = NodeView.of(raw(status=status))
+    assert view.gpus == gpus
+    if error is None:
+        assert view.gpu_error is None
+    else:
+        assert view.gpu_error is not None and view.gpu_error.startswith(error)
+
+
+def test_only_taints_that_block_scheduling_are_kept_and_node_kubernetes_io_ones_are_transient() -> None:
+    view = NodeView.of(
+        raw(
+            spec={
+                "taints": [
+                    {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"},
+                    {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"},
+                    {"key": "soft", "effect": "PreferNoSchedule"},
+                    "not a taint",
+                ]
+            }
+        )
+    )
+    assert view.taints == (
+        Taint("nvidia.com/gpu", "present", "NoSchedule"),
+        Taint("node.kubernetes.io/unreachable", "", "NoExecute"),
+    )
+    assert [t.transient for t in view.taints] == [False, True]
+    assert view.unavailable == "tainted node.kubernetes.io/unreachable:NoExecute"
+
+
+def test_cordoned_is_said_before_not_ready_and_not_ready_before_a_taint() -> None:
+    down = {"conditions": [{"type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown"}]}
+    taints = {"taints": [{"key": "node.kubernetes.io/unreachable", "effect": "NoSchedule"}]}
+    assert NodeView.of(raw(spec={"unschedulable": True, **taints}, status=down)).unavailable == "cordoned"
+    assert NodeView.of(raw(spec=taints, status=down)).unavailable == "not Ready (NodeStatusUnknown)"
+    assert NodeView.of(raw(status={"conditions": [{"type": "Ready", "status": "True"}]})).unavailable is None
+
+
+def test_a_view_is_frozen_and_a_world_parses_its_nodes_once() -> None:
+    view = NodeView.of(raw())
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        view.name = "other"  # type: ignore[misc]
+    world = World(workloads=[], nodes=[raw("a"), raw("b")], flavors={})
+    assert [n.name for n in world.node_views] == ["a", "b"]
+    assert world.node_views is world.node_views
