@@ -274,9 +274,17 @@ def main() -> int:
         default=None,
         help="a previous run's output: run only its survivors again",
     )
+    parser.add_argument(
+        "--from",
+        dest="start",
+        type=int,
+        default=0,
+        help="skip the first N mutants (the order is fixed: a run stopped after N goes on from there)",
+    )
     args = parser.parse_args()
     sources = {f: (REPO / f).read_text() for f in args.files}
     todo = [m for f in args.files for m in mutants(f, sources[f])]
+    todo = todo[args.start :]
     if args.only:
         todo = [m for m in todo if f"{m.path}:{m.line}" in set(args.only)]
     if args.survivors_of:
