@@ -252,10 +252,19 @@ def strip_node(obj: Obj) -> Obj:
 
 
 def strip_pod(obj: Obj) -> Obj:
-    """Only what the ledger reads of a bound Pod: owner, node, GPU requests, phase, and the
-    Workload Kueue built for its group (a label, or an annotation under a Kueue feature gate)."""
+    """Only what the ledger and the record read of a bound Pod: owner, node, GPU requests, phase,
+    the Workload Kueue built for its group (a label, or an annotation under a Kueue feature gate),
+    when it started and its containers' last finish (the record's binding and end)."""
     meta = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    finished = [
+        str(t["finishedAt"])
+        for c in status.get("containerStatuses") or []
+        if isinstance(c, dict)
+        and isinstance(t := (c.get("state") or {}).get("terminated"), dict)
+        and t.get("finishedAt")
+    ]
     prebuilt = next(
         (
             m[ann.KUEUE_PREBUILT]
@@ -278,6 +287,15 @@ def strip_pod(obj: Obj) -> Obj:
             }
             | ({"labels": {ann.KUEUE_PREBUILT: prebuilt}} if prebuilt is not None else {}),
             "spec": {"nodeName": spec.get("nodeName"), "containers": containers},
-            "status": {"phase": (obj.get("status") or {}).get("phase")},
+            "status": {
+                "phase": status.get("phase"),
+                "startTime": status.get("startTime"),
+                # the last finish alone (RFC 3339 in UTC orders as text): what an ended record names
+                **(
+                    {"containerStatuses": [{"state": {"terminated": {"finishedAt": max(finished)}}}]}
+                    if finished
+                    else {}
+                ),
+            },
         }
     )

@@ -457,7 +457,10 @@ class ClusterCache(InformerSet):
         self.pods = informer(
             "/api/v1/pods",
             "pods",
-            query=[("fieldSelector", "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed")],
+            # Ended pods stay until they are deleted: the ledger and the watch skip them by phase,
+            # and the record learns how and when each ended (a watch by phase would see a pod that
+            # ends only as deleted, with neither: the API server sends its last matching state).
+            query=[("fieldSelector", "spec.nodeName!=")],
             transform=strip_pod,
         )
         # Each registered kind's owners (`kinds.KINDS`), cut as its decisions read them: a Job's

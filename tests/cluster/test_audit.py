@@ -119,6 +119,34 @@ def test_decisions_and_bindings_are_recorded_and_the_audit_commands_read_them_ba
     (end,) = wait_until(ended, timeout=60, what="the rogue pod's end in the record")
     assert (end["node"], end["nodeJurisdiction"], end["phase"]) == (kr_node, "kr", "Deleted"), end
 
+    # A GPU pod that finishes (its status written as a kubelet writes it: these nodes have none) is
+    # recorded ended as it ended, with its containers' last finish, not as deleted: the operator's
+    # cache keeps ended pods (a watch filtered by phase would see it only leave).
+    done = {
+        "metadata": {"name": "finishes", "namespace": namespace},
+        "spec": {"nodeName": eu_node, "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10",
+                 "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+    }  # fmt: skip
+    core.create_namespaced_pod(namespace, done)
+
+    def recorded_of(kind: str, name: str) -> list[dict[str, Any]] | None:
+        out = audit("export", "--namespace", namespace, "--format", "jsonl").stdout.splitlines()
+        found = [r for r in map(json.loads, out) if r["kind"] == kind and r["pod"]["name"] == name]
+        return found or None
+
+    wait_until(lambda: recorded_of("binding", "finishes"), timeout=60, what="the finishing pod's binding")
+    finished_at = "2026-12-07T12:00:05Z"
+    terminated = {"exitCode": 0, "reason": "Completed", "startedAt": "2026-12-07T12:00:00Z",
+                  "finishedAt": finished_at}  # fmt: skip
+    status = {"name": "c", "image": "registry.k8s.io/pause:3.10", "imageID": "", "ready": False,
+              "restartCount": 0, "state": {"terminated": terminated}}  # fmt: skip
+    core.patch_namespaced_pod_status("finishes", namespace, {"status": {
+        "phase": "Succeeded", "startTime": "2026-12-07T12:00:00Z", "containerStatuses": [status],
+    }})  # fmt: skip
+    (end,) = wait_until(lambda: recorded_of("ended", "finishes"), timeout=60, what="the finished pod's end")
+    assert (end["node"], end["phase"], end.get("finishedAt")) == (eu_node, "Succeeded", finished_at), end
+    core.delete_namespaced_pod("finishes", namespace, grace_period_seconds=0)
+
 
 STORE_DOWN = "the record's store is down (a test's admission policy)"
 

@@ -22,6 +22,7 @@ from sovereignspec.operator.audit import (
     binding_facts,
     decision_facts,
 )
+from sovereignspec.operator.cuts import strip_pod
 from sovereignspec.operator.plan import Write
 from sovereignspec.operator.world import World
 from tests.unit.builders import CHECK, policy
@@ -348,6 +349,29 @@ def test_a_pod_that_finishes_is_recorded_ended_with_its_containers_last_finish()
     assert ended["kind"] == "ended" and ended["workload"]["owner"] == {"kind": "Job", "name": "chat"}
     assert (ended["phase"], ended["finishedAt"], ended["at"]) == ("Succeeded", "2026-12-06T03:00:05Z", "t1")
     assert record.outside([ended]) == []  # an end is not a binding outside its jurisdictions
+
+
+def test_the_record_reads_a_pods_start_and_end_through_the_caches_cut_as_from_the_whole_pod() -> None:
+    # What the operator holds of a pod is the informer's cut (strip_pod), not the pod: the times
+    # the record names must survive it, and a cut pod must read exactly as the whole one.
+    seen_whole: dict[Any, Any] = {}
+    seen_cut: dict[Any, Any] = {}
+    pod = _pod("a", "h-eu")
+    pod["spec"]["containers"][0]["image"] = "vllm/vllm-openai"  # what the cut drops
+    pod["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
+    whole = binding_facts(_world([pod]), policy(), "op", "t0", seen_whole)
+    cut = binding_facts(_world([strip_pod(copy.deepcopy(pod))]), policy(), "op", "t0", seen_cut)
+    assert cut == whole and cut[0]["startedAt"] == "2026-12-06T00:59:00Z"
+    pod["status"] = {"phase": "Failed", "startTime": "2026-12-06T00:59:00Z", "containerStatuses": [
+        {"name": "server", "state": {"terminated": {"finishedAt": "2026-12-06T03:00:05Z", "exitCode": 1}}},
+        {"name": "side", "state": {"terminated": {"finishedAt": "2026-12-06T03:00:00Z"}}},
+        {"name": "init", "state": {"running": {"startedAt": "2026-12-06T01:00:00Z"}}},
+    ]}  # fmt: skip
+    whole = binding_facts(_world([pod]), policy(), "op", "t1", seen_whole)
+    cut = binding_facts(_world([strip_pod(copy.deepcopy(pod))]), policy(), "op", "t1", seen_cut)
+    assert cut == whole
+    ended = [(f["kind"], f["phase"], f["finishedAt"]) for f in cut]
+    assert ended == [("ended", "Failed", "2026-12-06T03:00:05Z")]
 
 
 def test_a_pod_that_cannot_be_read_is_skipped_alone_and_named() -> None:
