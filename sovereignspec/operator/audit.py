@@ -24,7 +24,7 @@ from kubernetes.client.exceptions import ApiException
 from sovereignspec.core.sovereignty import DEFAULT_JURISDICTION_LABEL
 from sovereignspec.operator import annotations as ann
 from sovereignspec.operator import metrics, record
-from sovereignspec.operator.ledger import pod_gpus
+from sovereignspec.operator.objects import PodView
 from sovereignspec.operator.plan import Write, held, shorten
 from sovereignspec.operator.policy import PolicySpec
 from sovereignspec.operator.record import Head, chain, head_of
@@ -146,32 +146,28 @@ def binding_facts(
     nodes = _node_labels(world)
     label = _label(default)
     out, now, unread, pods = [], Seen(), set(), {}
-    for pod in world.pods:
-        meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
-        node, namespace = spec.get("nodeName"), str(meta.get("namespace", ""))
-        uid = str(meta.get("uid") or f"{namespace}/{meta.get('name')}")
+    for pod in world.pod_views:
+        namespace, node = pod.namespace, pod.node
+        uid = pod.uid or f"{namespace}/{pod.name}"
         pods[uid] = pod
-        try:
-            gpus = pod_gpus(pod)
-        except Exception as exc:
+        if pod.gpu_error is not None:
             unread.add(uid)
             if errors is not None:
-                errors.append(f"Pod {namespace}/{meta.get('name')}: {type(exc).__name__}: {exc}")
+                errors.append(f"Pod {namespace}/{pod.name}: {pod.gpu_error}")
             continue
-        if not node or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed") or gpus <= 0:
+        if node is None or not pod.running or pod.gpus <= 0:
             continue
-        juris = (nodes.get(str(node)) or {}).get(label)
-        key = (uid, str(node), juris)
+        juris = (nodes.get(node) or {}).get(label)
+        key = (uid, node, juris)
         if key in seen:  # recorded already: most pods, most ticks
             now[key] = seen[key]
             continue
-        now[key] = who = _who(meta)
+        now[key] = who = _who(pod)
         out.append({
             "kind": "binding", "at": at, "replica": replica, **who,
             **tenancy_fields(namespace, world.namespaces.get(namespace), default),
-            "node": str(node), "jurisdictionLabel": label, "nodeJurisdiction": juris,
-            "phase": (pod.get("status") or {}).get("phase"),
-            "startedAt": (pod.get("status") or {}).get("startTime"),
+            "node": node, "jurisdictionLabel": label, "nodeJurisdiction": juris,
+            "phase": pod.phase, "startedAt": pod.started_at,
         })  # fmt: skip
     placed = {(uid, node) for uid, node, _ in now}
     for (uid, node, juris), who in seen.items():
@@ -186,27 +182,21 @@ def binding_facts(
     return out
 
 
-def _who(meta: Mapping[str, Any]) -> dict[str, Any]:
+def _who(pod: PodView) -> dict[str, Any]:
     """A pod and the workload that owns it, as a binding record names them."""
-    namespace, owner = str(meta.get("namespace", "")), _owner(meta)
+    owner = {"kind": pod.controller[0], "name": pod.controller[1]} if pod.controller else {}
     return {
-        "pod": {"namespace": namespace, "name": str(meta.get("name", "")), "uid": str(meta.get("uid", ""))},
-        "workload": {"namespace": namespace, "name": owner.get("name", ""), "owner": owner},
+        "pod": {"namespace": pod.namespace, "name": pod.name, "uid": pod.uid},
+        "workload": {"namespace": pod.namespace, "name": owner.get("name", ""), "owner": owner},
     }
 
 
-def _end(pod: Mapping[str, Any] | None) -> dict[str, Any]:
+def _end(pod: PodView | None) -> dict[str, Any]:
     """How a pod left its node: its phase and its containers' last finish, or deleted (gone from
     the API: the time is when it was noticed)."""
     if pod is None:
         return {"phase": "Deleted"}
-    status = pod.get("status") or {}
-    finished = [
-        str(t["finishedAt"])
-        for c in status.get("containerStatuses") or []
-        if (t := (c.get("state") or {}).get("terminated")) and t.get("finishedAt")
-    ]
-    return {"phase": status.get("phase") or "Unknown", "finishedAt": max(finished) if finished else None}
+    return {"phase": pod.phase or "Unknown", "finishedAt": pod.finished_at}
 
 
 def record_tick(

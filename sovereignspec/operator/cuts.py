@@ -11,6 +11,7 @@ from typing import Any
 from sovereignspec.operator import annotations as ann
 from sovereignspec.operator import kinds
 from sovereignspec.operator import workloads as wls
+from sovereignspec.operator.objects import last_finish
 
 Obj = dict[str, Any]
 
@@ -258,13 +259,7 @@ def strip_pod(obj: Obj) -> Obj:
     meta = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
     status = obj.get("status") or {}
-    finished = [
-        str(t["finishedAt"])
-        for c in status.get("containerStatuses") or []
-        if isinstance(c, dict)
-        and isinstance(t := (c.get("state") or {}).get("terminated"), dict)
-        and t.get("finishedAt")
-    ]
+    finished = last_finish(status)
     prebuilt = next(
         (
             m[ann.KUEUE_PREBUILT]
@@ -290,9 +285,9 @@ def strip_pod(obj: Obj) -> Obj:
             "status": {
                 "phase": status.get("phase"),
                 "startTime": status.get("startTime"),
-                # the last finish alone (RFC 3339 in UTC orders as text): what an ended record names
+                # the last finish alone: what an ended record names
                 **(
-                    {"containerStatuses": [{"state": {"terminated": {"finishedAt": max(finished)}}}]}
+                    {"containerStatuses": [{"state": {"terminated": {"finishedAt": finished}}}]}
                     if finished
                     else {}
                 ),

@@ -28,11 +28,11 @@ from sovereignspec.core.specs import ProfileSet
 from sovereignspec.engines import handed_table
 from sovereignspec.operator import annotations as ann
 from sovereignspec.operator import kinds
+from sovereignspec.operator.objects import PodView
 from sovereignspec.operator.policy import PolicySpec
 from sovereignspec.operator.requests import declared_request
 from sovereignspec.operator.workloads import (
     UnreadableFieldError,
-    container_gpus,
     job_name,
     key_of,
     labels_match,
@@ -40,7 +40,7 @@ from sovereignspec.operator.workloads import (
     parse_time,
     requested_gpus,
 )
-from sovereignspec.operator.world import TenancyOf, World, safe_key
+from sovereignspec.operator.world import TenancyOf, World
 from sovereignspec.telemetry.snapshot import Snapshot
 
 MAX_GAMMA = 32
@@ -278,10 +278,6 @@ def _spread_pods(text: object) -> list[tuple[str, int]]:
     return out
 
 
-def pod_gpus(pod: Mapping[str, Any]) -> int:
-    return container_gpus(pod.get("spec") or {}, "spec")
-
-
 def foreign_pods(
     world: World,
     committed: list[Committed],
@@ -301,7 +297,10 @@ def foreign_pods(
     room, by_owner, entries = _rooms(committed)
     out: dict[str, list[tuple[str, int]]] = defaultdict(list)
     off_plan: list[tuple[str, str, int, list[str], str]] = []  # (node, Pod, GPUs, Workloads, namespace)
-    for pod in world.pods:
+    for pod in world.pod_views:
+        if pod.running and pod.gpu_error is not None:
+            errors.append(f"Pod {pod.namespace}/{pod.name}: {pod.gpu_error}")
+            continue
         try:
             bound = _bound_gpu_pod(pod, by_owner)
             if bound is None:
@@ -313,7 +312,7 @@ def foreign_pods(
                 continue
             off_plan.append(bound)
         except Exception as exc:
-            errors.append(f"Pod {safe_key(pod)}: {type(exc).__name__}: {exc}")
+            errors.append(f"Pod {pod.namespace}/{pod.name}: {type(exc).__name__}: {exc}")
     # Once every pod bound where planned has taken its spot: the others, each into a free spot of
     # its workload (of its size) if one is left, else counted as its tenant's.
     for node, name, gpus, keys, namespace in off_plan:
@@ -367,29 +366,17 @@ def _rooms(committed: list[Committed]) -> Rooms:
 
 
 def _bound_gpu_pod(
-    pod: dict[str, Any], by_owner: Mapping[tuple[str, str, str], list[str]]
+    pod: PodView, by_owner: Mapping[tuple[str, str, str], list[str]]
 ) -> tuple[str, str, int, list[str], str] | None:
     """(node, Pod name, GPUs, the Workload keys it may belong to, namespace) of a bound GPU pod
     that has not ended; None for any other pod."""
-    meta, spec = pod["metadata"], pod.get("spec") or {}
-    node = spec.get("nodeName")
-    phase = (pod.get("status") or {}).get("phase")
-    if not node or phase in ("Succeeded", "Failed"):
+    if pod.node is None or not pod.running or pod.gpus <= 0:
         return None
-    gpus = pod_gpus(pod)
-    if gpus <= 0:
-        return None
-    namespace = str(meta.get("namespace", ""))
-    prebuilt = (meta.get("labels") or {}).get(ann.KUEUE_PREBUILT)
-    owners = [
-        (str(r.get("kind")), str(r.get("name")))
-        for r in meta.get("ownerReferences") or []
-        if r.get("kind") in POD_OWNERS
-    ] + [(kinds.POD.name, str(meta.get("name", "")))]
-    keys = ([f"{namespace}/{prebuilt}"] if prebuilt else []) + [
-        wl for o in owners for wl in by_owner.get((namespace, *o), [])
+    owners = [o for o in pod.owners if o[0] in POD_OWNERS] + [(kinds.POD.name, pod.name)]
+    keys = ([f"{pod.namespace}/{pod.prebuilt}"] if pod.prebuilt else []) + [
+        wl for o in owners for wl in by_owner.get((pod.namespace, *o), [])
     ]
-    return str(node), str(meta.get("name", "")), gpus, keys, namespace
+    return pod.node, pod.name, pod.gpus, keys, pod.namespace
 
 
 def _breaks(c: Committed, n: NodeState, policy: PolicySpec) -> Exclusion | None:

@@ -2,8 +2,9 @@
 border between Kubernetes' dicts and the decision). A view holds what the decision asks of the
 object, already normalised; code past the border reads fields, never `obj["metadata"]`.
 
-Only Nodes have a view so far (read for every workload's pool, the ledger's reach, the cluster's
-capacity, TAS domains and the audit); Workloads are still read as dicts (docs/architecture.md)."""
+Nodes (read for every workload's pool, the ledger's reach, the cluster's capacity, TAS domains, the
+sovereignty watch and the record) and bound Pods (read by the ledger, the sovereignty watch and the
+record) have views; Workloads are still read as dicts (docs/architecture.md)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sovereignspec.operator import annotations as ann
-from sovereignspec.operator.workloads import GPU_RESOURCE, UnreadableFieldError, gpu_quantity
+from sovereignspec.operator.workloads import GPU_RESOURCE, UnreadableFieldError, container_gpus, gpu_quantity
 
 # Taints the node lifecycle controller and the kubelet set while a node is down or unhealthy.
 # They come and go: such a node takes no new work now (free 0), but stays in a workload's pool, so
@@ -89,3 +90,73 @@ def _unavailable(spec: Mapping[str, Any], status: Mapping[str, Any], taints: tup
         if t.transient:
             return f"tainted {t.key}:{t.effect}"
     return None
+
+
+ENDED_PHASES = ("Succeeded", "Failed")
+
+
+def last_finish(status: Mapping[str, Any]) -> str | None:
+    """A pod's containers' last `state.terminated.finishedAt` (RFC 3339 in UTC: it orders as text)."""
+    finished = [
+        str(t["finishedAt"])
+        for c in status.get("containerStatuses") or []
+        if isinstance(c, dict)
+        and isinstance(t := (c.get("state") or {}).get("terminated"), dict)
+        and t.get("finishedAt")
+    ]
+    return max(finished) if finished else None
+
+
+@dataclass(frozen=True, slots=True)
+class PodView:
+    """A Pod bound to a node (the pods cache holds no other), as the ledger, the sovereignty watch
+    and the record read it."""
+
+    namespace: str
+    name: str
+    uid: str
+    node: str | None
+    phase: str | None
+    gpus: int  # what its containers ask for; 0 where unreadable
+    gpu_error: str | None  # why `gpus` could not be read ("TypeName: message"), or None
+    owners: tuple[tuple[str, str], ...]  # its ownerReferences' (kind, name), in order
+    controller: tuple[str, str] | None  # its controlling owner (else its first), as the record names it
+    prebuilt: str | None  # the Workload Kueue built for its group (kueue.x-k8s.io/prebuilt-workload-name)
+    started_at: str | None
+    finished_at: str | None  # its containers' last finish, where the kubelet reported one
+    raw: Mapping[str, Any]  # the object as cached: what an Event about it names
+
+    @property
+    def running(self) -> bool:
+        """Bound and not ended: it holds its GPUs."""
+        return bool(self.node) and self.phase not in ENDED_PHASES
+
+    @classmethod
+    def of(cls, pod: Mapping[str, Any]) -> PodView:
+        meta = pod.get("metadata") or {}
+        spec = pod.get("spec") or {}
+        status = pod.get("status") or {}
+        gpus, gpu_error = 0, None
+        try:
+            gpus = container_gpus(spec, "spec")
+        except Exception as exc:  # a pod that cannot be read is said, and skipped alone where read
+            gpu_error = f"{type(exc).__name__}: {exc}"
+        refs = [r for r in meta.get("ownerReferences") or [] if isinstance(r, dict)]
+        ref = next((r for r in refs if r.get("controller")), refs[0] if refs else None)
+        node = spec.get("nodeName")
+        prebuilt = (meta.get("labels") or {}).get(ann.KUEUE_PREBUILT)
+        return cls(
+            namespace=str(meta.get("namespace", "")),
+            name=str(meta.get("name", "")),
+            uid=str(meta.get("uid", "")),
+            node=str(node) if node else None,
+            phase=status.get("phase"),
+            gpus=gpus,
+            gpu_error=gpu_error,
+            owners=tuple((str(r.get("kind")), str(r.get("name"))) for r in refs),
+            controller=(str(ref.get("kind", "")), str(ref.get("name", ""))) if ref else None,
+            prebuilt=str(prebuilt) if prebuilt else None,
+            started_at=status.get("startTime"),
+            finished_at=last_finish(status),
+            raw=pod,
+        )

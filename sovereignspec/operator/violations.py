@@ -23,9 +23,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sovereignspec.operator.annotations import OUT_MODE
-from sovereignspec.operator.ledger import Committed, handed, pod_gpus
+from sovereignspec.operator.ledger import Committed, handed
+from sovereignspec.operator.objects import PodView
 from sovereignspec.operator.policy import PolicySpec
-from sovereignspec.operator.world import NAMESPACE_JURISDICTION_LABEL, World, safe_key, tenancy_of
+from sovereignspec.operator.world import NAMESPACE_JURISDICTION_LABEL, World, tenancy_of
 
 
 @dataclass(frozen=True)
@@ -71,12 +72,18 @@ def violations(world: World, default: PolicySpec, errors: list[str] | None = Non
             policies.append((check, given))
     policies = policies or [("", default)]
     out: list[Violation] = []
-    for pod in world.pods:
+    for pod in world.pod_views:
+        if not pod.running or pod.node not in labels:
+            continue
+        if pod.gpu_error is not None:
+            if errors is not None:
+                errors.append(f"Pod {pod.namespace}/{pod.name}: {pod.gpu_error}")
+            continue
         try:
             found = _violation(pod, world, policies, labels)
         except Exception as exc:
             if errors is not None:
-                errors.append(f"Pod {safe_key(pod)}: {type(exc).__name__}: {exc}")
+                errors.append(f"Pod {pod.namespace}/{pod.name}: {type(exc).__name__}: {exc}")
             continue
         if found is not None:
             out.append(found)
@@ -84,32 +91,29 @@ def violations(world: World, default: PolicySpec, errors: list[str] | None = Non
 
 
 def _violation(
-    pod: Mapping[str, Any],
+    pod: PodView,
     world: World,
     policies: list[tuple[str, PolicySpec]],
     labels: Mapping[str, Mapping[str, str]],
 ) -> Violation | None:
     """`pod`'s violation, if it is a running GPU pod on a known node outside its namespace's
     jurisdictions under one of `policies`."""
-    meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
-    node = spec.get("nodeName")
-    if not node or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+    node = pod.node  # running, on a node in `labels` (the caller's filter)
+    if node is None or pod.gpus <= 0:
         return None
-    if str(node) not in labels or pod_gpus(pod) <= 0:
-        return None
-    namespace = str(meta.get("namespace", ""))
+    namespace = pod.namespace
     for check, policy in policies:
         tenancy = tenancy_of(namespace, world.namespaces.get(namespace), policy)
         if tenancy.jurisdictions is None:
             continue
         label = policy.sovereignty.jurisdiction_label
-        actual = labels[str(node)].get(label)
+        actual = labels[node].get(label)
         if actual in tenancy.jurisdictions:
             continue
         return Violation(
-            namespace, str(meta.get("name", "")), str(meta.get("uid", "")), str(node),
+            namespace, pod.name, pod.uid, node,
             None if actual is None else str(actual), label, tenancy.jurisdictions,
-            _jurisdictions_from(namespace, world.namespaces.get(namespace), policy), check, pod,
+            _jurisdictions_from(namespace, world.namespaces.get(namespace), policy), check, pod.raw,
         )  # fmt: skip
     return None
 

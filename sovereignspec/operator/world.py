@@ -9,7 +9,7 @@ from functools import cached_property
 from typing import Any
 
 from sovereignspec.operator import annotations as ann
-from sovereignspec.operator.objects import NodeView
+from sovereignspec.operator.objects import NodeView, PodView
 from sovereignspec.operator.policy import PolicySpec
 from sovereignspec.operator.workloads import key_of
 
@@ -78,6 +78,11 @@ class World:
     def node_views(self) -> tuple[NodeView, ...]:
         """The nodes as the decision reads them, parsed once per World (one tick)."""
         return tuple(NodeView.of(n) for n in self.nodes)
+
+    @cached_property
+    def pod_views(self) -> tuple[PodView, ...]:
+        """The bound pods as the ledger, the sovereignty watch and the record read them, parsed once."""
+        return tuple(PodView.of(p) for p in self.pods)
 
 
 def safe_key(wl: object) -> str:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from sovereignspec.operator.objects import MAX_NODE_GPUS, NodeView, Taint
+from sovereignspec.operator.objects import MAX_NODE_GPUS, NodeView, PodView, Taint
 from sovereignspec.operator.world import World
 
 
@@ -88,3 +88,62 @@ def test_a_view_is_frozen_and_a_world_parses_its_nodes_once() -> None:
     world = World(workloads=[], nodes=[raw("a"), raw("b")], flavors={})
     assert [n.name for n in world.node_views] == ["a", "b"]
     assert world.node_views is world.node_views
+
+
+def pod(
+    node: str | None = "n1", phase: str | None = "Running", gpus: str = "2", **meta: Any
+) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "p", "namespace": "team-a", "uid": "u1", **meta},
+        "spec": {"nodeName": node, "containers": [
+            {"resources": {"limits": {"nvidia.com/gpu": gpus}}},
+            {"resources": {"requests": {"nvidia.com/gpu": "1"}, "limits": {"nvidia.com/gpu": "9"}}},
+        ]},
+        "status": {"phase": phase},
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("node", "phase", "running"),
+    [("n1", "Running", True), ("n1", "Pending", True), ("n1", None, True), ("n1", "Succeeded", False),
+     ("n1", "Failed", False), (None, "Running", False), ("", "Running", False)],
+)  # fmt: skip
+def test_a_pod_holds_its_gpus_while_it_is_bound_and_has_not_ended(
+    node: str | None, phase: str | None, running: bool
+) -> None:
+    view = PodView.of(pod(node, phase))
+    assert view.running is running
+    assert view.node == (node or None)
+
+
+def test_a_pods_gpus_are_each_containers_request_else_its_limit_and_an_unreadable_one_is_said() -> None:
+    assert PodView.of(pod()).gpus == 3  # 2 (limit) + 1 (the request, before its limit)
+    bad = PodView.of(pod(gpus="lots"))
+    assert (bad.gpus, bad.gpu_error is not None) == (0, True)
+    assert bad.gpu_error is not None and bad.gpu_error.startswith("UnreadableFieldError: spec.containers[0]")
+
+
+def test_a_pod_is_owned_by_its_controller_else_its_first_owner_and_may_name_its_groups_workload() -> None:
+    refs = [{"kind": "ReplicaSet", "name": "rs"}, {"kind": "Job", "name": "chat", "controller": True}]
+    view = PodView.of(pod(ownerReferences=refs, labels={"kueue.x-k8s.io/prebuilt-workload-name": "wl-1"}))
+    assert view.owners == (("ReplicaSet", "rs"), ("Job", "chat"))
+    assert (view.controller, view.prebuilt) == (("Job", "chat"), "wl-1")
+    first = PodView.of(pod(ownerReferences=[refs[0], {"kind": "Job", "name": "other"}]))
+    assert (first.controller, first.prebuilt) == (("ReplicaSet", "rs"), None)
+    assert PodView.of(pod()).controller is None
+
+
+def test_a_pods_end_is_its_containers_last_finish() -> None:
+    raw = pod(phase="Failed")
+    raw["status"].update(startTime="2026-12-07T10:00:00Z", containerStatuses=[
+        {"state": {"terminated": {"finishedAt": "2026-12-07T11:00:00Z"}}},
+        {"state": {"terminated": {"finishedAt": "2026-12-07T11:30:00Z"}}},
+        {"state": {"running": {"startedAt": "2026-12-07T12:00:00Z"}}},
+    ])  # fmt: skip
+    view = PodView.of(raw)
+    assert (view.started_at, view.finished_at, view.raw is raw) == (
+        "2026-12-07T10:00:00Z",
+        "2026-12-07T11:30:00Z",
+        True,
+    )
+    assert PodView.of(pod()).finished_at is None

@@ -487,6 +487,29 @@ def test_a_running_pod_admitted_alone_is_counted_once_not_also_as_a_foreign_pod(
     assert full.state == "Retry", full.message
 
 
+@pytest.mark.parametrize(
+    ("phase", "counted"), [("Running", True), ("Pending", True), ("Succeeded", False), ("Failed", False)]
+)
+def test_another_tenants_pod_holds_its_gpus_until_it_ends(phase: str, counted: bool) -> None:
+    # The pods cache keeps ended pods (for the record): one that has ended frees its GPUs.
+    other = _running_on_h1("3", name="theirs", namespace="team-b")
+    other["status"]["phase"] = phase
+    write = _decide([chat("one").gpus("2").obj()], [node("h1")], snapshot(IDLE), pods=[other])
+    assert write.state == ("Retry" if counted else "Ready"), write.message
+
+
+def test_a_bound_pod_whose_gpus_cannot_be_read_is_named_and_the_others_still_counted() -> None:
+    bad = _running_on_h1("lots", name="bad", namespace="team-b")
+    good = _running_on_h1("3", name="good", namespace="team-b")
+    view = _view([chat("one").gpus("2").obj()], [node("h1")], snapshot(IDLE), pods=[bad, good])
+    assert [e for e in view.errors if e.startswith("Pod ")] == [
+        "Pod team-b/bad: UnreadableFieldError: spec.containers[0].resources.requests[nvidia.com/gpu]: "
+        "got 'lots'; accepted: a Kubernetes quantity such as 1, 2, 1k"
+    ]
+    (write,) = plan("default", policy(), view, profiles(), STAMP)
+    assert write.state == "Retry", write.message  # the good pod's 3 GPUs of h1's 4 are counted
+
+
 def test_a_statefulsets_workload_is_decided_from_its_pod_templates_keys() -> None:
     # Kueue makes one Workload for all replicas of a StatefulSet and copies no pod metadata into
     # it: the keys are read from the StatefulSet's pod template, as its Pods will carry them.
