@@ -116,10 +116,12 @@ def _rejected(p: PendingWorkload, why: str, detail: str) -> Write:
 
 
 def _backoff(entry: Mapping[str, object], spec: PolicySpec) -> tuple[int, int]:
-    """The retries so far (Kueue's retryCount) and the seconds before the next: doubling, capped."""
+    """The retries so far (Kueue's retryCount) and the seconds before the next: doubling, capped.
+    A count that is not a whole number >= 0 counts as none; past 2^20 the cap is reached whatever
+    the base (3,600 s at most: policy.py), so the doubling stops there (no huge powers)."""
     retries = entry.get("retryCount", 0)
-    retries = retries if isinstance(retries, int) and 0 <= retries < 64 else 0
-    return retries, int(min(spec.retry.max_seconds, spec.retry.base_seconds * 2**retries))
+    retries = retries if isinstance(retries, int) and not isinstance(retries, bool) and retries >= 0 else 0
+    return retries, int(min(spec.retry.max_seconds, spec.retry.base_seconds * 2 ** min(retries, 20)))
 
 
 def held(w: Write, why: str, spec: PolicySpec) -> Write:

@@ -216,7 +216,21 @@ def test_a_decision_on_a_gpu_type_the_engines_taught_says_which_profile_priced_i
     assert "priced with" not in write.message, write.message
 
 
-@pytest.mark.parametrize(("retries", "after"), [(0, 15), (1, 30), (3, 120), (6, 600), (63, 600), (-1, 15)])
+@pytest.mark.parametrize(
+    ("retries", "after"),
+    [
+        (0, 15),
+        (1, 30),
+        (3, 120),
+        (5, 480),
+        (6, 600),
+        (63, 600),
+        (64, 600),
+        (10**6, 600),
+        (-1, 15),
+        (True, 15),
+    ],
+)
 def test_a_retry_backs_off_exponentially_from_the_entrys_retry_count_up_to_the_cap(
     retries: int, after: int
 ) -> None:
@@ -331,6 +345,8 @@ def test_our_keys_set_plainly_in_a_template_are_placed_plain_or_refused_where_th
     ]
     clashes = _decide([chat().annotate(gpu_type="A100-80G-SXM").obj()], [node("h1")], snapshot(IDLE))
     assert clashes.state == "Rejected", clashes.message
+    # one pod set: not named
+    assert clashes.message.startswith("rejected: the pod template sets "), clashes.message
     assert f"{ann.OUT_GPU_TYPE}='A100-80G-SXM', which only SovereignSpec writes" in clashes.message
 
 
