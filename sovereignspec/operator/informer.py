@@ -454,15 +454,10 @@ class ClusterCache(InformerSet):
             "/api/v1/nodes", "nodes", transform=strip_node, wake=lambda k, _o: k in ("ADDED", "DELETED")
         )
         self.namespaces = informer("/api/v1/namespaces", "namespaces")
-        self.pods = informer(
-            "/api/v1/pods",
-            "pods",
-            # Ended pods stay until they are deleted: the ledger and the watch skip them by phase,
-            # and the record learns how and when each ended (a watch by phase would see a pod that
-            # ends only as deleted, with neither: the API server sends its last matching state).
-            query=[("fieldSelector", "spec.nodeName!=")],
-            transform=strip_pod,
-        )
+        # Ended pods stay until deleted (the ledger and the watch skip them by phase) so that the
+        # record learns how each ended: filtered by phase, a watch sees it vanish in its last state.
+        bound = [("fieldSelector", "spec.nodeName!=")]
+        self.pods = informer("/api/v1/pods", "pods", query=bound, transform=strip_pod)
         # Each registered kind's owners (`kinds.KINDS`), cut as its decisions read them: a Job's
         # and a LeaderWorkerSet's metadata (to tell a user whose keys sit on the object itself);
         # the metadata of the Pods Kueue admits one by one (a plain Pod, a Deployment's replica):
