@@ -301,18 +301,15 @@ def foreign_pods(
         if pod.running and pod.gpu_error is not None:
             errors.append(f"Pod {pod.namespace}/{pod.name}: {pod.gpu_error}")
             continue
-        try:
-            bound = _bound_gpu_pod(pod, by_owner)
-            if bound is None:
-                continue
-            node, name, gpus, keys, namespace = bound
-            key = next((k for k in ((wl, node) for wl in keys) if room.get(k, 0.0) >= gpus), None)
-            if key is not None:
-                room[key] -= gpus
-                continue
+        bound = _bound_gpu_pod(pod, by_owner)  # read from the view: nothing left to fail
+        if bound is None:
+            continue
+        node, _, gpus, keys, _ = bound
+        key = next((k for k in ((wl, node) for wl in keys) if room.get(k, 0.0) >= gpus), None)
+        if key is None:
             off_plan.append(bound)
-        except Exception as exc:
-            errors.append(f"Pod {pod.namespace}/{pod.name}: {type(exc).__name__}: {exc}")
+        else:
+            room[key] -= gpus
     # Once every pod bound where planned has taken its spot: the others, each into a free spot of
     # its workload (of its size) if one is left, else counted as its tenant's.
     for node, name, gpus, keys, namespace in off_plan:
