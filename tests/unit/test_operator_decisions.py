@@ -112,6 +112,12 @@ def test_a_view_reads_each_gpus_headroom_from_fresh_telemetry_only(
             [("PlainDecode", False), ("BadAnnotation", True)],
         ),
         (
+            "an unknown key of ours: decided as without it, a warning Event naming the likely one",
+            [chat().annotate(acceptance_rat="0.8").obj()], [node("h1")], snapshot(IDLE),
+            "Ready", "speculative", "maximises the GPU's token rate",
+            [("SpeculativeDecode", False), ("UnknownAnnotation", True)],
+        ),
+        (
             "no node in the namespace's jurisdiction: rejected, sovereignty fails closed",
             [chat().obj()], [node("h1", "kr")], snapshot(IDLE),
             "Rejected", "none", "no node of its flavor and node constraints in jurisdiction eu",
