@@ -121,7 +121,18 @@ def _backoff(entry: Mapping[str, object], spec: PolicySpec) -> tuple[int, int]:
     the base (3,600 s at most: policy.py), so the doubling stops there (no huge powers)."""
     retries = entry.get("retryCount", 0)
     retries = retries if isinstance(retries, int) and not isinstance(retries, bool) and retries >= 0 else 0
-    return retries, int(min(spec.retry.max_seconds, spec.retry.base_seconds * 2 ** min(retries, 20)))
+    return retries, _step(retries, spec)
+
+
+def _step(n: int, spec: PolicySpec) -> int:
+    return int(min(spec.retry.max_seconds, spec.retry.base_seconds * 2 ** min(n, 20)))
+
+
+def _waited(retries: int, spec: PolicySpec) -> int:
+    """Seconds waited over `retries` + 1 backoffs: every one past the 21st at the cap (Kueue's
+    count is an int32: never a loop over it)."""
+    first = min(retries + 1, 21)
+    return sum(_step(n, spec) for n in range(first)) + (retries + 1 - first) * spec.retry.max_seconds
 
 
 def held(w: Write, why: str, spec: PolicySpec) -> Write:
@@ -161,9 +172,7 @@ def _decided(
         if p.request is not None and p.request.exclusive and retries + 1 >= EXCLUSIVE_PATIENCE:
             # Serving work does not finish: an exclusive workload that keeps waiting may wait for
             # good. Say so, with the administrator's levers.
-            waited = sum(
-                min(spec.retry.max_seconds, spec.retry.base_seconds * 2**n) for n in range(retries + 1)
-            )
+            waited = _waited(retries, spec)
             lever = (
                 f"an exclusive workload has waited {retries + 1} retries (~{waited // 60} min) for a node "
                 "no other tenant uses; shared work holds the nodes it may use. Levers: "
