@@ -125,6 +125,16 @@ def test_keys_forged_on_both_templates_are_each_named_and_removing_them_is_asked
     assert "remove them from spec.template" in write.message, write.message
 
 
+def test_a_worker_templates_gpu_type_the_placement_contradicts_is_refused_naming_the_pod_set() -> None:
+    # A plain-looking key passes the check before placement; placed on H100s, the worker's
+    # A100 contradicts what the decision writes (its engine would read the worker's).
+    wl = group({}, {})
+    wl["spec"]["podSets"][1]["template"]["metadata"]["annotations"][ann.OUT_GPU_TYPE] = "A100-80G-SXM"
+    write = decide(wl)
+    assert (write.state, write.pod_set_updates) == ("Rejected", None), write.message
+    assert f"pod set worker: the pod template sets {ann.OUT_GPU_TYPE}='A100-80G-SXM'" in write.message
+
+
 def test_a_plain_mode_on_the_worker_template_gets_a_plain_decision_for_the_whole_group() -> None:
     wl = group({}, {})
     wl["spec"]["podSets"][1]["template"]["metadata"]["annotations"][ann.OUT_MODE] = "plain"
