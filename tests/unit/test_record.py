@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import csv
+import dataclasses
 import io
 import json
 from typing import Any
@@ -744,3 +745,5 @@ def test_the_decision_events_text_gives_each_figure_and_says_n_a_for_what_was_no
     for part in said:
         assert part in text, (part, text)
     assert "None" not in text
+    known = record_text(dataclasses.replace(r, unconstrained_gamma=5), "declared")
+    assert "speculative γ*=3 (unconstrained 5) " in known, known  # a draft length: a whole number
