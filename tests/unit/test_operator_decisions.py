@@ -197,6 +197,7 @@ def test_a_speculative_decision_says_so_first_and_hands_its_predicted_tpot(
     )
     (update,) = write.pod_set_updates or []
     assert float(update["annotations"][ann.OUT_TPOT]) > 0.0
+    assert [e.reason for e in write.events] == ["SpeculativeDecode"]  # at γ* 1 too
 
 
 def test_a_cluster_with_no_nodes_rejects_saying_why_and_excludes_nothing() -> None:

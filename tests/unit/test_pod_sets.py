@@ -215,6 +215,7 @@ def test_a_group_of_two_pod_sets_pins_each_to_its_node_and_holds_no_other() -> N
     selectors = [u["nodeSelector"] for u in write.pod_set_updates or []]
     hosts = [s.get("kubernetes.io/hostname") for s in selectors]
     assert None not in hosts and len(set(hosts)) == 2, selectors  # by hostname, not the jurisdiction
+    assert sorted(g.split("/")[0] for g in write.placed) == sorted(hosts), write.placed  # each pod's GPU
     assert "each pod set pinned to its node" in write.message, write.message
     # Running, it holds those two nodes: an exclusive tenant gets the third.
     bank = chat("vault", "bank").annotate(exclusive_node="true").gpus("8").obj()
