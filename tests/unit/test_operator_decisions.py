@@ -328,6 +328,7 @@ def test_a_template_setting_our_keys_to_values_no_decision_writes_is_rejected_be
     write = _decide([chat().annotate(**{key: value}).obj()], [_cordoned()], snapshot(IDLE))
     assert write.state == "Rejected", write.message
     assert f"{ann.PREFIX}{key.replace('_', '-')}={value!r}, which only SovereignSpec writes" in write.message
+    assert write.message.startswith("rejected: the pod template sets "), write.message  # one pod set: unnamed
 
 
 @pytest.mark.parametrize(
