@@ -24,7 +24,7 @@ from kubernetes.client.exceptions import ApiException
 from sovereignspec.core.sovereignty import DEFAULT_JURISDICTION_LABEL
 from sovereignspec.operator import annotations as ann
 from sovereignspec.operator import metrics, record
-from sovereignspec.operator.objects import PodView
+from sovereignspec.operator.objects import PodView, controlling_owner
 from sovereignspec.operator.plan import Write, held, shorten
 from sovereignspec.operator.policy import PolicySpec
 from sovereignspec.operator.record import Head, chain, head_of
@@ -40,9 +40,8 @@ RECORDED = ("placed", "retry", "rejected", "drift", "ignored")  # outcomes that 
 
 
 def _owner(meta: Mapping[str, Any]) -> dict[str, str]:
-    refs = meta.get("ownerReferences") or []
-    ref = next((r for r in refs if r.get("controller")), refs[0] if refs else None)
-    return {"kind": str(ref.get("kind", "")), "name": str(ref.get("name", ""))} if ref else {}
+    owner = controlling_owner(meta)
+    return {"kind": owner[0], "name": owner[1]} if owner else {}
 
 
 def workload_fields(meta: Mapping[str, Any]) -> dict[str, Any]:

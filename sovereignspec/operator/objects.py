@@ -107,6 +107,18 @@ def last_finish(status: Mapping[str, Any]) -> str | None:
     return max(finished) if finished else None
 
 
+def _owner_refs(meta: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    return [r for r in meta.get("ownerReferences") or [] if isinstance(r, dict)]
+
+
+def controlling_owner(meta: Mapping[str, Any]) -> tuple[str, str] | None:
+    """An object's controlling owner's (kind, name), else its first owner's: what the record names
+    as its workload. None where it has no owner."""
+    refs = _owner_refs(meta)
+    ref = next((r for r in refs if r.get("controller")), refs[0] if refs else None)
+    return (str(ref.get("kind", "")), str(ref.get("name", ""))) if ref else None
+
+
 @dataclass(frozen=True, slots=True)
 class PodView:
     """A Pod bound to a node (the pods cache holds no other), as the ledger, the sovereignty watch
@@ -141,8 +153,7 @@ class PodView:
             gpus = container_gpus(spec, "spec")
         except Exception as exc:  # a pod that cannot be read is said, and skipped alone where read
             gpu_error = f"{type(exc).__name__}: {exc}"
-        refs = [r for r in meta.get("ownerReferences") or [] if isinstance(r, dict)]
-        ref = next((r for r in refs if r.get("controller")), refs[0] if refs else None)
+        refs = _owner_refs(meta)
         node = spec.get("nodeName")
         prebuilt = (meta.get("labels") or {}).get(ann.KUEUE_PREBUILT)
         return cls(
@@ -154,7 +165,7 @@ class PodView:
             gpus=gpus,
             gpu_error=gpu_error,
             owners=tuple((str(r.get("kind")), str(r.get("name"))) for r in refs),
-            controller=(str(ref.get("kind", "")), str(ref.get("name", ""))) if ref else None,
+            controller=controlling_owner(meta),
             prebuilt=str(prebuilt) if prebuilt else None,
             started_at=status.get("startTime"),
             finished_at=last_finish(status),

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from sovereignspec.operator.objects import MAX_NODE_GPUS, NodeView, PodView, Taint
+from sovereignspec.operator.audit import workload_fields
+from sovereignspec.operator.objects import MAX_NODE_GPUS, NodeView, PodView, Taint, controlling_owner
 from sovereignspec.operator.world import World
 
 
@@ -131,6 +132,14 @@ def test_a_pod_is_owned_by_its_controller_else_its_first_owner_and_may_name_its_
     first = PodView.of(pod(ownerReferences=[refs[0], {"kind": "Job", "name": "other"}]))
     assert (first.controller, first.prebuilt) == (("ReplicaSet", "rs"), None)
     assert PodView.of(pod()).controller is None
+
+
+def test_a_workloads_record_names_the_same_owner_a_pod_view_does_and_skips_unreadable_refs() -> None:
+    refs: list[Any] = ["garbage", {"kind": "LeaderWorkerSet", "name": "lws"}, {"kind": "Job", "name": "j"}]
+    meta = {"namespace": "a", "name": "wl", "uid": "u", "ownerReferences": refs}
+    assert controlling_owner(meta) == ("LeaderWorkerSet", "lws")
+    assert workload_fields(meta)["owner"] == {"kind": "LeaderWorkerSet", "name": "lws"}
+    assert workload_fields({"name": "wl"})["owner"] == {}
 
 
 def test_a_pods_end_is_its_containers_last_finish() -> None:
