@@ -12,8 +12,9 @@ from kubernetes.client.exceptions import ApiException
 
 from sovereignspec.core.specs import ProfileSet
 from sovereignspec.operator.informer import Informer
+from sovereignspec.operator.objects import AdmissionCheckView
 from sovereignspec.operator.policy import GROUP, KIND, PolicySpec, parse_policy
-from sovereignspec.operator.writer import API_ERRORS, ConflictError, Writer
+from sovereignspec.operator.writer import API_ERRORS, MESSAGE_LIMIT, ConflictError, Writer
 
 log = logging.getLogger(__name__)
 
@@ -64,60 +65,52 @@ class CheckReconciler:
         policies = self._policies()
         active: dict[str, tuple[str, PolicySpec]] = {}
         known: dict[str, PolicySpec] = {}
-        for ac in checks:
-            if (ac.get("spec") or {}).get("controllerName") != self.controller_name:
+        for ac in map(AdmissionCheckView.of, checks):
+            if ac.controller_name != self.controller_name:
                 continue
-            name = ac["metadata"]["name"]
             try:
                 ok, reason, message, resolved = self._resolve(ac, policies)
             except Exception as exc:  # one odd check object fails alone
-                ok, reason, message, resolved = (
-                    False,
-                    "InvalidParameters",
-                    f"{type(exc).__name__}: {exc}",
-                    None,
-                )
-            known[name] = resolved[1] if resolved is not None else PolicySpec()
+                why = f"{type(exc).__name__}: {exc}"
+                ok, reason, message, resolved = False, "InvalidParameters", why, None
+            known[ac.name] = resolved[1] if resolved is not None else PolicySpec()
             if resolved is not None:
-                active[name] = resolved
-            current = next(
-                (c for c in (ac.get("status") or {}).get("conditions") or [] if c.get("type") == "Active"),
-                None,
-            )
+                active[ac.name] = resolved
             want = "True" if ok else "False"
-            generation = ac["metadata"].get("generation", 0)
-            generation = generation if isinstance(generation, int) else 0
-            seen = (
-                (current or {}).get("status"),
-                (current or {}).get("reason"),
-                (current or {}).get("message"),
-            )
+            # Compared as written: a longer message is cut there, and the cut one read back must
+            # not look changed (it would be written again, with a Warning Event, every tick).
+            written = (want, reason, message[:MESSAGE_LIMIT])
             if (
-                current is None
-                or seen != (want, reason, message)
-                or current.get("observedGeneration") != generation
+                ac.active is not None
+                and ac.active_seen == written
+                and ac.active.get("observedGeneration") == ac.generation
             ):
-                try:
-                    written = self.writer.admission_check_active(
-                        name, ok, reason, message, generation, ac["metadata"].get("resourceVersion")
-                    )
-                    self.checks.put(written)
-                except ConflictError:  # changed since it was read: judged again from its next version
-                    log.info("AdmissionCheck %s changed while judged; judged again next tick", name)
-                    continue
-                except API_ERRORS as exc:
-                    why = exc.reason if isinstance(exc, ApiException) else f"{type(exc).__name__}: {exc}"
-                    log.warning("could not set Active on AdmissionCheck %s: %s", name, why)
-                    continue
-                if not ok:
-                    self.writer.event(ac, "AdmissionCheck", reason, message, warning=True)
-                log.info("AdmissionCheck %s Active=%s (%s)", name, want, message)
+                continue
+            self._set_active(ac, ok, reason, message)
         return active, known
 
+    def _set_active(self, ac: AdmissionCheckView, ok: bool, reason: str, message: str) -> None:
+        """Write Active as judged; a conflict or a failed write is judged again next tick."""
+        try:
+            written = self.writer.admission_check_active(
+                ac.name, ok, reason, message, ac.generation, ac.resource_version
+            )
+            self.checks.put(written)
+        except ConflictError:  # changed since it was read: judged again from its next version
+            log.info("AdmissionCheck %s changed while judged; judged again next tick", ac.name)
+            return
+        except API_ERRORS as exc:
+            why = exc.reason if isinstance(exc, ApiException) else f"{type(exc).__name__}: {exc}"
+            log.warning("could not set Active on AdmissionCheck %s: %s", ac.name, why)
+            return
+        if not ok:
+            self.writer.event(dict(ac.raw), "AdmissionCheck", reason, message, warning=True)
+        log.info("AdmissionCheck %s Active=%s (%s)", ac.name, "True" if ok else "False", message)
+
     def _resolve(
-        self, ac: dict[str, Any], policies: dict[str, dict[str, Any]]
+        self, ac: AdmissionCheckView, policies: dict[str, dict[str, Any]]
     ) -> tuple[bool, str, str, tuple[str, PolicySpec] | None]:
-        params = (ac.get("spec") or {}).get("parameters")
+        params = ac.parameters
         if not params:
             return False, "BadParametersRef", f"spec.parameters must name a {KIND} ({GROUP})", None
         if params.get("apiGroup") != GROUP or params.get("kind") != KIND:

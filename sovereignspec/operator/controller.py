@@ -33,6 +33,7 @@ from sovereignspec.operator.audit import RECORDED, AuditLog, Seen, ahead, bucket
 from sovereignspec.operator.identity import operator_identity
 from sovereignspec.operator.informer import ClusterCache, rv_int
 from sovereignspec.operator.learning import Learner, readings
+from sovereignspec.operator.objects import flavors_of, labels_by_name
 from sovereignspec.operator.plan import EventNote, Write, drift_writes, plan
 from sovereignspec.operator.policy import GROUP, PLURAL, VERSION, PolicySpec
 from sovereignspec.operator.role import Laps, Role, Settings, TickReport
@@ -109,14 +110,8 @@ class Controller(Role):
         c = self.cache
         workloads = c.workloads.items()
         nodes = c.nodes.items()
-        flavors, tolerations = {}, {}
-        for f in c.flavors.items():
-            labels = (f.get("spec") or {}).get("nodeLabels") or {}
-            flavors[f["metadata"]["name"]] = {str(k): str(v) for k, v in labels.items()}
-            tolerations[f["metadata"]["name"]] = list((f.get("spec") or {}).get("tolerations") or [])
-        namespaces = {
-            n["metadata"]["name"]: dict(n["metadata"].get("labels") or {}) for n in c.namespaces.items()
-        }
+        flavors, tolerations = flavors_of(c.flavors.items())
+        namespaces = labels_by_name(c.namespaces.items())
         pods = c.pods.items()
         # The owners' metadata: a Job's (a user's keys may sit on it by mistake) for the waiting
         # workloads; a Pod's or a StatefulSet's (where their keys are) for every workload they own,

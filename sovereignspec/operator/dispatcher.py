@@ -57,6 +57,7 @@ from sovereignspec.operator.dispatch_record import (
 )
 from sovereignspec.operator.identity import operator_identity
 from sovereignspec.operator.informer import DispatchCache, rv_int
+from sovereignspec.operator.objects import AdmissionCheckView, labels_by_name
 from sovereignspec.operator.policy import GROUP, PLURAL, VERSION, PolicySpec
 from sovereignspec.operator.requests import declared_request, learned_alpha
 from sovereignspec.operator.role import Role, Settings, TickReport
@@ -131,14 +132,12 @@ class DispatchController(Role):
         cache = self.cache
         configs = {c["metadata"]["name"]: c for c in cache.configs.items()}
         out: dict[str, list[str]] = {}
-        for ac in self.cache.checks.items():
-            spec = ac.get("spec") or {}
-            if spec.get("controllerName") != MULTIKUEUE_CONTROLLER:
+        for ac in map(AdmissionCheckView.of, cache.checks.items()):
+            if ac.controller_name != MULTIKUEUE_CONTROLLER:
                 continue
-            params = spec.get("parameters") or {}
-            cfg = configs.get(str(params.get("name", "")))
+            cfg = configs.get(str((ac.parameters or {}).get("name", "")))
             clusters = ((cfg or {}).get("spec") or {}).get("clusters") or []
-            out[ac["metadata"]["name"]] = [str(c) for c in clusters if isinstance(c, str)]
+            out[ac.name] = [str(c) for c in clusters if isinstance(c, str)]
         return out
 
     def _committed(self) -> dict[str, int]:
@@ -219,9 +218,7 @@ class DispatchController(Role):
         if not active:
             return report
         cache = self.cache
-        namespaces = {
-            n["metadata"]["name"]: dict(n["metadata"].get("labels") or {}) for n in cache.namespaces.items()
-        }
+        namespaces = labels_by_name(cache.namespaces.items())
         configs = self._configs_by_check()
         by_policy: dict[str, tuple[PolicySpec, set[str]]] = {}
         for check, (policy_name, spec) in active.items():

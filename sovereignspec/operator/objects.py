@@ -8,7 +8,7 @@ record) have views; Workloads are still read as dicts (docs/architecture.md)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -171,3 +171,66 @@ class PodView:
             finished_at=last_finish(status),
             raw=pod,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionCheckView:
+    """An AdmissionCheck as both roles read it: whose it is, the parameters it names and its Active
+    condition as last written."""
+
+    name: str
+    controller_name: str | None
+    parameters: Mapping[str, Any] | None  # spec.parameters (apiGroup, kind, name), as written
+    active: Mapping[str, Any] | None  # its Active condition, or None before anyone set one
+    generation: int  # metadata.generation; 0 where absent or not an integer
+    resource_version: str | None
+    raw: Mapping[str, Any]  # the object as cached: what an Event about it names
+
+    @property
+    def active_seen(self) -> tuple[Any, Any, Any]:
+        """The Active condition's (status, reason, message); Nones before one was set."""
+        c = self.active or {}
+        return c.get("status"), c.get("reason"), c.get("message")
+
+    @classmethod
+    def of(cls, ac: Mapping[str, Any]) -> AdmissionCheckView:
+        meta = ac.get("metadata") or {}
+        spec = ac.get("spec") or {}
+        conditions = (ac.get("status") or {}).get("conditions") or []
+        active = next((c for c in conditions if isinstance(c, dict) and c.get("type") == "Active"), None)
+        params = spec.get("parameters")
+        generation = meta.get("generation", 0)
+        controller = spec.get("controllerName")
+        return cls(
+            name=str(meta.get("name", "")),
+            controller_name=str(controller) if controller is not None else None,
+            parameters=params if isinstance(params, dict) else None,
+            active=active,
+            generation=generation if isinstance(generation, int) and not isinstance(generation, bool) else 0,
+            resource_version=meta.get("resourceVersion"),
+            raw=ac,
+        )
+
+
+def labels_by_name(objects: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, str]]:
+    """Each object's labels by its name (Namespaces: where a tenancy is read), as strings."""
+    out: dict[str, dict[str, str]] = {}
+    for obj in objects:
+        meta = obj.get("metadata") or {}
+        out[str(meta.get("name", ""))] = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
+    return out
+
+
+def flavors_of(
+    objects: Iterable[Mapping[str, Any]],
+) -> tuple[dict[str, dict[str, str]], dict[str, list[Any]]]:
+    """ResourceFlavors' node labels (as strings) and the tolerations Kueue adds to the pods it
+    admits on each, by flavor name."""
+    labels: dict[str, dict[str, str]] = {}
+    tolerations: dict[str, list[Any]] = {}
+    for f in objects:
+        name = str((f.get("metadata") or {}).get("name", ""))
+        spec = f.get("spec") or {}
+        labels[name] = {str(k): str(v) for k, v in (spec.get("nodeLabels") or {}).items()}
+        tolerations[name] = list(spec.get("tolerations") or [])
+    return labels, tolerations
