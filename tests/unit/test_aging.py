@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -57,3 +59,19 @@ def test_speculation_that_paid_on_an_idle_gpu_is_a_net_loss_once_the_gpu_saturat
 
 def test_a_gpu_type_without_a_profile_is_not_judged() -> None:
     assert reevaluate(PROFILES, PlacerSettings(), chat(), "B300-unknown", 4, 1.0) is None
+
+
+def test_a_learned_margin_on_the_gpu_type_makes_the_judgement_of_a_running_workload_more_cautious() -> None:
+    """The extra margin an observed prediction error adds on a GPU type (core.learning) is added to
+    the policy's when a running workload is judged again, as when it was placed: never less cautious."""
+    policy = PlacerSettings()
+    plain = reevaluate(PROFILES, policy, chat(), "H100-SXM", 6, 1.0)
+    wide = dataclasses.replace(PROFILES, extra_margin={("H100-SXM", "llama-3.1-8b"): 0.3})
+    widened = reevaluate(wide, policy, chat(), "H100-SXM", 6, 1.0)
+    huge = reevaluate(dataclasses.replace(PROFILES, extra_margin={("H100-SXM", "llama-3.1-8b"): 50.0}),
+                      policy, chat(), "H100-SXM", 6, 1.0)  # fmt: skip
+    assert plain is not None and widened is not None and huge is not None
+    assert plain.gamma_now >= 1 and widened.gamma_now <= plain.gamma_now
+    assert huge.gamma_now == 0  # no speed-up clears a 50× margin
+    # What it runs at is priced the same whatever the margin: the margin judges, it does not price.
+    assert huge.speedup_in_force == plain.speedup_in_force
