@@ -1,5 +1,6 @@
 """Placement decisions, table-driven, and the vectorised placer against the scalar reference."""
 
+import dataclasses
 import math
 import random
 from dataclasses import replace
@@ -11,6 +12,7 @@ from hypothesis import strategies as st
 from benchmarks.reference import reference_tick
 from sovereignspec.core.cluster import ClusterView, GpuState, NodeState, PlacerSettings, WorkloadRequest
 from sovereignspec.core.placement import Placer
+from sovereignspec.core.running import Reevaluation
 from sovereignspec.core.sovereignty import DEFAULT_JURISDICTION_LABEL as JUR
 
 
@@ -854,3 +856,20 @@ def test_pods_on_an_assignment_share_the_lowest_gamma_any_got_and_an_empty_one_w
     # An assignment of no pods (nothing Kueue writes, but nothing to raise on either): it waits.
     none = Placer(profiles, view).place(wl("job", gpus=2, pods=2, jurisdiction="eu", assigned=()))
     assert none.outcome == "retry" and "places none of its pods" in none.record.reason
+
+
+@pytest.mark.parametrize(
+    ("value", "field"),
+    [
+        (PlacerSettings(), "gamma_max"),
+        (GpuState("n", 0, "H100-SXM", 0.5), "headroom"),
+        (NodeState("n", {}, 8), "free_gpus"),
+        (ClusterView([], []), "nodes"),
+        (Reevaluation(1, 1.2, 1.1), "gamma_now"),
+    ],
+)
+def test_what_a_decision_reads_and_says_is_immutable(value: object, field: str) -> None:
+    """One settings object, one cluster view serve every workload of a tick (and the dispatcher's
+    workers): no decision may change what the next one reads."""
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setattr(value, field, None)
