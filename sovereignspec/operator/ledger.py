@@ -28,7 +28,7 @@ from sovereignspec.core.specs import ProfileSet
 from sovereignspec.engines import handed_table
 from sovereignspec.operator import annotations as ann
 from sovereignspec.operator import kinds
-from sovereignspec.operator.objects import PodView
+from sovereignspec.operator.objects import PodView, owners_of
 from sovereignspec.operator.policy import PolicySpec
 from sovereignspec.operator.requests import declared_request
 from sovereignspec.operator.workloads import (
@@ -355,8 +355,8 @@ def _rooms(committed: list[Committed]) -> Rooms:
     for i, c in enumerate(committed):
         entries[c.key].append(i)
         room[(c.key, c.node)] += c.gpus if c.gpus >= 0 else math.inf
-        for r in c.workload.get("metadata", {}).get("ownerReferences") or []:
-            ref = (c.namespace, str(r.get("kind")), str(r.get("name")))
+        for kind, name in owners_of(c.workload.get("metadata") or {}):
+            ref = (c.namespace, kind, name)
             if c.key not in by_owner[ref]:
                 by_owner[ref].append(c.key)
     return room, by_owner, entries

@@ -111,6 +111,11 @@ def _owner_refs(meta: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     return [r for r in meta.get("ownerReferences") or [] if isinstance(r, dict)]
 
 
+def owners_of(meta: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    """An object's owners' (kind, name), in order (entries that are not objects left out)."""
+    return tuple((str(r.get("kind")), str(r.get("name"))) for r in _owner_refs(meta))
+
+
 def controlling_owner(meta: Mapping[str, Any]) -> tuple[str, str] | None:
     """An object's controlling owner's (kind, name), else its first owner's: what the record names
     as its workload. None where it has no owner."""
@@ -153,7 +158,6 @@ class PodView:
             gpus = container_gpus(spec, "spec")
         except Exception as exc:  # a pod that cannot be read is said, and skipped alone where read
             gpu_error = f"{type(exc).__name__}: {exc}"
-        refs = _owner_refs(meta)
         node = spec.get("nodeName")
         prebuilt = (meta.get("labels") or {}).get(ann.KUEUE_PREBUILT)
         return cls(
@@ -164,7 +168,7 @@ class PodView:
             phase=status.get("phase"),
             gpus=gpus,
             gpu_error=gpu_error,
-            owners=tuple((str(r.get("kind")), str(r.get("name"))) for r in refs),
+            owners=owners_of(meta),
             controller=controlling_owner(meta),
             prebuilt=str(prebuilt) if prebuilt else None,
             started_at=status.get("startTime"),

@@ -249,6 +249,41 @@ def test_an_admission_check_with_a_missing_or_invalid_policy_is_inactive_with_a_
     assert cond["status"] == "False" and cond["reason"] == "InvalidParameters" and "B300" in cond["message"]
 
 
+def test_an_inactive_checks_long_message_is_written_once_not_again_every_tick(operator, env, unique):
+    """The condition keeps 1,024 characters of a longer message; read back, the cut message must not
+    look changed (it was written again, with a Warning Event, on every tick)."""
+    check, name = unique("ac-long"), unique("long-policy")
+    model = "m" * 1500  # an unknown model profile: the message names it whole
+    server_side_apply(env.api, {"apiVersion": "sovereignspec.io/v1alpha1", "kind": "SpeculationPolicy",
+                                "metadata": {"name": name}, "spec": {"defaults": {"model": model}}},
+                      "sovereignspec-e2e")  # fmt: skip
+    params = {"apiGroup": "sovereignspec.io", "kind": "SpeculationPolicy", "name": name}
+    k.apply(env.api, k.admission_check(check, env.controller, params))
+    custom = client.CustomObjectsApi(env.api)
+
+    def read() -> dict:
+        return custom.get_cluster_custom_object("kueue.x-k8s.io", "v1beta2", "admissionchecks", check)
+
+    wait_until(lambda: k.condition(read(), "Active"), timeout=30, what="Active on the check")
+    before = read()
+    assert k.condition(before, "Active")["reason"] == "InvalidParameters"
+
+    def ticks() -> float:
+        lines = operator.metrics().splitlines()
+        line = next(x for x in lines if x.startswith("sovereignspec_tick_seconds_count"))
+        return float(line.rsplit(" ", 1)[1])
+
+    start = ticks()
+    wait_until(lambda: ticks() >= start + 3, timeout=60, what="three more ticks")
+    assert read()["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
+    events = (
+        client.CoreV1Api(env.api)
+        .list_namespaced_event("default", field_selector=f"involvedObject.name={check}")
+        .items
+    )
+    assert len(events) == 1 and events[0].reason == "InvalidParameters"
+
+
 def test_the_operator_serves_liveness_and_its_own_metrics(operator, env, namespace):
     pool = make_pool(env, namespace, [("H100-SXM", "eu", 1, [0.95])])
     submit(pool, "metered", **CHAT)
