@@ -57,7 +57,7 @@ from sovereignspec.operator.dispatch_record import (
 )
 from sovereignspec.operator.identity import operator_identity
 from sovereignspec.operator.informer import DispatchCache, rv_int
-from sovereignspec.operator.objects import AdmissionCheckView, labels_by_name
+from sovereignspec.operator.objects import AdmissionCheckView, MultiKueueStatus, labels_by_name
 from sovereignspec.operator.policy import GROUP, PLURAL, VERSION, PolicySpec
 from sovereignspec.operator.requests import declared_request, learned_alpha
 from sovereignspec.operator.role import Role, Settings, TickReport
@@ -145,12 +145,10 @@ class DispatchController(Role):
         there (clusterName) or nominated to it alone and waiting for its admission."""
         out: dict[str, int] = {}
         for wl in self.cache.workloads.items():
-            status = wl.get("status") or {}
             if not condition(wl, "QuotaReserved") or condition(wl, "Finished"):
                 continue
-            nominated = status.get("nominatedClusterNames") or []
-            where = status.get("clusterName") or (nominated[0] if len(nominated) == 1 else None)
-            if not isinstance(where, str):
+            where = MultiKueueStatus.of(wl).where
+            if where is None:
                 continue
             try:
                 gpus = requested_gpus(wl)
@@ -340,7 +338,7 @@ class DispatchController(Role):
             if not pool:
                 out.append(self._wait(wl, entry, "no MultiKueue check of its ClusterQueue lists a worker"))
                 continue
-            nominated = [str(n) for n in (wl.get("status") or {}).get("nominatedClusterNames") or []]
+            nominated = list(MultiKueueStatus.of(wl).nominated)
             if entry.get("state") == "Ready":
                 why = admissible_nomination(request, nominated, workers, policy.jurisdiction_label)
                 if why is not None:
@@ -369,19 +367,16 @@ class DispatchController(Role):
             entry = our_entry(wl, checks)
             if entry is None or not condition(wl, "QuotaReserved"):
                 continue
-            status = wl.get("status") or {}
-            if status.get("clusterName") or condition(wl, "Finished"):
+            mk = MultiKueueStatus.of(wl)
+            if mk.cluster or condition(wl, "Finished"):
                 continue
-            if entry.get("state") != "Pending" and not (
-                entry.get("state") == "Ready" and status.get("nominatedClusterNames")
-            ):
+            if entry.get("state") != "Pending" and not (entry.get("state") == "Ready" and mk.nominated):
                 continue
             k = key_of(wl)
             if k in self._conflicted and self._conflicted[k] == rv_int(wl):
                 continue
             self._conflicted.pop(k, None)
-            names = [str(e.get("name")) for e in status.get("admissionChecks") or []]
-            pool = sorted({c for name in names if name in configs for c in configs[name]})
+            pool = sorted({c for name in mk.checks if name in configs for c in configs[name]})
             pending.append((wl, entry, pool))
         return pending
 

@@ -238,3 +238,30 @@ def flavors_of(
         labels[name] = {str(k): str(v) for k, v in (spec.get("nodeLabels") or {}).items()}
         tolerations[name] = list(spec.get("tolerations") or [])
     return labels, tolerations
+
+
+@dataclass(frozen=True, slots=True)
+class MultiKueueStatus:
+    """Where MultiKueue has a manager's Workload: the worker that admitted it, the workers
+    nominated for it, and the admission checks its ClusterQueue puts on it."""
+
+    cluster: str | None  # status.clusterName: the worker it runs on
+    nominated: tuple[str, ...]  # status.nominatedClusterNames
+    checks: tuple[str, ...]  # status.admissionChecks[].name
+
+    @property
+    def where(self) -> str | None:
+        """The worker whose GPUs it holds: where it was admitted, else the one worker it was
+        nominated to alone (and waits for); None while it may go to several or none."""
+        return self.cluster or (self.nominated[0] if len(self.nominated) == 1 else None)
+
+    @classmethod
+    def of(cls, wl: Mapping[str, Any]) -> MultiKueueStatus:
+        status = wl.get("status") or {}
+        cluster = status.get("clusterName")
+        entries = status.get("admissionChecks") or []
+        return cls(
+            cluster=cluster if isinstance(cluster, str) and cluster else None,
+            nominated=tuple(n for n in status.get("nominatedClusterNames") or [] if isinstance(n, str)),
+            checks=tuple(str(e.get("name")) for e in entries if isinstance(e, dict)),
+        )

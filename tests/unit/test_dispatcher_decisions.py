@@ -244,3 +244,18 @@ _POLICY = parse_policy("p", {"telemetry": {"source": "none"}})
 class _Namespaces:
     def items(self) -> list[dict[str, Any]]:
         return [{"metadata": {"name": n, "labels": labels}} for n, labels in NAMESPACES.items()]
+
+
+def test_a_workers_committed_gpus_are_those_admitted_there_or_nominated_to_it_alone(controller):
+    reserved = {"type": "QuotaReserved", "status": "True"}
+    done = {"type": "Finished", "status": "True"}
+    for wl in (
+        workload("admitted", "team-eu", clusterName="worker-eu"),
+        workload("waiting", "team-eu", nominatedClusterNames=["worker-eu"]),
+        workload("either", "team-eu", nominatedClusterNames=["worker-eu", "worker-kr"]),  # not yet one's
+        workload("finished", "team-kr", clusterName="worker-kr", conditions=[reserved, done]),
+        workload("no-quota", "team-kr", clusterName="worker-kr", conditions=[]),
+        workload("kr", "team-kr", clusterName="worker-kr"),
+    ):
+        controller.cache.workloads.put(wl)
+    assert controller._committed() == {"worker-eu": 2, "worker-kr": 1}

@@ -8,7 +8,14 @@ from typing import Any
 import pytest
 
 from sovereignspec.operator.audit import workload_fields
-from sovereignspec.operator.objects import MAX_NODE_GPUS, NodeView, PodView, Taint, controlling_owner
+from sovereignspec.operator.objects import (
+    MAX_NODE_GPUS,
+    MultiKueueStatus,
+    NodeView,
+    PodView,
+    Taint,
+    controlling_owner,
+)
 from sovereignspec.operator.world import World
 
 
@@ -156,3 +163,14 @@ def test_a_pods_end_is_its_containers_last_finish() -> None:
         True,
     )
     assert PodView.of(pod()).finished_at is None
+
+
+def test_a_multikueue_status_says_where_a_workload_holds_gpus() -> None:
+    admitted = MultiKueueStatus.of({"status": {"clusterName": "eu", "nominatedClusterNames": ["eu", "kr"]}})
+    assert admitted.where == "eu"
+    assert MultiKueueStatus.of({"status": {"nominatedClusterNames": ["kr"]}}).where == "kr"
+    assert MultiKueueStatus.of({"status": {"nominatedClusterNames": ["eu", "kr"]}}).where is None
+    odd = MultiKueueStatus.of({"status": {"clusterName": "", "nominatedClusterNames": [3, "kr"],
+                                          "admissionChecks": [{"name": "mk"}, "junk"]}})  # fmt: skip
+    assert (odd.cluster, odd.nominated, odd.checks, odd.where) == (None, ("kr",), ("mk",), "kr")
+    assert MultiKueueStatus.of({}) == MultiKueueStatus(None, (), ())
