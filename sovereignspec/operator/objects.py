@@ -4,7 +4,8 @@ object, already normalised; code past the border reads fields, never `obj["metad
 
 Nodes (read for every workload's pool, the ledger's reach, the cluster's capacity, TAS domains, the
 sovereignty watch and the record) and bound Pods (read by the ledger, the sovereignty watch and the
-record) have views; Workloads are still read as dicts (docs/architecture.md)."""
+record) have views, and so do AdmissionChecks (both roles) and a manager Workload's MultiKueue
+fields (the dispatcher); Workloads themselves are still read as dicts (docs/architecture.md)."""
 
 from __future__ import annotations
 
