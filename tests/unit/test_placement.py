@@ -10,7 +10,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from benchmarks.reference import reference_tick
-from sovereignspec.core.cluster import ClusterView, GpuState, NodeState, PlacerSettings, WorkloadRequest
+from sovereignspec.core.cluster import (
+    ClusterView,
+    GpuState,
+    NodeState,
+    Placement,
+    PlacerSettings,
+    WorkloadRequest,
+)
 from sovereignspec.core.placement import Placer
 from sovereignspec.core.running import Reevaluation
 from sovereignspec.core.sovereignty import DEFAULT_JURISDICTION_LABEL as JUR
@@ -866,6 +873,7 @@ def test_pods_on_an_assignment_share_the_lowest_gamma_any_got_and_an_empty_one_w
         (NodeState("n", {}, 8), "free_gpus"),
         (ClusterView([], []), "nodes"),
         (Reevaluation(1, 1.2, 1.1), "gamma_now"),
+        (Placement("ns/w", "n", 0, 2, None), "gamma"),  # type: ignore[arg-type]  # the record is not read
     ],
 )
 def test_what_a_decision_reads_and_says_is_immutable(value: object, field: str) -> None:
