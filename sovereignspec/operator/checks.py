@@ -14,7 +14,7 @@ from sovereignspec.core.specs import ProfileSet
 from sovereignspec.operator.informer import Informer
 from sovereignspec.operator.objects import AdmissionCheckView
 from sovereignspec.operator.policy import GROUP, KIND, PolicySpec, parse_policy
-from sovereignspec.operator.writer import API_ERRORS, MESSAGE_LIMIT, ConflictError, Writer
+from sovereignspec.operator.writer import API_ERRORS, ConflictError, Writer, as_written
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ class CheckReconciler:
             want = "True" if ok else "False"
             # Compared as written: a longer message is cut there, and the cut one read back must
             # not look changed (it would be written again, with a Warning Event, every tick).
-            written = (want, reason, message[:MESSAGE_LIMIT])
+            written = (want, reason, as_written(message))
             if (
                 ac.active is not None
                 and ac.active_seen == written

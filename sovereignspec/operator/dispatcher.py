@@ -76,7 +76,7 @@ from sovereignspec.operator.workloads import (
     requested_gpus,
 )
 from sovereignspec.operator.world import tenancy_of
-from sovereignspec.operator.writer import TRANSPORT_ERRORS, ConflictError, now_rfc3339
+from sovereignspec.operator.writer import TRANSPORT_ERRORS, ConflictError, as_written, now_rfc3339
 from sovereignspec.telemetry.snapshot import Snapshot
 
 log = logging.getLogger(__name__)
@@ -449,8 +449,8 @@ class DispatchController(Role):
 
     def _write_one(self, d: Decision) -> str:
         k = key_of(d.wl)
-        if d.state == "Pending" and d.entry.get("message") == d.message:
-            return "unchanged"  # a wait already said: no write, no Event
+        if d.state == "Pending" and d.entry.get("message") == as_written(d.message):
+            return "unchanged"  # a wait already said (as written: cut to the limit): no write, no Event
         try:
             written = self.writer.check_state(
                 d.wl, d.check, d.state, d.message, d.entry,

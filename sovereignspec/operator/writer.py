@@ -27,6 +27,13 @@ EVENT_LIMIT = 1000
 WRITE_SECONDS = 10.0  # the longest a status write may take, client and server side
 
 
+def as_written(message: str) -> str:
+    """A check entry's or condition's message as we write it, and so as it reads back: what a
+    decision compares with what is there (an uncut longer one never matches, and is written again
+    every tick)."""
+    return message[:MESSAGE_LIMIT]
+
+
 def now_rfc3339() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -50,7 +57,7 @@ def check_entry_apply(
     entry: dict[str, Any] = {
         "name": check,
         "state": state,
-        "message": message[:MESSAGE_LIMIT],
+        "message": as_written(message),
         "lastTransitionTime": now if changed else previous["lastTransitionTime"],  # type: ignore[index]
     }
     if pod_set_updates is not None:
@@ -192,7 +199,7 @@ class Writer:
                         "type": "Active",
                         "status": "True" if active else "False",
                         "reason": reason,
-                        "message": message[:MESSAGE_LIMIT],
+                        "message": as_written(message),
                         "lastTransitionTime": now_rfc3339(),
                         "observedGeneration": generation,
                     }

@@ -259,3 +259,26 @@ def test_a_workers_committed_gpus_are_those_admitted_there_or_nominated_to_it_al
     ):
         controller.cache.workloads.put(wl)
     assert controller._committed() == {"worker-eu": 2, "worker-kr": 1}
+
+
+def test_a_long_wait_already_said_is_not_written_again(controller, monkeypatch):
+    """A check entry keeps 1,024 characters of a longer message; read back, the cut message must
+    not look changed (a hold was written again, with its Warning Event, every tick)."""
+    from sovereignspec.operator.writer import MESSAGE_LIMIT
+
+    writes: list[str] = []
+
+    def check_state(wl: dict[str, Any], check: str, state: str, message: str, *_: Any, **__: Any) -> dict:
+        writes.append(message)
+        return wl
+
+    monkeypatch.setattr(controller.writer, "check_state", check_state)
+    monkeypatch.setattr(controller.writer, "event", lambda *a, **k: writes.append("event"))
+    why = "worker-x: jurisdiction " * 100  # a pool of many workers, each named with why it is out
+    assert len(why) > MESSAGE_LIMIT
+    said = {"name": CHECK, "state": "Pending", "message": f"held back: {why}"[:MESSAGE_LIMIT]}
+    wl = workload("a", "team-kr", admissionChecks=[said, {"name": MK, "state": "Pending"}])
+    d = controller._hold(wl, said, why)
+    assert controller._write_one(d) == "unchanged" and writes == []
+    other = {**said, "message": said["message"][:-1] + "?"}
+    assert controller._write_one(replace(d, entry=other)) != "unchanged" and len(writes) == 2  # status, Event
