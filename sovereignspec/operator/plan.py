@@ -20,9 +20,7 @@ from sovereignspec.operator import annotations as ann
 from sovereignspec.operator.policy import PolicySpec
 from sovereignspec.operator.requests import PendingWorkload
 from sovereignspec.operator.view import View
-
-MESSAGE_LIMIT = 1024  # admission-check messages; the Event carries the rest
-EVENT_LIMIT = 1000
+from sovereignspec.operator.workloads import EVENT_LIMIT, MESSAGE_LIMIT
 
 
 @dataclass(frozen=True)

@@ -16,10 +16,11 @@ from kubernetes.client.exceptions import ApiException
 from sovereignspec.operator import metrics
 from sovereignspec.operator.audit import AuditLog, ignored_fact
 from sovereignspec.operator.ledger import Committed
-from sovereignspec.operator.plan import EVENT_LIMIT, MESSAGE_LIMIT, EventNote, Write, shorten
+from sovereignspec.operator.plan import EventNote, Write, shorten
 from sovereignspec.operator.policy import PolicySpec
 from sovereignspec.operator.view import View
 from sovereignspec.operator.violations import Ignored, ignored, violations
+from sovereignspec.operator.workloads import EVENT_LIMIT, MESSAGE_LIMIT
 from sovereignspec.operator.world import World
 from sovereignspec.operator.writer import now_rfc3339
 

@@ -14,6 +14,10 @@ from typing import Any
 from sovereignspec.operator import kinds
 
 GPU_RESOURCE = "nvidia.com/gpu"
+# What a check entry's or an AdmissionCheck condition's message holds, and an Event's: decisions
+# shorten to them, the writer cuts to them, and what is read back is compared as written.
+MESSAGE_LIMIT = 1024
+EVENT_LIMIT = 1000
 
 _QUANTITY_RE = re.compile(
     r"([+-]?)([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE])|[eE]([+-]?[0-9]+))?", re.ASCII

@@ -18,12 +18,11 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from sovereignspec.operator import metrics
+from sovereignspec.operator.workloads import EVENT_LIMIT, MESSAGE_LIMIT
 
 log = logging.getLogger(__name__)
 
 KUEUE = "kueue.x-k8s.io/v1beta2"
-MESSAGE_LIMIT = 1024  # keep admission-check messages short; the Event carries the rest
-EVENT_LIMIT = 1000
 WRITE_SECONDS = 10.0  # the longest a status write may take, client and server side
 
 

@@ -12,7 +12,8 @@ from kubernetes import client
 from sovereignspec.operator.checks import POLICY_GRACE_SECONDS, CheckReconciler
 from sovereignspec.operator.informer import Informer
 from sovereignspec.operator.objects import AdmissionCheckView
-from sovereignspec.operator.writer import MESSAGE_LIMIT, ConflictError
+from sovereignspec.operator.workloads import MESSAGE_LIMIT
+from sovereignspec.operator.writer import ConflictError
 from sovereignspec.profiles import load_profiles
 
 OURS = "sovereignspec.io/speculation"

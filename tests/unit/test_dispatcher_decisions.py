@@ -264,7 +264,7 @@ def test_a_workers_committed_gpus_are_those_admitted_there_or_nominated_to_it_al
 def test_a_long_wait_already_said_is_not_written_again(controller, monkeypatch):
     """A check entry keeps 1,024 characters of a longer message; read back, the cut message must
     not look changed (a hold was written again, with its Warning Event, every tick)."""
-    from sovereignspec.operator.writer import MESSAGE_LIMIT
+    from sovereignspec.operator.workloads import MESSAGE_LIMIT
 
     writes: list[str] = []
 

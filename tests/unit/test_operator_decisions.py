@@ -16,8 +16,8 @@ from sovereignspec.core.specs import ProfileSet
 from sovereignspec.operator import annotations as ann
 from sovereignspec.operator.plan import Write, plan
 from sovereignspec.operator.view import View, build
-from sovereignspec.operator.workloads import owner_metadata
-from sovereignspec.operator.writer import KUEUE, MESSAGE_LIMIT, check_entry_apply
+from sovereignspec.operator.workloads import MESSAGE_LIMIT, owner_metadata
+from sovereignspec.operator.writer import KUEUE, check_entry_apply
 from sovereignspec.profiles import load_profiles
 from sovereignspec.telemetry.snapshot import Snapshot
 from tests.engine_keys import OUT_SGLANG, OUT_VLLM
