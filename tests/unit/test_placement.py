@@ -653,6 +653,16 @@ def test_a_reading_exactly_at_the_uncertainty_is_called_saturated(profiles):
     assert p.record.reason == "no γ raises the GPU's token rate at this headroom (saturated): plain decode"
 
 
+def test_a_full_node_with_one_gpu_that_holds_the_model_is_excluded_as_full_not_as_too_small(profiles):
+    # Where the model fits is counted per node over its GPUs: one that fits is enough.
+    nodes = [NodeState("a-one", {JUR: "eu"}, 0, capacity=1, tenants=frozenset({"other"})),
+             NodeState("b-free", {JUR: "eu"}, 1, capacity=1)]  # fmt: skip
+    gpus = [GpuState("a-one", 0, "H100-SXM", 0.5), GpuState("b-free", 0, "H100-SXM", 1.0)]
+    p = Placer(profiles, ClusterView(nodes, gpus)).place(wl())
+    assert p.node == "b-free"
+    assert p.record.excluded == {"a-one": "capacity: not enough free GPUs"}
+
+
 def test_a_node_whose_gpus_cannot_hold_the_model_is_excluded_saying_so(profiles):
     # A GPU type too small for the model at any tensor-parallel degree (no shipped pair is).
     h100 = profiles.gpus["H100-SXM"]
