@@ -1110,6 +1110,10 @@ def test_the_dispatcher_role_installed_from_the_chart_nominates_a_worker_under_i
     fields = ("resource", "subresource", "name")
     writes = [e for e in events if e["user"].get("username") == me and e["verb"] == "patch"
               and tuple(e["objectRef"].get(f) for f in fields) == target]  # fmt: skip
-    assert writes and all(e["responseStatus"]["code"] < 400 for e in writes), writes
+    # Accepted, and never refused or invalid. A 409 is the resourceVersion guard losing a race
+    # with Kueue's own status write (the seal or a first wait landing as Kueue admits): designed,
+    # decided again from the next version; it failed this assertion once in CI (2026-12-07).
+    codes = [e["responseStatus"]["code"] for e in writes]
+    assert any(c < 400 for c in codes) and all(c < 400 or c == 409 for c in codes), writes
     lease = client.CoordinationV1Api(cluster).read_namespaced_lease(DISPATCH_RELEASE, DISPATCH_NS)
     assert lease.spec.holder_identity.rpartition("_")[0] in {p.metadata.name for p in pods()}
