@@ -250,3 +250,12 @@ def test_one_pod_set_of_pods_over_nodes_is_still_pinned_by_its_jurisdiction() ->
     assert write.state == "Ready", write.message
     (update,) = write.pod_set_updates or []
     assert "kubernetes.io/hostname" not in update["nodeSelector"], update
+
+
+def test_a_group_of_one_gpu_pods_on_one_gpu_nodes_pins_each_pod_set_to_its_node() -> None:
+    # One GPU a pod is still a pod set's own node each (the smallest share it takes).
+    narrow = chat("lws-narrow-0").gpus("1").leader_and_workers(1).obj()
+    (write,) = decide_on([narrow], [node(f"eu-{i}", "eu", gpus=1) for i in (1, 2)])
+    assert write.state == "Ready", write.message
+    hosts = {u["nodeSelector"].get("kubernetes.io/hostname") for u in write.pod_set_updates or []}
+    assert hosts == {"eu-1", "eu-2"}, write.pod_set_updates
