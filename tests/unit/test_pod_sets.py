@@ -259,3 +259,15 @@ def test_a_group_of_one_gpu_pods_on_one_gpu_nodes_pins_each_pod_set_to_its_node(
     assert write.state == "Ready", write.message
     hosts = {u["nodeSelector"].get("kubernetes.io/hostname") for u in write.pod_set_updates or []}
     assert hosts == {"eu-1", "eu-2"}, write.pod_set_updates
+
+
+def test_a_pod_set_of_several_pods_goes_to_a_node_with_room_for_all_of_them() -> None:
+    # The leader takes eu-1; the worker's two pods of 4 GPUs fit eu-3 together, not eu-2 (room
+    # for one, and first in node order): pinned there, not spread by the jurisdiction's label.
+    group = chat("lws-room-0").gpus("4").leader_and_workers(2).obj()
+    (write,) = decide_on(
+        [group], [node("eu-1", "eu", gpus=4), node("eu-2", "eu", gpus=4), node("eu-3", "eu", gpus=8)]
+    )
+    assert write.state == "Ready", write.message
+    hosts = [u["nodeSelector"].get("kubernetes.io/hostname") for u in write.pod_set_updates or []]
+    assert hosts == ["eu-1", "eu-3"], write.pod_set_updates
