@@ -262,12 +262,14 @@ def test_a_group_of_one_gpu_pods_on_one_gpu_nodes_pins_each_pod_set_to_its_node(
 
 
 def test_a_pod_set_of_several_pods_goes_to_a_node_with_room_for_all_of_them() -> None:
-    # The leader takes eu-1; the worker's two pods of 4 GPUs fit eu-3 together, not eu-2 (room
+    # The leader takes eu-1; the worker's three pods of 4 GPUs fit eu-3 together, not eu-2 (room
     # for one, and first in node order): pinned there, not spread by the jurisdiction's label.
-    group = chat("lws-room-0").gpus("4").leader_and_workers(2).obj()
+    group = chat("lws-room-0").gpus("4").leader_and_workers(3).obj()
     (write,) = decide_on(
-        [group], [node("eu-1", "eu", gpus=4), node("eu-2", "eu", gpus=4), node("eu-3", "eu", gpus=8)]
+        [group], [node("eu-1", "eu", gpus=4), node("eu-2", "eu", gpus=4), node("eu-3", "eu", gpus=12)]
     )
     assert write.state == "Ready", write.message
     hosts = [u["nodeSelector"].get("kubernetes.io/hostname") for u in write.pod_set_updates or []]
     assert hosts == ["eu-1", "eu-3"], write.pod_set_updates
+    # Every pod, each on GPUs of its own (each pod committed before the next is placed).
+    assert sorted(write.placed) == ["eu-1/gpu0", "eu-3/gpu0", "eu-3/gpu1", "eu-3/gpu2"]
