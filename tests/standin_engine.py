@@ -5,7 +5,8 @@ It serves what `sovereignspec profile` reads from vLLM: `GET /v1/models`, stream
 and `GET /metrics` with `vllm:num_requests_running` and `vllm:kv_cache_usage_perc`. One engine
 thread runs continuous batching: new requests are prefilled together in one step, then every
 running request decodes one token per step; steps are scheduled on absolute deadlines, so the
-work of handing tokens out does not add to the step time clients see.
+work of handing tokens out does not add to the step time clients see. `GET /stand-in/steps` gives
+the decode steps it really took (and starts a fresh log), for tests that hold a measurement to them.
 """
 
 from __future__ import annotations
@@ -49,6 +50,9 @@ class StandInEngine:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.steps = 0
+        # (when its tokens went out, batch, mean context, the step it meant to take) for every decode
+        # step: what the engine really did, which a loaded machine can make differ from the formula.
+        self.step_log: list[tuple[float, int, float, float]] = []
         engine = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -69,6 +73,10 @@ class StandInEngine:
                     self._send(200, json.dumps({"object": "list", "data": [{"id": engine.model}]}).encode())
                 elif self.path == "/metrics":
                     self._send(200, engine.metrics().encode(), "text/plain; version=0.0.4")
+                elif self.path == "/stand-in/steps":  # the log so far, and a fresh one from here
+                    with engine._lock:
+                        log, engine.step_log = engine.step_log, []
+                    self._send(200, json.dumps(log).encode())
                 else:
                     self._send(404, b'{"error": "not found"}')
 
@@ -162,6 +170,9 @@ class StandInEngine:
             while (left := deadline - time.perf_counter()) > 0:
                 time.sleep(min(left, 0.01))
             self.steps += 1
+            if not new:
+                with self._lock:
+                    self.step_log.append((time.perf_counter(), len(running), ctx, step))
             for r in new if new else running:
                 r.generated += 1
                 done = r.generated >= r.max_tokens
