@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from sovereignspec.core.budget import engine_budget
 from sovereignspec.core.cluster import Placement
@@ -100,17 +101,14 @@ def plan(policy_name: str, spec: PolicySpec, view: View, profiles: ProfileSet, s
     return writes
 
 
+def _write(p: PendingWorkload, state: str, message: str, **rest: Any) -> Write:
+    """`p`'s check entry set to `state`, the message cut to what the entry holds."""
+    return Write(p.key, p.workload, p.check, p.entry, state, shorten(message, MESSAGE_LIMIT), **rest)
+
+
 def _rejected(p: PendingWorkload, why: str, detail: str) -> Write:
-    return Write(
-        p.key,
-        p.workload,
-        p.check,
-        p.entry,
-        "Rejected",
-        shorten(why, MESSAGE_LIMIT),
-        events=[EventNote("Rejected", shorten(why + detail, EVENT_LIMIT), True)],
-        outcome="rejected",
-    )
+    events = [EventNote("Rejected", shorten(why + detail, EVENT_LIMIT), True)]
+    return _write(p, "Rejected", why, events=events, outcome="rejected")
 
 
 def _backoff(entry: Mapping[str, object], spec: PolicySpec) -> tuple[int, int]:
@@ -178,17 +176,7 @@ def _decided(
                 "priority and preemption for this queue, or more nodes in its flavor"
             )
             events.append(EventNote("ExclusiveWaiting", shorten(lever, EVENT_LIMIT), True))
-        return Write(
-            p.key,
-            p.workload,
-            p.check,
-            p.entry,
-            "Retry",
-            shorten(message, MESSAGE_LIMIT),
-            requeue_after=after,
-            events=events,
-            outcome="retry",
-        )
+        return _write(p, "Retry", message, requeue_after=after, events=events, outcome="retry")
     return _rejected(p, f"rejected: {record.reason}", _excluded_text(record))
 
 
@@ -316,13 +304,10 @@ def _placed(
         *_placement_events(p, record),
     ]
     problems = p.declared.performance_problems
-    return Write(
-        p.key,
-        p.workload,
-        p.check,
-        p.entry,
+    return _write(
+        p,
         "Ready",
-        shorten(message, MESSAGE_LIMIT),
+        message,
         pod_set_updates=updates,
         events=events,
         outcome="placed",
