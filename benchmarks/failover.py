@@ -33,7 +33,7 @@ from localdev import kueue as k
 from localdev.gpunodes import apply_node, server_side_apply
 from localdev.operator import OperatorProcess, SyntheticTelemetry, install, policy, service_account_kubeconfig
 from localdev.prometheus import LocalPrometheus
-from sovereignspec.operator.leader import LeaseRecord
+from sovereignspec.operator.runtime.leader import LeaseRecord
 
 WORKLOADS = 5000
 GPUS_PER_NODE = 8

@@ -80,7 +80,7 @@ def unrecorded_kubeconfig(api: client.ApiClient, namespace: str) -> Any:
 
 def record_bytes(api: client.ApiClient) -> tuple[int, int]:
     """(bytes, decision records) of the record in the cluster: each record as its segment holds it."""
-    from sovereignspec.operator.audit import read_segments
+    from sovereignspec.operator.roles.audit import read_segments
 
     records = [r for s in read_segments(client.CustomObjectsApi(api)) for r in s["records"]]
     size = sum(len(json.dumps(r, separators=(",", ":")).encode()) for r in records)

@@ -26,10 +26,10 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from sovereignspec.operator.plan import plan
-from sovereignspec.operator.policy import PolicySpec
-from sovereignspec.operator.view import build
-from sovereignspec.operator.world import World
+from sovereignspec.operator.border.policy import PolicySpec
+from sovereignspec.operator.border.world import World
+from sovereignspec.operator.decision.plan import plan
+from sovereignspec.operator.decision.view import build
 from sovereignspec.profiles import load_profiles
 from sovereignspec.telemetry.snapshot import GpuReading, Snapshot
 

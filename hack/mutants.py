@@ -46,14 +46,14 @@ FILES = [
     # Decides whenever few GPUs are stale; the sovereignty filter; the operator's whole decision.
     "sovereignspec/core/scalar.py",
     "sovereignspec/core/sovereignty.py",
-    "sovereignspec/operator/plan.py",
+    "sovereignspec/operator/decision/plan.py",
 ]
 # Fast and sharp first: `-x` stops at the first failure, so most mutants die in seconds.
 TESTS = [
     "tests/unit/test_sovereignty.py",  # first: the filter's own table, 1 s, kills its mutants at once
     "tests/unit/test_budget.py",  # the draft budget handed to engines, 1 s
     "tests/unit/test_choosing.py",  # which GPU among the admissible, over hand-made figures, 1 s
-    # operator/plan.py's own: messages and borders, node constraints, pod sets, the decision
+    # operator/decision/plan.py's own: messages and borders, node constraints, pod sets, the decision
     # record, the tick's limit, transport errors, the informer's view (1-3 s each)
     "tests/unit/test_borders.py",
     "tests/unit/test_node_constraints.py",

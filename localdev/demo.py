@@ -21,7 +21,7 @@ from localdev import controlplane, kueue
 from localdev.gpunodes import EXAMPLES, apply_examples, documents, server_side_apply
 from localdev.operator import OperatorProcess, SyntheticTelemetry, install
 from localdev.prometheus import LocalPrometheus
-from sovereignspec.operator.plan import shorten
+from sovereignspec.operator.decision.plan import shorten
 
 NAMESPACE = "llm-serving"
 CONTROLLER = "sovereignspec.io/speculation"

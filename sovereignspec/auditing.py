@@ -23,7 +23,7 @@ from typing import Any, cast
 
 from sovereignspec.arguments import bounded_int
 from sovereignspec.errors import ConfigError
-from sovereignspec.operator import record
+from sovereignspec.operator.roles import record
 
 KUEUE = ("kueue.x-k8s.io", "v1beta2", "workloads")
 
@@ -79,7 +79,7 @@ def add_parser(sub: Any) -> None:
 def _segments(api: Any) -> list[dict[str, Any]]:
     from kubernetes import client
 
-    from sovereignspec.operator.audit import read_segments
+    from sovereignspec.operator.roles.audit import read_segments
 
     return read_segments(client.CustomObjectsApi(api))
 
@@ -89,7 +89,7 @@ def _admitted(api: Any) -> dict[str, str]:
     by UID."""
     from kubernetes import client
 
-    from sovereignspec.operator.violations import decided_mode
+    from sovereignspec.operator.decision.violations import decided_mode
 
     found = cast(dict[str, Any], client.CustomObjectsApi(api).list_cluster_custom_object(*KUEUE))
     out = {}
@@ -230,7 +230,7 @@ def _reading(command: str, where: str) -> Iterator[None]:
     from kubernetes.client.exceptions import ApiException
     from kubernetes.config.config_exception import ConfigException
 
-    from sovereignspec.operator.audit import StoreRefusedError
+    from sovereignspec.operator.roles.audit import StoreRefusedError
 
     try:
         yield
@@ -246,8 +246,8 @@ def _copy(args: argparse.Namespace) -> int:
     """`audit copy`: the cluster's segments into the bucket, each under the bucket's retention and
     as it was (records, digests, writer), after the segments the bucket already holds, which must
     be the same chain's first ones. The chain is verified first: a broken one is not copied."""
-    from sovereignspec.operator.audit import bucket_store
-    from sovereignspec.operator.process import api_client
+    from sovereignspec.operator.roles.audit import bucket_store
+    from sovereignspec.operator.roles.process import api_client
 
     store = bucket_store(args)
     if store is None:
@@ -279,9 +279,9 @@ def _copy(args: argparse.Namespace) -> int:
 
 
 def command(args: argparse.Namespace) -> int:
-    from sovereignspec.operator.audit import bucket_store
-    from sovereignspec.operator.bucket import BucketStore
-    from sovereignspec.operator.process import api_client
+    from sovereignspec.operator.roles.audit import bucket_store
+    from sovereignspec.operator.roles.bucket import BucketStore
+    from sovereignspec.operator.roles.process import api_client
 
     checking = args.audit_command == "verify"
     if args.audit_command == "copy":

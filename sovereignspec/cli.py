@@ -286,7 +286,7 @@ def _operator_parser(sub: Subparsers) -> None:
 
 
 def _operator(args: argparse.Namespace) -> int:
-    from sovereignspec.operator.process import run
+    from sovereignspec.operator.roles.process import run
 
     return run(args)
 

@@ -1,4 +1,4 @@
-"""The annotation keys a decision is handed in: written by the operator (`operator/annotations.py`,
+"""The annotation keys a decision is handed in: written by the operator (`operator/border/annotations.py`,
 the engine modules) and read inside the engine's container by `sovereignspec launch`, which runs
 with the standard library only. `launch --install` writes this module's definitions into the one
 file it installs, so both sides read the same names from here.

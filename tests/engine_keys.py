@@ -2,7 +2,7 @@
 in `sovereignspec.engines` names)."""
 
 from sovereignspec.engines import sglang, vllm
-from sovereignspec.operator.annotations import PREFIX
+from sovereignspec.operator.border.annotations import PREFIX
 
 OUT_VLLM = PREFIX + vllm.CONFIG
 OUT_SGLANG = PREFIX + sglang.ARGS

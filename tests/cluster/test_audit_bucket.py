@@ -26,11 +26,11 @@ from localdev import controlplane
 from localdev.operator import OperatorProcess
 from localdev.s3 import LocalS3
 from sovereignspec.auditing import _rewrites
-from sovereignspec.operator import record
-from sovereignspec.operator.audit import SEGMENT_RECORDS, AuditLog, ahead, read_segments
-from sovereignspec.operator.bucket import BucketStore
-from sovereignspec.operator.plan import Write
-from sovereignspec.operator.world import World
+from sovereignspec.operator.border.world import World
+from sovereignspec.operator.decision.plan import Write
+from sovereignspec.operator.roles import record
+from sovereignspec.operator.roles.audit import SEGMENT_RECORDS, AuditLog, ahead, read_segments
+from sovereignspec.operator.roles.bucket import BucketStore
 from tests.cluster.auditing import audit, mine
 from tests.cluster.operator_env import (
     admitted_job,

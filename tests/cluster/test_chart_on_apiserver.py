@@ -9,7 +9,7 @@ import yaml
 
 from localdev import controlplane
 from localdev.operator import install
-from sovereignspec.operator.policy import parse_policy
+from sovereignspec.operator.border.policy import parse_policy
 from tests.unit.test_chart import _helm_path, render
 
 

@@ -31,9 +31,9 @@ from localdev import kueue as k
 from localdev.cutting_proxy import CuttingProxy
 from localdev.gpunodes import server_side_apply
 from localdev.operator import OperatorProcess, policy, service_account_kubeconfig
-from sovereignspec.operator.leader import LeaderElector, LeaseRecord
-from sovereignspec.operator.role import DECISION_REASONS
-from sovereignspec.operator.writer import NotLeaderError
+from sovereignspec.operator.roles.role import DECISION_REASONS
+from sovereignspec.operator.runtime.leader import LeaderElector, LeaseRecord
+from sovereignspec.operator.runtime.writer import NotLeaderError
 from tests.cluster.auditing import audit, mine
 from tests.cluster.conftest import wait_until
 from tests.cluster.operator_env import decided, events, make_pool, our_entry, submit, workload_of

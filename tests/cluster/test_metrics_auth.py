@@ -126,7 +126,7 @@ def test_stalled_connections_and_bogus_tokens_are_bounded_and_a_reader_is_still_
     # per stalled connection, held for ever, a traceback per client that went away.
     from concurrent.futures import ThreadPoolExecutor
 
-    from sovereignspec.operator.secure_metrics import IDLE_SECONDS, MAX_CONNECTIONS
+    from sovereignspec.operator.runtime.secure_metrics import IDLE_SECONDS, MAX_CONNECTIONS
 
     port, pid = secure_operator.metrics_port, secure_operator.proc.pid
     good = reader_token(api, namespace, unique)

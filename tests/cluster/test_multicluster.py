@@ -24,8 +24,8 @@ from localdev import controlplane
 from localdev import kueue as k
 from localdev import multicluster as mc
 from localdev.gpunodes import server_side_apply
-from sovereignspec.operator import record
-from sovereignspec.operator.audit import read_segments
+from sovereignspec.operator.roles import record
+from sovereignspec.operator.roles.audit import read_segments
 from tests.cluster.conftest import wait_until
 
 AUDIT, AUDIT_MANAGER, AUDIT_MESSAGE = "audit", "audit-controller", "audited by another controller"

@@ -431,7 +431,7 @@ def test_a_policy_deleted_and_made_again_at_once_never_turns_its_check_inactive(
     import threading
 
     from localdev.operator import policy
-    from sovereignspec.operator.checks import POLICY_GRACE_SECONDS
+    from sovereignspec.operator.roles.checks import POLICY_GRACE_SECONDS
 
     name, check = unique("grace-policy"), unique("grace-check")
     custom = client.CustomObjectsApi(env.api)

@@ -16,8 +16,8 @@ from localdev import controlplane
 from localdev import kueue as k
 from localdev.gpunodes import apply_node, server_side_apply
 from localdev.operator import install, policy
-from sovereignspec.operator.controller import Controller
-from sovereignspec.operator.role import Settings
+from sovereignspec.operator.roles.controller import Controller
+from sovereignspec.operator.roles.role import Settings
 from sovereignspec.profiles import load_profiles
 from tests.cluster.conftest import wait_until
 from tests.cluster.operator_env import decided, make_pool, submit, workload_of
@@ -188,7 +188,7 @@ def _retrying(call: Any, timeout: float = 120.0) -> Any:
 def test_a_stopped_informers_catch_up_ends_with_an_error_instead_of_waiting_for_a_watch(api, namespace):
     """A leader stopping (SIGTERM) while its first catch-up waits: the informer, stopped, will never
     move on, so the catch-up ends at once saying so, and the process is not held until its timeout."""
-    from sovereignspec.operator.informer import Informer
+    from sovereignspec.operator.runtime.informer import Informer
 
     cms = Informer(api, f"/api/v1/namespaces/{namespace}/configmaps", "configmaps")
     cms.stop()  # never listed: its resourceVersion stays behind the API server's
@@ -200,7 +200,7 @@ def test_a_new_leaders_cache_catches_up_with_what_was_written_before_it_led(api,
     """The Informer's `catch_up` (a new leader, before its first decision): its watch of one
     namespace's ConfigMaps is idle, and it still ends holding at least the API server's state when
     it was called, including a ConfigMap written a moment before."""
-    from sovereignspec.operator.informer import Informer
+    from sovereignspec.operator.runtime.informer import Informer
 
     cms = Informer(api, f"/api/v1/namespaces/{namespace}/configmaps", "configmaps")
     core = client.CoreV1Api(api)

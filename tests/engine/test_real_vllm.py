@@ -25,12 +25,12 @@ from kubernetes import client
 from localdev.prometheus import LocalPrometheus
 from sovereignspec.core.calibration import COEFFICIENTS
 from sovereignspec.core.cluster import WorkloadRequest
-from sovereignspec.operator import annotations as ann
-from sovereignspec.operator import metrics
-from sovereignspec.operator.controller import Controller
-from sovereignspec.operator.ledger import Committed, handed
-from sovereignspec.operator.plan import Write, plan
-from sovereignspec.operator.view import build
+from sovereignspec.operator.border import annotations as ann
+from sovereignspec.operator.decision.ledger import Committed, handed
+from sovereignspec.operator.decision.plan import Write, plan
+from sovereignspec.operator.decision.view import build
+from sovereignspec.operator.roles.controller import Controller
+from sovereignspec.operator.runtime import metrics
 from sovereignspec.profiles import load_profiles
 from sovereignspec.telemetry.prometheus import PrometheusReader
 from sovereignspec.telemetry.snapshot import Snapshot
@@ -266,7 +266,7 @@ def test_the_engines_plain_steps_teach_a_wrong_profile_and_the_next_decision_say
     are the learner's readings. What is learned is identified only where the identification says so,
     and the next decision's check message names the profile that priced it and why."""
     from sovereignspec.core.learning import Point
-    from sovereignspec.operator.learning import Learner
+    from sovereignspec.operator.decision.learning import Learner
 
     profiles_dir = local_profiles(tmp_path / "p")
     notes = decide(profiles_dir, "eagle3", BUSY)

@@ -6,9 +6,9 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from sovereignspec.operator import annotations as ann
-from sovereignspec.operator.policy import PolicySpec
-from sovereignspec.operator.world import World
+from sovereignspec.operator.border import annotations as ann
+from sovereignspec.operator.border.policy import PolicySpec
+from sovereignspec.operator.border.world import World
 from sovereignspec.telemetry.snapshot import GpuReading, Snapshot
 
 CHECK = "sovereignspec"
@@ -180,7 +180,7 @@ def policy(**spec: Any) -> PolicySpec:
 def cached_owners(*workloads: dict[str, Any]) -> dict[tuple[str, str, str], dict[str, dict[str, str]]]:
     """`World.owners` with each workload's owner cached, carrying none of our keys (a Job's, a
     LeaderWorkerSet's: their keys are on the Workload's pod templates)."""
-    from sovereignspec.operator.workloads import owner_of
+    from sovereignspec.operator.border.workloads import owner_of
 
     return {
         (wl["metadata"]["namespace"], *owner_of(wl)): {"annotations": {}, "labels": {}} for wl in workloads

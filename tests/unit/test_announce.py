@@ -8,9 +8,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from sovereignspec.operator import role
-from sovereignspec.operator.role import ANNOUNCE_KEYS, Role, _segments
-from sovereignspec.operator.writer import NotLeaderError
+from sovereignspec.operator.roles import role
+from sovereignspec.operator.roles.role import ANNOUNCE_KEYS, Role, _segments
+from sovereignspec.operator.runtime.writer import NotLeaderError
 
 
 def placing(item: str) -> str | None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from sovereignspec.cli import main
-from sovereignspec.operator import record
+from sovereignspec.operator.roles import record
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "audit.md"
 

@@ -7,11 +7,11 @@ from fractions import Fraction
 
 import pytest
 
-from sovereignspec.operator import annotations as ann
-from sovereignspec.operator.plan import shorten
-from sovereignspec.operator.policy import PolicySpec
-from sovereignspec.operator.workloads import UnreadableFieldError, gpu_quantity, parse_quantity
-from sovereignspec.operator.world import tenancy_of
+from sovereignspec.operator.border import annotations as ann
+from sovereignspec.operator.border.policy import PolicySpec
+from sovereignspec.operator.border.workloads import UnreadableFieldError, gpu_quantity, parse_quantity
+from sovereignspec.operator.border.world import tenancy_of
+from sovereignspec.operator.decision.plan import shorten
 from sovereignspec.telemetry.dcgm import parse_exposition
 from sovereignspec.telemetry.snapshot import activity_readings, normalise_activity
 
@@ -233,7 +233,7 @@ def test_liveness_says_only_ok_or_not_and_fails_once_ticks_keep_failing(
 ) -> None:
     import kopf
 
-    from sovereignspec.operator import main
+    from sovereignspec.operator.roles import main
 
     saved = dict(main._Runtime.state)
     try:
@@ -253,9 +253,9 @@ def test_liveness_says_only_ok_or_not_and_fails_once_ticks_keep_failing(
 
 def test_drift_is_reported_once_and_evicts_only_when_the_policy_says_so() -> None:
     from sovereignspec.core.cluster import ClusterView, WorkloadRequest
-    from sovereignspec.operator.ledger import Committed, Drift
-    from sovereignspec.operator.plan import drift_writes
-    from sovereignspec.operator.view import View
+    from sovereignspec.operator.decision.ledger import Committed, Drift
+    from sovereignspec.operator.decision.plan import drift_writes
+    from sovereignspec.operator.decision.view import View
 
     entry = {"name": "c", "state": "Ready", "message": "plain γ=0 on n", "podSetUpdates": [{"name": "main"}]}
     c = Committed(

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from sovereignspec.errors import ConfigError
-from sovereignspec.operator.bucket import BucketStore
+from sovereignspec.operator.roles.bucket import BucketStore
 
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "id", "AWS_SECRET_ACCESS_KEY": "secret"}
 

@@ -400,7 +400,7 @@ def test_prometheus_credentials_are_mounted_from_secrets_and_named_by_path_in_th
     policy = next(d for d in docs if d["kind"] == "SpeculationPolicy")
     client = policy["spec"]["telemetry"]["prometheusClient"]
     assert client == {"authorization": {"credentialsFile": "/etc/sovereignspec/prometheus/token"}}
-    from sovereignspec.operator.policy import parse_policy
+    from sovereignspec.operator.border.policy import parse_policy
 
     assert parse_policy("default", policy["spec"]).telemetry.prometheus_client.authorization is not None
 

@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from sovereignspec.operator.checks import POLICY_GRACE_SECONDS, CheckReconciler
-from sovereignspec.operator.informer import Informer
-from sovereignspec.operator.objects import AdmissionCheckView
-from sovereignspec.operator.workloads import MESSAGE_LIMIT
-from sovereignspec.operator.writer import ConflictError
+from sovereignspec.operator.border.objects import AdmissionCheckView
+from sovereignspec.operator.border.workloads import MESSAGE_LIMIT
+from sovereignspec.operator.roles.checks import POLICY_GRACE_SECONDS, CheckReconciler
+from sovereignspec.operator.runtime.informer import Informer
+from sovereignspec.operator.runtime.writer import ConflictError
 from sovereignspec.profiles import load_profiles
 
 OURS = "sovereignspec.io/speculation"

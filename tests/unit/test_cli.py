@@ -168,7 +168,7 @@ def test_the_operator_knows_who_it_is_under_a_uid_without_a_passwd_entry():
     import tempfile
     from pathlib import Path
 
-    from sovereignspec.operator import identity
+    from sovereignspec.operator.runtime import identity
 
     python = shutil.which("python3", path="/usr/bin:/bin")
     if os.getuid() != 0 or python is None:

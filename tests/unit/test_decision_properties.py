@@ -18,11 +18,11 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sovereignspec.operator import annotations as ann
-from sovereignspec.operator.plan import plan
-from sovereignspec.operator.policy import DEFAULT_GPU_PRODUCTS, PolicySpec
-from sovereignspec.operator.view import build
-from sovereignspec.operator.world import World
+from sovereignspec.operator.border import annotations as ann
+from sovereignspec.operator.border.policy import DEFAULT_GPU_PRODUCTS, PolicySpec
+from sovereignspec.operator.border.world import World
+from sovereignspec.operator.decision.plan import plan
+from sovereignspec.operator.decision.view import build
 from sovereignspec.profiles import load_profiles
 from sovereignspec.telemetry.snapshot import GpuReading, Snapshot
 from tests.engine_keys import OUT_SGLANG_ADAPTIVE, OUT_VLLM

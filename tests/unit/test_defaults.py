@@ -11,7 +11,7 @@ import yaml
 
 from sovereignspec.core import defaults
 from sovereignspec.core.cluster import PlacerSettings
-from sovereignspec.operator.policy import PolicySpec
+from sovereignspec.operator.border.policy import PolicySpec
 
 ROOT = Path(__file__).resolve().parents[2]
 # (path into a SpeculationPolicy spec, the default it must carry)
@@ -72,7 +72,7 @@ def test_the_operators_policy_and_the_placer_default_alike() -> None:
     ],
 )  # fmt: skip
 def test_a_prometheus_client_setting_that_cannot_work_names_its_field(client, said) -> None:
-    from sovereignspec.operator.policy import parse_policy
+    from sovereignspec.operator.border.policy import parse_policy
 
     spec = {"telemetry": {"prometheusURL": "https://p:9090", "prometheusClient": client}}
     with pytest.raises(ValueError, match=said):
@@ -81,7 +81,7 @@ def test_a_prometheus_client_setting_that_cannot_work_names_its_field(client, sa
 
 def test_the_crd_keeps_every_prometheus_client_field_the_policy_reads() -> None:
     """A structural CRD prunes what its schema does not name: each field of the model must be there."""
-    from sovereignspec.operator import policy
+    from sovereignspec.operator.border import policy
 
     crd = yaml.safe_load((ROOT / "crds" / "sovereignspec.io_speculationpolicies.yaml").read_text())
     spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]

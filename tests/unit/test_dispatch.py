@@ -19,7 +19,7 @@ from sovereignspec.core.dispatch import (
     dispatch_order,
 )
 from sovereignspec.core.specs import ProfileSet
-from sovereignspec.operator.worker_clusters import connected, describe_worker
+from sovereignspec.operator.border.worker_clusters import connected, describe_worker
 from sovereignspec.profiles import load_profiles
 
 PROFILES = load_profiles()

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from sovereignspec.operator.dispatcher import DispatchController
-from sovereignspec.operator.policy import parse_policy
+from sovereignspec.operator.border.policy import parse_policy
+from sovereignspec.operator.roles.dispatcher import DispatchController
 from sovereignspec.profiles import load_profiles
 
 CHECK, MK = "sovereignspec-dispatch", "multikueue"
@@ -169,8 +169,8 @@ def test_a_nomination_is_recorded_beside_its_announcement_and_sent_after_both(co
     dispatch waits for the slower of the two, not for both in turn."""
     import threading
 
-    from sovereignspec.operator import dispatcher
-    from sovereignspec.operator.role import TickReport
+    from sovereignspec.operator.roles import dispatcher
+    from sovereignspec.operator.roles.role import TickReport
 
     log: list[tuple[str, object]] = []
     named = threading.Event()
@@ -215,7 +215,7 @@ def test_a_tick_dispatches_at_most_its_limit_in_dispatch_order_and_the_next_coun
         written.append(d.wl["metadata"]["name"])
         return d.outcome
 
-    from sovereignspec.operator import dispatcher
+    from sovereignspec.operator.roles import dispatcher
 
     monkeypatch.setattr(controller, "_write_one", write)
     monkeypatch.setattr(controller, "_record", lambda *_a: None)
@@ -264,7 +264,7 @@ def test_a_workers_committed_gpus_are_those_admitted_there_or_nominated_to_it_al
 def test_a_long_wait_already_said_is_not_written_again(controller, monkeypatch):
     """A check entry keeps 1,024 characters of a longer message; read back, the cut message must
     not look changed (a hold was written again, with its Warning Event, every tick)."""
-    from sovereignspec.operator.workloads import MESSAGE_LIMIT
+    from sovereignspec.operator.border.workloads import MESSAGE_LIMIT
 
     writes: list[str] = []
 

@@ -91,7 +91,7 @@ def test_engines_are_registered_once_each_and_write_distinct_annotations() -> No
     prefixes = [e.metrics.prefix for e in engines.ENGINES]
     assert len(prefixes) == len(set(prefixes))
     # Each engine's policy settings become fields beside acceptance's own: no two may share a name.
-    from sovereignspec.operator.policy import _AcceptanceFields
+    from sovereignspec.operator.border.policy import _AcceptanceFields
 
     fields = [o.field for _, o in engines.policy_options()]
     own = {f.alias or name for name, f in _AcceptanceFields.model_fields.items()}
@@ -150,7 +150,7 @@ def test_every_engine_has_one_launcher_and_every_launcher_an_engine() -> None:
 def test_each_engines_policy_setting_is_a_field_of_the_policy_that_reaches_the_engine(
     engine: Engine, option: Option
 ) -> None:
-    from sovereignspec.operator.policy import Acceptance, parse_policy
+    from sovereignspec.operator.border.policy import Acceptance, parse_policy
 
     assert Acceptance().engine_options()[engine.name][option.key] == option.default
     for value in option.accepted:

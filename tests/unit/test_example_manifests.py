@@ -34,7 +34,7 @@ def test_the_example_queue_lists_the_check_the_chart_and_the_chartless_manifests
 
 
 def test_the_serving_shapes_examples_declare_keys_that_parse_cleanly_against_the_shipped_profiles() -> None:
-    from sovereignspec.operator import annotations as ann
+    from sovereignspec.operator.border import annotations as ann
     from sovereignspec.profiles import load_profiles
 
     profiles = load_profiles(None)

@@ -9,7 +9,7 @@ from sovereignspec.core.cluster import WorkloadRequest
 from sovereignspec.core.placement import Placer
 from sovereignspec.core.roofline import fits_at, pipeline_stage, roofline_for, tensor_parallel_for
 from sovereignspec.core.sovereignty import DEFAULT_JURISDICTION_LABEL as JUR
-from sovereignspec.operator import annotations as ann
+from sovereignspec.operator.border import annotations as ann
 from tests.engine_keys import OUT_VLLM
 from tests.unit.builders import cached_owners, chat, node, snapshot
 from tests.unit.test_operator_decisions import _decide

@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from sovereignspec.operator.cuts import strip_pod, strip_queued_pod, strip_statefulset
-from sovereignspec.operator.informer import GoneError, Informer, _lines
-from sovereignspec.operator.policy import PolicySpec
-from sovereignspec.operator.view import build
-from sovereignspec.operator.world import World
+from sovereignspec.operator.border.cuts import strip_pod, strip_queued_pod, strip_statefulset
+from sovereignspec.operator.border.policy import PolicySpec
+from sovereignspec.operator.border.world import World
+from sovereignspec.operator.decision.view import build
+from sovereignspec.operator.runtime.informer import GoneError, Informer, _lines
 from sovereignspec.profiles import load_profiles
 from sovereignspec.telemetry.snapshot import Snapshot
 
@@ -151,8 +151,8 @@ def _flooded(w: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_a_stripped_workload_is_decided_as_the_whole_one_and_holds_none_of_the_flood():
-    from sovereignspec.operator.cuts import strip_workload
-    from sovereignspec.operator.plan import plan
+    from sovereignspec.operator.border.cuts import strip_workload
+    from sovereignspec.operator.decision.plan import plan
     from tests.unit.builders import CHECK, NOW, STAMP, chat, node, policy, snapshot, world
 
     ready = chat("running").check(
@@ -188,8 +188,8 @@ def test_a_stripped_workload_is_decided_as_the_whole_one_and_holds_none_of_the_f
 
 
 def test_a_template_with_more_of_our_keys_than_the_bound_is_refused_by_name():
-    from sovereignspec.operator import annotations as ann
-    from sovereignspec.operator.cuts import ours
+    from sovereignspec.operator.border import annotations as ann
+    from sovereignspec.operator.border.cuts import ours
 
     notes = {f"sovereignspec.io/k{i}": "v" for i in range(ann.MAX_OUR_KEYS + 6)}
     kept = ours({**notes, "other.io/x": "y"})
@@ -200,7 +200,7 @@ def test_a_template_with_more_of_our_keys_than_the_bound_is_refused_by_name():
 
 
 def test_a_queued_pods_cached_metadata_holds_only_our_keys_bounded() -> None:
-    from sovereignspec.operator import annotations as ann
+    from sovereignspec.operator.border import annotations as ann
 
     pod = {
         "metadata": {
@@ -225,7 +225,7 @@ def test_a_queued_pods_cached_metadata_holds_only_our_keys_bounded() -> None:
 @pytest.mark.parametrize("where", ["labels", "annotations"])
 def test_a_stripped_pod_keeps_the_workload_kueue_built_for_its_group(where: str) -> None:
     # Kueue names a group's Workload in a label, or in an annotation under a feature gate.
-    from sovereignspec.operator import annotations as ann
+    from sovereignspec.operator.border import annotations as ann
 
     pod = {
         "metadata": {
@@ -239,8 +239,8 @@ def test_a_stripped_pod_keeps_the_workload_kueue_built_for_its_group(where: str)
 
 
 def test_a_statefulsets_cached_object_holds_only_our_keys_of_its_template_and_its_own_annotations() -> None:
-    from sovereignspec.operator import annotations as ann
-    from sovereignspec.operator.workloads import owner_metadata
+    from sovereignspec.operator.border import annotations as ann
+    from sovereignspec.operator.border.workloads import owner_metadata
 
     sts = {
         "metadata": {
@@ -302,7 +302,7 @@ def test_a_resource_the_server_does_not_serve_is_an_empty_cache_in_sync_only_whe
 
 
 def test_a_queued_pod_keeps_which_deployment_it_belongs_to_and_nothing_else_of_its_owners() -> None:
-    from sovereignspec.operator.workloads import deployment_of
+    from sovereignspec.operator.border.workloads import deployment_of
 
     pod = {
         "metadata": {

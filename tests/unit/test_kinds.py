@@ -8,8 +8,8 @@ from pathlib import Path
 
 import yaml
 
-from sovereignspec.operator import kinds
-from sovereignspec.operator.workloads import KEYS_ON_OWNER, job_name, owner_of
+from sovereignspec.operator.border import kinds
+from sovereignspec.operator.border.workloads import KEYS_ON_OWNER, job_name, owner_of
 
 REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "charts/sovereignspec/files/clusterrole-rules.yaml"

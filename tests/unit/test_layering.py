@@ -48,16 +48,61 @@ def test_the_tree_keeps_every_layer_contract(tree: Path) -> None:
         ("core/speedup.py", "import time", "The pure core"),  # the clock
         ("core/optimiser.py", "from .. import profiles", "Layers"),  # relative, up a layer
         ("core/placement.py", "import pathlib", "The pure core"),  # I/O
-        ("sim/loop.py", "from sovereignspec.operator import metrics", "The simulator's model"),
-        ("operator/dispatcher.py", "from sovereignspec.operator import controller", "worker and dispatcher"),
-        ("telemetry/snapshot.py", "import sovereignspec.operator.view", "Layers"),
+        ("sim/loop.py", "from sovereignspec.operator.runtime import metrics", "The simulator's model"),
+        (
+            "operator/roles/dispatcher.py",
+            "from sovereignspec.operator.roles import controller",
+            "worker and dispatcher",
+        ),
+        ("telemetry/snapshot.py", "import sovereignspec.operator.decision.view", "Layers"),
         ("cli.py", "import localdev.demo", "localdev is not shipped"),
-        ("operator/plan.py", "import time", "decision layer"),  # the clock is passed in
-        ("operator/view.py", "from sovereignspec.operator import writer", "decision layer"),
-        ("operator/workloads.py", "import os", "decision layer"),
-        ("operator/nodes.py", "from sovereignspec.operator import informer", "decision layer"),
-        ("operator/world.py", "from sovereignspec.operator import ledger", "The decision's rooms"),
-        ("operator/ledger.py", "from sovereignspec.operator.view import View", "The decision's rooms"),
+        (
+            "operator/decision/plan.py",
+            "import time",
+            "The operator's decision and its border",
+        ),  # the clock is passed in
+        (
+            "operator/decision/view.py",
+            "from sovereignspec.operator.runtime import writer",
+            "The operator's decision and its border",
+        ),
+        ("operator/border/workloads.py", "import os", "The operator's decision and its border"),
+        (
+            "operator/border/nodes.py",
+            "from sovereignspec.operator.runtime import informer",
+            "The operator's decision and its border",
+        ),
+        # The rooms: nothing imports up, and the decision and the runtime not each other.
+        (
+            "operator/border/workloads.py",
+            "from sovereignspec.operator.decision import plan",
+            "The operator's rooms",
+        ),
+        (
+            "operator/decision/view.py",
+            "from sovereignspec.operator.roles import audit",
+            "The operator's rooms",
+        ),
+        (
+            "operator/runtime/writer.py",
+            "from sovereignspec.operator.decision import view",
+            "The operator's rooms",
+        ),
+        (
+            "operator/decision/ledger.py",
+            "from sovereignspec.operator.runtime import metrics",
+            "The operator's rooms",
+        ),
+        (
+            "operator/border/world.py",
+            "from sovereignspec.operator.decision import ledger",
+            "Inside the decision",
+        ),
+        (
+            "operator/decision/ledger.py",
+            "from sovereignspec.operator.decision.view import View",
+            "Inside the decision",
+        ),
     ],
 )
 def test_a_wrong_import_breaks_its_contract(tree: Path, module: str, line: str, contract: str) -> None:

@@ -9,7 +9,7 @@ import json
 import pytest
 from kubernetes import client
 
-from sovereignspec.operator.leader import (
+from sovereignspec.operator.runtime.leader import (
     DECIDING,
     EXPIRY_MARGIN,
     LeaderElector,
@@ -18,7 +18,7 @@ from sovereignspec.operator.leader import (
     inherited_from,
     micro_time,
 )
-from sovereignspec.operator.writer import NotLeaderError
+from sovereignspec.operator.runtime.writer import NotLeaderError
 
 NOW, BEFORE = "2026-12-04T09:00:00.000000Z", "2026-12-04T08:00:00.000000Z"
 THEIRS = LeaseRecord("other_1", 15, BEFORE, BEFORE, 3)
@@ -68,7 +68,7 @@ def test_timings_that_would_let_a_standby_take_over_under_a_writing_leader_are_r
 def test_leader_election_outside_a_pod_without_a_namespace_says_what_to_give(monkeypatch, tmp_path):
     import argparse
 
-    from sovereignspec.operator import process
+    from sovereignspec.operator.roles import process
 
     monkeypatch.delenv("POD_NAMESPACE", raising=False)
     monkeypatch.setattr(process, "IN_CLUSTER_NAMESPACE", tmp_path / "absent")

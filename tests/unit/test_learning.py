@@ -19,9 +19,9 @@ from sovereignspec.core.cluster import ClusterView, GpuState, NodeState, PlacerS
 from sovereignspec.core.learning import MAX_EXTRA_MARGIN, Point, choose, learn, windowed, with_learning
 from sovereignspec.core.placement import Placer
 from sovereignspec.core.roofline import roofline_for, tensor_parallel_for
-from sovereignspec.operator import annotations as ann
-from sovereignspec.operator.learning import Learner, readings, resource_name
-from sovereignspec.operator.ledger import Committed
+from sovereignspec.operator.border import annotations as ann
+from sovereignspec.operator.decision.learning import Learner, readings, resource_name
+from sovereignspec.operator.decision.ledger import Committed
 from sovereignspec.profiles import load_profiles
 from sovereignspec.telemetry.prometheus import PrometheusReader
 
@@ -332,9 +332,9 @@ def test_a_learned_profile_prices_nothing_until_its_learnedprofile_is_written() 
     from kubernetes import client
 
     from sovereignspec.core.cluster import ClusterView, GpuState
-    from sovereignspec.operator.controller import Controller
-    from sovereignspec.operator.policy import PolicySpec
-    from sovereignspec.operator.view import View
+    from sovereignspec.operator.border.policy import PolicySpec
+    from sovereignspec.operator.decision.view import View
+    from sovereignspec.operator.roles.controller import Controller
 
     class Writer:
         def __init__(self) -> None:

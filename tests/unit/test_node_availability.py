@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from sovereignspec.operator.nodes import node_pool
-from sovereignspec.operator.objects import NodeView
+from sovereignspec.operator.border.nodes import node_pool
+from sovereignspec.operator.border.objects import NodeView
 
 
 def node(name: str, *, ready: str | None = None, taints: list[dict[str, str]] | None = None,

@@ -13,13 +13,13 @@ from typing import Any
 import pytest
 
 from sovereignspec.core.specs import ProfileSet
-from sovereignspec.operator import workloads as wls
-from sovereignspec.operator.cuts import strip_workload
-from sovereignspec.operator.nodes import node_pool
-from sovereignspec.operator.objects import NodeView
-from sovereignspec.operator.plan import Write, plan
-from sovereignspec.operator.view import build
-from sovereignspec.operator.workloads import UnreadableFieldError
+from sovereignspec.operator.border import workloads as wls
+from sovereignspec.operator.border.cuts import strip_workload
+from sovereignspec.operator.border.nodes import node_pool
+from sovereignspec.operator.border.objects import NodeView
+from sovereignspec.operator.border.workloads import UnreadableFieldError
+from sovereignspec.operator.decision.plan import Write, plan
+from sovereignspec.operator.decision.view import build
 from sovereignspec.profiles import load_profiles
 from tests.unit.builders import (
     CHECK,

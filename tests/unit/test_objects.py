@@ -1,4 +1,4 @@
-"""The typed views of API objects (operator/objects.py): what a Node is read as, once per tick."""
+"""The typed views of API objects (operator/border/objects.py): what a Node is read as, once per tick."""
 
 from __future__ import annotations
 
@@ -7,8 +7,7 @@ from typing import Any
 
 import pytest
 
-from sovereignspec.operator.audit import workload_fields
-from sovereignspec.operator.objects import (
+from sovereignspec.operator.border.objects import (
     MAX_NODE_GPUS,
     MultiKueueStatus,
     NodeView,
@@ -16,7 +15,8 @@ from sovereignspec.operator.objects import (
     Taint,
     controlling_owner,
 )
-from sovereignspec.operator.world import World
+from sovereignspec.operator.border.world import World
+from sovereignspec.operator.roles.audit import workload_fields
 
 
 def raw(name: str = "n1", labels: dict[str, Any] | None = None, **rest: Any) -> dict[str, Any]:

@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 
 from sovereignspec.core.specs import ProfileSet
-from sovereignspec.operator import annotations as ann
-from sovereignspec.operator.plan import Write, plan
-from sovereignspec.operator.view import View, build
-from sovereignspec.operator.workloads import MESSAGE_LIMIT, owner_metadata
-from sovereignspec.operator.writer import KUEUE, check_entry_apply
+from sovereignspec.operator.border import annotations as ann
+from sovereignspec.operator.border.workloads import MESSAGE_LIMIT, owner_metadata
+from sovereignspec.operator.decision.plan import Write, plan
+from sovereignspec.operator.decision.view import View, build
+from sovereignspec.operator.runtime.writer import KUEUE, check_entry_apply
 from sovereignspec.profiles import load_profiles
 from sovereignspec.telemetry.snapshot import Snapshot
 from tests.engine_keys import OUT_SGLANG, OUT_VLLM
@@ -394,7 +394,7 @@ def test_our_keys_set_plainly_in_a_template_are_placed_plain_whatever_gamma_woul
 def test_an_event_note_is_immutable() -> None:
     from dataclasses import FrozenInstanceError
 
-    from sovereignspec.operator.plan import EventNote
+    from sovereignspec.operator.decision.plan import EventNote
 
     with pytest.raises(FrozenInstanceError):
         EventNote("Retry", "m").warning = True  # type: ignore[misc]
@@ -740,7 +740,7 @@ def test_an_unreadable_topology_assignment_is_refused_naming_the_field() -> None
 def test_engine_metrics_are_joined_on_what_every_engine_pod_of_the_workload_carries(
     kind: str, owner: str, joined_on: str
 ) -> None:
-    from sovereignspec.operator.workloads import job_name
+    from sovereignspec.operator.border.workloads import job_name
 
     wl = chat("wl-chat").owned_by(kind, owner).obj()
     wl["metadata"]["ownerReferences"].append({"kind": "Pod", "name": "chat-0"})  # as Kueue adds them
@@ -772,7 +772,7 @@ def test_a_pod_bound_where_it_was_not_planned_raises_one_warning_and_leaves_the_
     # Planned on h1 and h2; the scheduler bound a pod on h3, which the jurisdiction label also
     # selects. The user is told once (BoundElsewhere), the workload stays Ready, the pod's GPUs
     # are counted on h3 meanwhile.
-    from sovereignspec.operator.plan import drift_writes
+    from sovereignspec.operator.decision.plan import drift_writes
 
     nodes = [node(f"h{i}", "eu", gpus=8) for i in (1, 2, 3)]
     wide, pods = _wide_on("h3")

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from sovereignspec.core.specs import ProfileSet
-from sovereignspec.operator import annotations as ann
-from sovereignspec.operator.plan import Write, plan
-from sovereignspec.operator.view import build
+from sovereignspec.operator.border import annotations as ann
+from sovereignspec.operator.decision.plan import Write, plan
+from sovereignspec.operator.decision.view import build
 from sovereignspec.profiles import load_profiles
 from tests.engine_keys import OUT_VLLM
 from tests.unit.builders import CHECK, NOW, STAMP, cached_owners, chat, node, policy, snapshot, world
@@ -67,7 +67,7 @@ def test_a_jurisdiction_declared_only_on_the_worker_template_binds_the_whole_gro
 
 
 def test_an_exclusive_node_asked_by_the_worker_alone_makes_the_group_exclusive() -> None:
-    from sovereignspec.operator.view import build as view_of
+    from sovereignspec.operator.decision.view import build as view_of
 
     spec = policy(tenancy={"namespaces": {"team-a": {"jurisdictions": ["eu", "kr"]}}})
     wl = group({}, {"exclusive_node": "true"})

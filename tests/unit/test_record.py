@@ -14,8 +14,11 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from sovereignspec.auditing import verify as audit_verify
-from sovereignspec.operator import record
-from sovereignspec.operator.audit import (
+from sovereignspec.operator.border.cuts import strip_pod
+from sovereignspec.operator.border.world import World
+from sovereignspec.operator.decision.plan import Write
+from sovereignspec.operator.roles import record
+from sovereignspec.operator.roles.audit import (
     SEGMENT_RECORDS,
     AuditLog,
     ClusterStore,
@@ -23,9 +26,6 @@ from sovereignspec.operator.audit import (
     binding_facts,
     decision_facts,
 )
-from sovereignspec.operator.cuts import strip_pod
-from sovereignspec.operator.plan import Write
-from sovereignspec.operator.world import World
 from tests.unit.builders import CHECK, policy
 
 
@@ -388,8 +388,8 @@ def test_a_pod_that_cannot_be_read_is_skipped_alone_and_named() -> None:
 
 
 def test_the_record_fails_alone_its_failure_counted() -> None:
-    from sovereignspec.operator import metrics
-    from sovereignspec.operator.audit import record_tick
+    from sovereignspec.operator.roles.audit import record_tick
+    from sovereignspec.operator.runtime import metrics
 
     class Broken(Store):
         def list_cluster_custom_object(self, group: str, version: str, plural: str) -> dict[str, Any]:
@@ -562,7 +562,7 @@ def test_a_placement_is_written_only_after_its_record_is_in_the_store_and_is_not
 
 
 def test_a_placement_whose_record_cannot_be_written_waits_saying_why_and_other_decisions_go_on() -> None:
-    from sovereignspec.operator import metrics
+    from sovereignspec.operator.runtime import metrics
 
     store = Store()
     store.fail = ApiException(status=503, reason="ServiceUnavailable")
@@ -590,7 +590,7 @@ def test_a_placement_whose_record_cannot_be_written_waits_saying_why_and_other_d
 def test_a_record_not_installed_holds_nothing_is_said_and_comes_back_once_it_is_installed() -> None:
     """An operator newer than its chart (the AuditSegment CRD or its RBAC missing): decisions go on,
     the record is off and says so (log, sovereignspec_audit_off), and is on again once installed."""
-    from sovereignspec.operator import metrics
+    from sovereignspec.operator.runtime import metrics
 
     store = Store()
     store.fail = ApiException(status=404, reason="NotFound")
@@ -657,7 +657,7 @@ def test_a_decision_recorded_ahead_whose_write_the_api_refused_is_recorded_as_no
 
 def test_the_dispatcher_records_its_nominations_and_the_worker_that_admitted_once() -> None:
     from sovereignspec.auditing import _describe
-    from sovereignspec.operator.dispatch_record import admission_facts, dispatch_facts
+    from sovereignspec.operator.roles.dispatch_record import admission_facts, dispatch_facts
 
     wl = {"metadata": {"name": "job-chat-1", "namespace": "team-a", "uid": "w1"}, "status": {}}
     places = {"worker-eu": "eu", "worker-kr": "kr"}
@@ -686,7 +686,7 @@ def test_the_dispatcher_records_its_nominations_and_the_worker_that_admitted_onc
 
 
 def _dispatches() -> list[Any]:
-    from sovereignspec.operator.dispatch_record import Decision
+    from sovereignspec.operator.roles.dispatch_record import Decision
 
     def one(name: str, state: str, outcome: str, nominated: tuple[str, ...] | None) -> Decision:
         wl = {"metadata": {"name": name, "namespace": "team-a", "uid": f"u-{name}"}, "status": {}}
@@ -701,8 +701,8 @@ def _dispatches() -> list[Any]:
 
 
 def test_the_dispatchers_nominations_are_recorded_before_they_are_written_or_held_saying_why() -> None:
-    from sovereignspec.operator.dispatch_record import ahead as dispatch_ahead
-    from sovereignspec.operator.dispatch_record import unwritten_facts
+    from sovereignspec.operator.roles.dispatch_record import ahead as dispatch_ahead
+    from sovereignspec.operator.roles.dispatch_record import unwritten_facts
 
     places, namespaces = {"worker-eu": "eu"}, {"team-a": {"sovereignspec.io/jurisdiction": "eu"}}
     log = _log(Store())
@@ -730,7 +730,7 @@ def test_the_dispatchers_nominations_are_recorded_before_they_are_written_or_hel
 
 def test_the_decision_events_text_gives_each_figure_and_says_n_a_for_what_was_not_known() -> None:
     from sovereignspec.core.decision import DecisionRecord
-    from sovereignspec.operator.plan import record_text
+    from sovereignspec.operator.decision.plan import record_text
 
     r = DecisionRecord(
         "w", "t", "admitted", "speculative", 3, "maximises the GPU's token rate", node="h1", gpu_index=0,

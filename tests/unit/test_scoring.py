@@ -9,12 +9,12 @@ import pytest
 from kubernetes import client
 
 from sovereignspec.core.cluster import ClusterView, GpuState, WorkloadRequest
-from sovereignspec.operator import metrics
-from sovereignspec.operator.controller import Controller
-from sovereignspec.operator.ledger import Committed
-from sovereignspec.operator.policy import PolicySpec
-from sovereignspec.operator.scoring import ProfileScore, score
-from sovereignspec.operator.view import View
+from sovereignspec.operator.border.policy import PolicySpec
+from sovereignspec.operator.decision.ledger import Committed
+from sovereignspec.operator.decision.scoring import ProfileScore, score
+from sovereignspec.operator.decision.view import View
+from sovereignspec.operator.roles.controller import Controller
+from sovereignspec.operator.runtime import metrics
 from sovereignspec.profiles import load_profiles
 
 TYPES = {("h1", 0): "H100-SXM", ("h1", 1): "H100-SXM", ("h2", 0): "A100-SXM-80GB"}

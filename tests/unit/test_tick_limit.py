@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from sovereignspec.core.specs import ProfileSet
-from sovereignspec.operator.plan import plan
-from sovereignspec.operator.view import View, build, first_placements
+from sovereignspec.operator.decision.plan import plan
+from sovereignspec.operator.decision.view import View, build, first_placements
 from sovereignspec.profiles import load_profiles
 from tests.unit.builders import CHECK, NOW, STAMP, chat, node, policy, snapshot, world
 
@@ -98,7 +98,7 @@ def test_a_backlog_within_the_limit_is_left_as_it_is() -> None:
 
 
 def test_a_ticks_laps_add_up_per_step_and_name_only_the_steps_that_took_time(monkeypatch) -> None:
-    from sovereignspec.operator import role
+    from sovereignspec.operator.roles import role
 
     clock = iter([10.0, 10.5, 12.0, 12.001, 13.0])
     monkeypatch.setattr(role.time, "monotonic", lambda: next(clock))

@@ -13,10 +13,10 @@ from collections.abc import Iterator
 import pytest
 from kubernetes import client
 
-from sovereignspec.operator import metrics
-from sovereignspec.operator.controller import Controller
-from sovereignspec.operator.plan import EventNote, Write
-from sovereignspec.operator.writer import Writer
+from sovereignspec.operator.decision.plan import EventNote, Write
+from sovereignspec.operator.roles.controller import Controller
+from sovereignspec.operator.runtime import metrics
+from sovereignspec.operator.runtime.writer import Writer
 from sovereignspec.profiles import load_profiles
 
 

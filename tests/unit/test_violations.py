@@ -12,13 +12,13 @@ from kubernetes import client
 
 from sovereignspec.core.cluster import WorkloadRequest
 from sovereignspec.engines import engine_config
-from sovereignspec.operator import metrics
-from sovereignspec.operator.controller import Controller
-from sovereignspec.operator.ledger import Committed, handed
-from sovereignspec.operator.policy import PolicySpec
-from sovereignspec.operator.violations import ignored, violations
-from sovereignspec.operator.watches import Watches
-from sovereignspec.operator.world import World
+from sovereignspec.operator.border.policy import PolicySpec
+from sovereignspec.operator.border.world import World
+from sovereignspec.operator.decision.ledger import Committed, handed
+from sovereignspec.operator.decision.violations import ignored, violations
+from sovereignspec.operator.roles.controller import Controller
+from sovereignspec.operator.roles.watches import Watches
+from sovereignspec.operator.runtime import metrics
 from sovereignspec.profiles import load_profiles
 from tests.unit.builders import CHECK, JURISDICTION, node, policy
 

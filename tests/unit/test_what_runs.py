@@ -7,14 +7,14 @@ import pytest
 from kubernetes import client
 
 from sovereignspec.core.cluster import ClusterView
-from sovereignspec.operator import metrics
-from sovereignspec.operator.controller import Controller
-from sovereignspec.operator.ledger import Aging
-from sovereignspec.operator.policy import PolicySpec
-from sovereignspec.operator.role import TickReport
-from sovereignspec.operator.view import View
-from sovereignspec.operator.watches import Watches
-from sovereignspec.operator.world import World
+from sovereignspec.operator.border.policy import PolicySpec
+from sovereignspec.operator.border.world import World
+from sovereignspec.operator.decision.ledger import Aging
+from sovereignspec.operator.decision.view import View
+from sovereignspec.operator.roles.controller import Controller
+from sovereignspec.operator.roles.role import TickReport
+from sovereignspec.operator.roles.watches import Watches
+from sovereignspec.operator.runtime import metrics
 from sovereignspec.profiles import load_profiles
 from tests.unit.test_scoring import Events, running
 

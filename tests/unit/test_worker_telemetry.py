@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from sovereignspec.operator import telemetry_source
-from sovereignspec.operator.policy import PolicySpec
+from sovereignspec.operator.border.policy import PolicySpec
+from sovereignspec.operator.runtime import telemetry_source
 from sovereignspec.telemetry.snapshot import Snapshot
 
 
@@ -25,7 +25,7 @@ class Recorder:
 
 @pytest.fixture
 def readers(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
-    from sovereignspec.operator import dispatcher
+    from sovereignspec.operator.roles import dispatcher
 
     Recorder.made = []
     monkeypatch.setattr(telemetry_source, "PrometheusReader", Recorder)
@@ -45,8 +45,8 @@ def test_the_dispatcher_reads_a_workers_prometheus_with_the_policys_sglang_meani
     # so it learnt SGLang acceptance with the default meaning whatever the policy said.
     from kubernetes import client
 
-    from sovereignspec.operator.dispatcher import DispatchController
-    from sovereignspec.operator.worker_clusters import WORKER_JURISDICTION, WORKER_PROMETHEUS
+    from sovereignspec.operator.border.worker_clusters import WORKER_JURISDICTION, WORKER_PROMETHEUS
+    from sovereignspec.operator.roles.dispatcher import DispatchController
     from sovereignspec.profiles import load_profiles
 
     controller = DispatchController(client.ApiClient(), load_profiles())

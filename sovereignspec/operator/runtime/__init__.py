@@ -1,0 +1,1 @@
+"""The operator's machinery: informers, the status writer, leader election, metrics, telemetry."""
