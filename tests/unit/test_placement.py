@@ -891,3 +891,69 @@ def test_what_a_decision_reads_and_says_is_immutable(value: object, field: str) 
     workers): no decision may change what the next one reads."""
     with pytest.raises(dataclasses.FrozenInstanceError):
         setattr(value, field, None)
+
+
+def test_the_gamma_table_its_choice_and_the_cached_gamma_axis_cannot_be_changed(profiles):
+    # The table is kept for the decision record, and the γ axis is cached and shared by every
+    # decision at that α: a write through any of them would change what a later decision reads.
+    import numpy as np
+
+    from sovereignspec.core.optimiser import blocker, choose, gamma_axis, gamma_table
+    from sovereignspec.core.placement import spec_request
+    from sovereignspec.core.roofline import roofline_for
+
+    roof = roofline_for(profiles.gpus["H100-SXM"], profiles.models["llama-3.1-8b"])
+    req, _ = spec_request(profiles, PlacerSettings(), wl(seqs=4))
+    table = gamma_table(roof, req, np.zeros(1), np.full(1, np.inf))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        table.step = None  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        choose(table).gamma = None  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        blocker(table).gamma = None  # type: ignore[misc]
+    for array in gamma_axis(0.123456, 3):  # an α no other test asks for: a write would stay cached
+        with pytest.raises(ValueError, match="read-only"):
+            array[0] = 99
+
+
+def _exactly(start: float, make, target: float) -> float:
+    """A double x at or a few ulps from `start` for which make(x) == target exactly."""
+    import numpy as np
+
+    x = start
+    for _ in range(8):
+        if make(x) == target:
+            return x
+        x = float(np.nextafter(x, np.inf if make(x) < target else -np.inf))
+    pytest.skip(f"no double reaches {target!r} exactly")
+
+
+def test_a_speedup_exactly_at_the_margin_and_a_step_exactly_at_the_slo_are_allowed(profiles):
+    # "S_real must reach 1 + margin" and "no neighbour pushed past its SLO": both bounds are
+    # inclusive, and hold at equality (with the margin and the SLO ratio each chosen so that the
+    # comparison meets γ = 1's own figures exactly).
+    from dataclasses import replace
+
+    import numpy as np
+
+    from sovereignspec.core.optimiser import gamma_table
+    from sovereignspec.core.placement import spec_request
+    from sovereignspec.core.roofline import roofline_for
+
+    roof = roofline_for(profiles.gpus["H100-SXM"], profiles.models["llama-3.1-8b"])
+    req, _ = spec_request(profiles, PlacerSettings(), wl(seqs=4))
+    idle, free = np.full(1, 8.0), np.full(1, np.inf)
+    first = gamma_table(roof, req, idle, free)
+    speedup, step, before = float(first.speedup[1, 0]), float(first.step[1, 0]), float(first.step_before[0])
+    assert speedup > 1.0 and step > before  # γ = 1 pays here, and costs the neighbours something
+    margin = _exactly(speedup - 1.0, lambda m: 1.0 + m, speedup)
+    slo = _exactly(step / before, lambda r: r * before, step)
+    table = gamma_table(roof, replace(req, margin=margin), idle, np.full(1, slo))
+    assert bool(table.self_ok[1, 0]) and bool(table.externality_ok[1, 0])
+    # Armed (a row of a per-batch table), the bar is 1 + margin times the armed γ = 0's speed-up.
+    armed = replace(req, armed=True)
+    base = gamma_table(roof, armed, idle, free)
+    s0, s1 = float(base.speedup[0, 0]), float(base.speedup[1, 0])
+    assert s1 > s0
+    margin = _exactly(s1 / s0 - 1.0, lambda m: (1.0 + m) * s0, s1)
+    assert bool(gamma_table(roof, replace(armed, margin=margin), idle, free).self_ok[1, 0])
