@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from sovereignspec.operator.border.objects import AdmissionCheckView
+from sovereignspec.operator.border.objects import AdmissionCheckView, PolicyObject
 from sovereignspec.operator.border.workloads import MESSAGE_LIMIT
 from sovereignspec.operator.roles.checks import POLICY_GRACE_SECONDS, CheckReconciler
 from sovereignspec.operator.runtime.informer import Informer
@@ -183,3 +183,21 @@ def test_an_admission_check_view_reads_odd_fields_as_absent() -> None:
         {"metadata": {"name": "y", "generation": True}, "status": {"conditions": conditions}}
     )
     assert odd.generation == 0 and odd.active_seen == ("True", None, None)
+
+
+def test_a_policy_whose_spec_is_not_an_object_makes_its_check_inactive_not_a_default_policy(parts) -> None:
+    # The view keeps the spec as written: read as absent, a string spec would be a policy of defaults.
+    r, w, _ = parts
+    r.checks.put(check("spec"))
+    r.policies.put({"metadata": {"name": "p", "resourceVersion": "1"}, "spec": "everything allowed"})
+    assert r.reconcile()[0] == {}
+    assert w.written[0][1:3] == (False, "InvalidParameters") and "SpeculationPolicy p" in w.written[0][3]
+
+
+def test_a_policy_view_reads_its_name_generation_and_spec_as_written() -> None:
+    assert PolicyObject.of({"metadata": {"name": "p", "generation": 3}, "spec": {"a": 1}}) == PolicyObject(
+        "p", 3, {"a": 1}
+    )
+    for odd in ("3", True, None):  # the record's generation: an integer or nothing
+        assert PolicyObject.of({"metadata": {"name": "p", "generation": odd}}).generation is None
+    assert PolicyObject.of({}) == PolicyObject("", None, None)

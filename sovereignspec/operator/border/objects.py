@@ -184,6 +184,23 @@ class PodView:
 
 
 @dataclass(frozen=True, slots=True)
+class PolicyObject:
+    """A SpeculationPolicy as cached: its name, its generation (for the record) and its spec as
+    written (`policy.parse_policy` reads it where a check resolves it, and says what is wrong)."""
+
+    name: str
+    generation: int | None  # None where absent or not an integer
+    spec: object
+
+    @classmethod
+    def of(cls, obj: Mapping[str, Any]) -> PolicyObject:
+        meta = obj.get("metadata") or {}
+        generation = meta.get("generation")
+        whole = isinstance(generation, int) and not isinstance(generation, bool)
+        return cls(str(meta.get("name", "")), generation if whole else None, obj.get("spec"))
+
+
+@dataclass(frozen=True, slots=True)
 class AdmissionCheckView:
     """An AdmissionCheck as both roles read it: whose it is, the parameters it names and its Active
     condition as last written."""

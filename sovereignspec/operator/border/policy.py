@@ -289,7 +289,7 @@ class PolicySpec(_Model):
         )
 
 
-def parse_policy(name: str, spec: dict[str, object] | None) -> PolicySpec:
+def parse_policy(name: str, spec: object) -> PolicySpec:
     """Validate a policy's spec; raises ValueError with one line per bad field."""
     try:
         return PolicySpec.model_validate(spec or {})

@@ -6,12 +6,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
 from sovereignspec.core.specs import ProfileSet
-from sovereignspec.operator.border.objects import AdmissionCheckView
+from sovereignspec.operator.border.objects import AdmissionCheckView, PolicyObject
 from sovereignspec.operator.border.policy import GROUP, KIND, PolicySpec, parse_policy
 from sovereignspec.operator.runtime.informer import Informer
 from sovereignspec.operator.runtime.writer import API_ERRORS, ConflictError, Writer, as_written
@@ -41,12 +40,12 @@ class CheckReconciler:
         self.controller_name = controller_name
         self.profiles = profiles
         self.clock = clock
-        self._seen: dict[str, tuple[dict[str, Any], float]] = {}  # policy name -> (object, last seen)
+        self._seen: dict[str, tuple[PolicyObject, float]] = {}  # policy name -> (object, last seen)
 
-    def _policies(self) -> dict[str, dict[str, Any]]:
+    def _policies(self) -> dict[str, PolicyObject]:
         """The policies now, and those gone for less than POLICY_GRACE_SECONDS as last seen."""
         now = self.clock()
-        policies = {p["metadata"]["name"]: p for p in self.policies.items()}
+        policies = {p.name: p for p in map(PolicyObject.of, self.policies.items())}
         for name, policy in policies.items():
             self._seen[name] = (policy, now)
         for name, (policy, at) in list(self._seen.items()):
@@ -108,7 +107,7 @@ class CheckReconciler:
         log.info("AdmissionCheck %s Active=%s (%s)", ac.name, "True" if ok else "False", message)
 
     def _resolve(
-        self, ac: AdmissionCheckView, policies: dict[str, dict[str, Any]]
+        self, ac: AdmissionCheckView, policies: dict[str, PolicyObject]
     ) -> tuple[bool, str, str, tuple[str, PolicySpec] | None]:
         params = ac.parameters
         if not params:
@@ -120,7 +119,7 @@ class CheckReconciler:
         if name not in policies:
             return False, "BadParametersRef", f"{KIND} {name!r} not found", None
         try:
-            spec = parse_policy(name, policies[name].get("spec"))
+            spec = parse_policy(name, policies[name].spec)
         except ValueError as exc:
             return False, "InvalidParameters", str(exc), None
         unknown = sorted(set(spec.profiles.gpu_products.values()) - set(self.profiles.gpus))

@@ -29,7 +29,7 @@ from kubernetes.client.exceptions import ApiException
 from sovereignspec.core.running import LedgerMemo
 from sovereignspec.core.specs import ProfileSet
 from sovereignspec.operator.border import kinds
-from sovereignspec.operator.border.objects import flavors_of, labels_by_name
+from sovereignspec.operator.border.objects import PolicyObject, flavors_of, labels_by_name
 from sovereignspec.operator.border.policy import GROUP, PLURAL, VERSION, PolicySpec
 from sovereignspec.operator.border.workloads import (
     KEYS_ON_OWNER,
@@ -249,9 +249,7 @@ class Controller(Role):
 
     def _policy_refs(self, active: dict[str, tuple[str, PolicySpec]]) -> dict[str, tuple[str, int | None]]:
         """Each active check's SpeculationPolicy and its generation now, for the record."""
-        generations = {
-            p["metadata"]["name"]: p["metadata"].get("generation") for p in self.cache.policies.items()
-        }
+        generations = {p.name: p.generation for p in map(PolicyObject.of, self.cache.policies.items())}
         return {check: (name, generations.get(name)) for check, (name, _) in active.items()}
 
     def _record(self, world: World, groups: Groups) -> None:
