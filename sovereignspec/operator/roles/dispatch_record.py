@@ -9,6 +9,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from sovereignspec.operator.border.objects import MultiKueueStatus
 from sovereignspec.operator.border.policy import PolicySpec
 from sovereignspec.operator.roles.audit import AuditLog, tenancy_fields, workload_fields
 from sovereignspec.operator.runtime import metrics
@@ -30,8 +31,7 @@ class Decision:
 
     def written(self) -> tuple[dict[str, Any], str, str, str, tuple[str, ...]]:
         """As `dispatch_facts` reads it: the workers it names, ours or those it kept."""
-        status = self.wl.get("status") or {}
-        nominated = self.nominated or tuple(status.get("nominatedClusterNames") or ())
+        nominated = self.nominated or MultiKueueStatus.of(self.wl).nominated
         return self.wl, self.check, self.state, self.outcome, nominated
 
 
@@ -73,9 +73,9 @@ def admission_facts(
     out = []
     for wl in workloads:
         meta: Mapping[str, Any] = wl.get("metadata") or {}
-        cluster = (wl.get("status") or {}).get("clusterName")
+        cluster = MultiKueueStatus.of(wl).cluster
         key = (str(meta.get("uid", "")), str(cluster))
-        if not isinstance(cluster, str) or not cluster or key in seen:
+        if cluster is None or key in seen:
             continue
         seen.add(key)
         namespace = str(meta.get("namespace", ""))
