@@ -140,9 +140,9 @@ class Controller(Role):
                 deployment = deployment_of(found) if has_parent else None
                 parent = c.deployments.get(f"{namespace}/{deployment}") if deployment else None
                 if parent:  # a replica's Deployment: where its keys are misplaced
-                    owners[(namespace, kind, name)]["owner_annotations"] = dict(
-                        (parent.get("metadata") or {}).get("annotations") or {}
-                    )
+                    owners[(namespace, kind, name)]["owner_annotations"] = owner_metadata(parent)[
+                        "annotations"
+                    ]
                 elif deployment:  # not cached yet: decided once it is (workloads.owner_missing)
                     owners[(namespace, kind, name)]["missing"] = {kinds.DEPLOYMENT.name: deployment}
         return World(workloads, nodes, flavors, namespaces, pods, owners, known, tolerations)
