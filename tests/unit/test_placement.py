@@ -873,6 +873,12 @@ def test_pods_on_an_assignment_share_the_lowest_gamma_any_got_and_an_empty_one_w
     # An assignment of no pods (nothing Kueue writes, but nothing to raise on either): it waits.
     none = Placer(profiles, view).place(wl("job", gpus=2, pods=2, jurisdiction="eu", assigned=()))
     assert none.outcome == "retry" and "places none of its pods" in none.record.reason
+    # A domain no node carries (Kueue's levels naming no hostname): it waits, saying so, rather
+    # than deciding its other pods alone.
+    nowhere = Placer(profiles, view).place(
+        wl("job", gpus=2, pods=2, jurisdiction="eu", assigned=(*_on(("eu1", 1)), (frozenset(), 1)))
+    )
+    assert nowhere.outcome == "retry" and "a domain no node carries" in nowhere.record.reason
 
 
 @pytest.mark.parametrize(
