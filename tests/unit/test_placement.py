@@ -963,3 +963,24 @@ def test_a_speedup_exactly_at_the_margin_and_a_step_exactly_at_the_slo_are_allow
     assert s1 > s0
     margin = _exactly(s1 / s0 - 1.0, lambda m: (1.0 + m) * s0, s1)
     assert bool(gamma_table(roof, replace(armed, margin=margin), idle, free).self_ok[1, 0])
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        {"gpus": 3, "pods": 3},  # no node holds all three: spread pod by pod
+        {"gpus": 3, "pods": 3, "pod_sets": (2, 1)},  # a group: each pod set pinned to a node
+        {"gpus": 2, "pods": 2, "assigned": _on(("eu0", 1), ("eu1", 1))},  # Kueue's topology assignment
+    ],
+    ids=["spread", "pod sets", "assigned"],
+)
+def test_an_unexplained_decision_of_several_pods_carries_no_breakdown(profiles, shape):
+    # A tick's bulk decisions skip the breakdown (`reasons.record`, explain=False); so must each
+    # pod's own decision inside a decision of several pods, whose record the joint one is made of.
+    # The joint record is made from the pod with the lowest γ, the first on a tie: on idle GPUs the
+    # first pod of a set; with eu0's second GPU busy, a pod set's second pod, which lands there.
+    for eu0 in ([1.0, 1.0], [1.0, 0.05]):
+        view = cluster(("eu0", "H100-SXM", eu0, "eu"), ("eu1", "H100-SXM", [1.0], "eu"))
+        quiet = Placer(profiles, view).place(wl("job", jurisdiction="eu", **shape), explain=False)
+        assert quiet.outcome == "placed" and len(quiet.record.pods) == shape["pods"], quiet.record.reason
+        assert quiet.record.excluded == {} and quiet.record.reason.endswith(("; speculative", "; plain"))
