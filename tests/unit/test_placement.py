@@ -931,7 +931,7 @@ def _exactly(start: float, make, target: float) -> float:
         if make(x) == target:
             return x
         x = float(np.nextafter(x, np.inf if make(x) < target else -np.inf))
-    pytest.skip(f"no double reaches {target!r} exactly")
+    raise AssertionError(f"no double within 8 ulps of {start!r} reaches {target!r} exactly")
 
 
 def test_a_speedup_exactly_at_the_margin_and_a_step_exactly_at_the_slo_are_allowed(profiles):
