@@ -82,7 +82,7 @@ def spread(p: Placer, w: WorkloadRequest, explain: bool) -> Placement | str:
         saved = p._save()
         placed = []
         for _ in range(w.pods):
-            pod = p.place(one, commit=True, explain=False)
+            pod = p.place(one, commit=True, explain=explain)
             if pod.outcome != "placed":
                 break
             placed.append(pod)
@@ -119,14 +119,14 @@ def per_pod_set(p: Placer, w: WorkloadRequest, per_pod: int, explain: bool) -> P
         first = p.place(
             replace(one, node_pool=frozenset(n for n, ok in zip(p.node_names, room, strict=True) if ok)),
             commit=True,
-            explain=False,
+            explain=explain,
         )
         if first.outcome != "placed" or first.node is None:
             p._restore(saved)
             return None
         here = [first]
         for _ in range(count - 1):
-            pod = p.place(replace(one, node_pool=frozenset({first.node})), commit=True, explain=False)
+            pod = p.place(replace(one, node_pool=frozenset({first.node})), commit=True, explain=explain)
             if pod.outcome != "placed":
                 p._restore(saved)
                 return None
@@ -180,7 +180,7 @@ def on_assignment(p: Placer, w: WorkloadRequest, explain: bool) -> Placement:
     for nodes, count in w.assigned:
         one = replace(w, gpus=per_pod, pods=1, node_pool=nodes, assigned=None)
         for _ in range(count):
-            pod = p.place(one, commit=True, explain=False)
+            pod = p.place(one, commit=True, explain=explain)
             if pod.outcome != "placed":
                 p._restore(saved)
                 where = ", ".join(sorted(nodes))
@@ -203,7 +203,9 @@ def joint_placement(
     explain: bool,
 ) -> Placement:
     """One decision for pods placed one by one: one mode and γ, the lowest any got (the load
-    committed is each pod's own choice, never less). `how` says where, @ standing for the GPUs."""
+    committed is each pod's own choice, never less). `how` says where, @ standing for the GPUs.
+    The record is that pod's: placed with `explain`, its why and breakdown come with it, as a
+    one-pod decision's do."""
     worst = min(placed, key=lambda p: p.gamma)  # the first of the lowest γ
     pods = tuple((p.node or "", int(p.gpu_index or 0), p.gamma) for p in placed)
     shown = ", ".join(f"{n}/gpu{g}" for n, g, _ in pods)

@@ -965,7 +965,7 @@ def test_a_speedup_exactly_at_the_margin_and_a_step_exactly_at_the_slo_are_allow
     assert bool(gamma_table(roof, replace(armed, margin=margin), idle, free).self_ok[1, 0])
 
 
-@pytest.mark.parametrize(
+SEVERAL_PODS = pytest.mark.parametrize(
     "shape",
     [
         {"gpus": 3, "pods": 3},  # no node holds all three: spread pod by pod
@@ -974,6 +974,9 @@ def test_a_speedup_exactly_at_the_margin_and_a_step_exactly_at_the_slo_are_allow
     ],
     ids=["spread", "pod sets", "assigned"],
 )
+
+
+@SEVERAL_PODS
 def test_an_unexplained_decision_of_several_pods_carries_no_breakdown(profiles, shape):
     # A tick's bulk decisions skip the breakdown (`reasons.record`, explain=False); so must each
     # pod's own decision inside a decision of several pods, whose record the joint one is made of.
@@ -984,3 +987,17 @@ def test_an_unexplained_decision_of_several_pods_carries_no_breakdown(profiles, 
         quiet = Placer(profiles, view).place(wl("job", jurisdiction="eu", **shape), explain=False)
         assert quiet.outcome == "placed" and len(quiet.record.pods) == shape["pods"], quiet.record.reason
         assert quiet.record.excluded == {} and quiet.record.reason.endswith(("; speculative", "; plain"))
+
+
+@SEVERAL_PODS
+def test_an_explained_decision_of_several_pods_says_why_as_a_one_pod_decision_does(profiles, shape):
+    # The operator's Event and check message: the joint record is its lowest-γ pod's, so that
+    # pod's why and breakdown (S_real, τ, steps) come with it, as a one-pod decision's do.
+    for eu0 in ([1.0, 1.0], [1.0, 0.05]):
+        view = cluster(("eu0", "H100-SXM", eu0, "eu"), ("eu1", "H100-SXM", [1.0], "eu"))
+        told = Placer(profiles, view).place(wl("job", jurisdiction="eu", **shape), explain=True)
+        assert told.outcome == "placed" and len(told.record.pods) == shape["pods"], told.record.reason
+        why = told.record.reason.split("; ", 1)[1]
+        assert why.startswith("γ*=") or why.endswith("plain decode"), told.record.reason
+        assert told.record.gamma == min(g for _, _, g in told.record.pods)
+        assert None not in (told.record.speedup, told.record.tau, told.record.step_ms), told.record
