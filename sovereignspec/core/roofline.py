@@ -109,7 +109,7 @@ class Roofline:
 
     def seconds_per_token(self, context: ArrayLike) -> Array:
         """Compute time of one query token at `context` (the slope of the compute roof)."""
-        return np.asarray(self.flops_per_token(context) / self.flops, dtype=np.float64)
+        return np.asarray(seconds_per_token(self, np.asarray(context)), dtype=np.float64)
 
     def memory_time(self, n_seqs: ArrayLike, context: ArrayLike) -> Array:
         kv = np.asarray(n_seqs) * np.asarray(context) * self.kv_bytes_per_token
@@ -164,30 +164,20 @@ class Roofline:
 
     def headroom(self, n_tokens: ArrayLike, n_seqs: ArrayLike, context: ArrayLike) -> Array:
         """Spare compute of a step with n_tokens query tokens over n_seqs sequences: 1 − min(1, C/M)."""
-        u = self.compute_time(n_tokens, context) / self.memory_time(n_seqs, context)
-        return np.asarray(1.0 - np.minimum(1.0, u), dtype=np.float64)
+        return np.asarray(
+            headroom_formula(self, np.asarray(n_tokens), np.asarray(n_seqs), np.asarray(context), ARRAY_OPS),
+            dtype=np.float64,
+        )
 
     def max_seqs(self, context: ArrayLike) -> Array:
         """Sequences whose KV cache fits next to the weights."""
-        free = np.maximum(self.capacity_bytes - self.weight_bytes, 0.0)
-        per_seq = np.maximum(np.asarray(context), 1.0) * self.kv_bytes_per_token
-        return np.asarray(free / per_seq, dtype=np.float64)
+        return np.asarray(max_seqs_formula(self, np.asarray(context), ARRAY_OPS), dtype=np.float64)
 
     def seqs_for_headroom(self, headroom: ArrayLike, context: ArrayLike) -> Array:
-        """The plain-decode load (sequences) at which the GPU reads `headroom`; inverse of `headroom`.
-
-        Solves s·f/P = u·(W + s·L·kv)/B for u = 1 − h. Where u cannot be reached before the KV cache
-        is full (long contexts), or the solution exceeds capacity, the load is the capacity.
-        """
-        h = np.clip(np.asarray(headroom, dtype=np.float64), 0.0, 1.0)
-        u = 1.0 - h
+        """The plain-decode load (sequences) at which the GPU reads `headroom` (`seqs_formula`)."""
+        h = np.asarray(headroom, dtype=np.float64)
         ctx = np.asarray(context, dtype=np.float64)
-        compute_per_seq = self.seconds_per_token(ctx)
-        memory_per_seq = ctx * self.kv_bytes_per_token / self.bandwidth
-        denom = compute_per_seq - u * memory_per_seq
-        with np.errstate(divide="ignore", invalid="ignore"):  # where denom ≤ 0 the quotient is discarded
-            s = np.where(denom > 0.0, u * (self.weight_bytes / self.bandwidth) / denom, np.inf)
-        return np.asarray(np.minimum(s, self.max_seqs(ctx)), dtype=np.float64)
+        return np.asarray(seqs_formula(self, h, ctx, ARRAY_OPS), dtype=np.float64)
 
     def ridge_seqs(self, context: ArrayLike) -> Array:
         """The plain-decode load (sequences) at which compute time reaches memory time, whether or
@@ -236,6 +226,8 @@ class StepCoefficients(Protocol):
     @property
     def fixed_s(self) -> Any: ...
     @property
+    def capacity_bytes(self) -> Any: ...
+    @property
     def serial_fraction(self) -> Any: ...
     @property
     def overlap(self) -> Any: ...
@@ -275,6 +267,61 @@ def step_formula(r: StepCoefficients, n_tokens: Any, n_seqs: Any, context: Any, 
     return step_at(r, step_rates(r, context), n_tokens, n_seqs, smax)
 
 
+@dataclass(frozen=True)
+class Ops:
+    """What the one-home formulas below need that floats and numpy arrays spell differently: the
+    array path takes numpy's elementwise forms, the float path (`scalar.Coeffs`) Python's own,
+    which cost a fraction of a numpy call on one number. Both compute the same doubles."""
+
+    minimum: Callable[[Any, Any], Any]
+    maximum: Callable[[Any, Any], Any]
+    quotient_where_positive: Callable[[Any, Any], Any]  # a / b where b > 0, else inf
+
+
+def _array_quotient(a: Any, b: Any) -> Any:
+    with np.errstate(divide="ignore", invalid="ignore"):  # where b ≤ 0 the quotient is discarded
+        return np.where(b > 0.0, a / b, np.inf)
+
+
+def _float_quotient(a: float, b: float) -> float:
+    return a / b if b > 0.0 else math.inf
+
+
+ARRAY_OPS = Ops(np.minimum, np.maximum, _array_quotient)
+FLOAT_OPS = Ops(min, max, _float_quotient)
+
+
+def seconds_per_token(r: StepCoefficients, context: Any) -> Any:
+    """(f + a·L)/P: the compute time of one query token at context L (the compute roof's slope)."""
+    return (r.weight_flops_per_token + r.attention_flops_per_token_per_ctx * context) / r.flops
+
+
+def headroom_formula(r: StepCoefficients, n_tokens: Any, n_seqs: Any, context: Any, ops: Ops) -> Any:
+    """h = 1 − min(1, C/M) of the module docstring, C = n·(f + a·L)/P, M = (W + s·L·kv)/B: the
+    headroom's one home, for arrays (`Roofline.headroom`) and floats (`scalar.Coeffs.headroom`)."""
+    compute = n_tokens * seconds_per_token(r, context)
+    memory = (r.weight_bytes + n_seqs * context * r.kv_bytes_per_token) / r.bandwidth
+    return 1.0 - ops.minimum(1.0, compute / memory)
+
+
+def max_seqs_formula(r: StepCoefficients, context: Any, ops: Ops) -> Any:
+    """Sequences whose KV cache at context L fits next to the weights."""
+    free = ops.maximum(r.capacity_bytes - r.weight_bytes, 0.0)
+    return free / (ops.maximum(context, 1.0) * r.kv_bytes_per_token)
+
+
+def seqs_formula(r: StepCoefficients, headroom: Any, context: Any, ops: Ops) -> Any:
+    """The plain-decode load (sequences) at which a GPU reads `headroom`: `headroom_formula`'s
+    inverse, and its one home for arrays and floats.
+
+    Solves s·(f + a·L)/P = u·(W + s·L·kv)/B for u = 1 − h. Where u cannot be reached before the KV
+    cache is full (long contexts), or the solution exceeds capacity, the load is the capacity."""
+    u = 1.0 - ops.minimum(ops.maximum(headroom, 0.0), 1.0)
+    denom = seconds_per_token(r, context) - u * (context * r.kv_bytes_per_token / r.bandwidth)
+    solved = ops.quotient_where_positive(u * (r.weight_bytes / r.bandwidth), denom)
+    return ops.minimum(solved, max_seqs_formula(r, context, ops))
+
+
 def compute_bound(r: StepCoefficients, n_tokens: Any, n_seqs: Any, context: Any) -> Any:
     """Whether a step's compute time reaches its memory time (headroom 0: at or past the ridge),
     for arrays or floats alike."""
@@ -287,10 +334,11 @@ def smooth_max(a: ArrayLike, b: ArrayLike, p: ArrayLike) -> Array:
     """(a^p + b^p)^(1/p) for a, b ≥ 0, computed as hi·(1 + (lo/hi)^p)^(1/p); max(a, b) at p = inf.
 
     No special cases: at p = inf, (1 + r^inf)^(1/inf) is x^0 = 1 for every r in [0, 1], and where
-    both are 0 the floored divisor gives r = 0 and the product 0. The hot path's cost is its passes
-    over the arrays and its two powers: the powers are taken only where the smaller term still
-    shows in the sum (`negligible_ratio`); everywhere else the formula's double is `hi` itself,
-    which is what is returned there, so the result is the same, bit for bit."""
+    both are 0 the smaller never shows, so the result is hi, 0. The hot path's cost is its passes
+    over the arrays and its two powers: the powers (`smooth_top`) are taken only where the smaller
+    term still shows in the sum (`negligible_ratio`, which then makes hi > 0); everywhere else the
+    formula's double is `hi` itself, which is what is returned there, so the result is the same,
+    bit for bit."""
     x = np.asarray(a, dtype=np.float64)
     y = np.asarray(b, dtype=np.float64)
     hi = np.asarray(np.maximum(x, y))  # an array even for two scalars: written in place below
@@ -300,16 +348,22 @@ def smooth_max(a: ArrayLike, b: ArrayLike, p: ArrayLike) -> Array:
     # element's power is negligible whatever its own p.
     shows = np.flatnonzero(lo > negligible_ratio(float(pp.min())) * hi) if hi.size else _NONE
     if shows.size:
-        h = np.take(hi, shows)
-        r = np.take(lo, shows)
-        r /= np.maximum(h, _TINY)
         q = _exponents_at(pp, hi.shape, shows)
-        r **= q
-        r += 1.0
-        r **= 1.0 / q
-        r *= h
-        np.put(hi, shows, r)
+        np.put(hi, shows, smooth_top(np.take(hi, shows), np.take(lo, shows), q))
     return hi[()] if hi.ndim == 0 else hi  # a scalar in, a scalar out, as numpy's own ufuncs
+
+
+def smooth_top(hi: Any, lo: Any, p: Any) -> Any:
+    """hi·(1 + (lo/hi)^p)^(1/p), the smooth maximum of hi ≥ lo where lo shows beside hi (above
+    `negligible_ratio`, so hi > 0): its one home, for the arrays `smooth_max` gathers and for the
+    float twin (`scalar._smax`), which so round alike. After the quotient every operation is in
+    place on an array (for a float it simply rebinds): one pass each, no temporaries."""
+    r = lo / hi
+    r **= p
+    r += 1.0
+    r **= 1.0 / p
+    r *= hi
+    return r
 
 
 def _exponents_at(pp: Array, shape: tuple[int, ...], flat: NDArray[np.intp]) -> Array:
@@ -333,7 +387,6 @@ def negligible_ratio(p: Any) -> Any:
     return 2.0 ** (-53.0 / p) * (1.0 - 1e-6)
 
 
-_TINY = np.finfo(np.float64).tiny  # the smallest normal double: any positive time is at least this
 _NONE = np.zeros(0, dtype=np.intp)
 
 

@@ -2,18 +2,28 @@
 
 Its users: the placer's incremental updates, where one GPU changed and a numpy call per term would
 cost more than the arithmetic, its re-evaluation of running workloads, and the simulator's profile
-world. The step and speculation's price come from their one home (`roofline.step_formula`,
-`speedup.speculative_step`); the rest is written in the same order as its vectorised twin in
+world. The step, the smooth maximum's formula, the headroom and its inversion, and speculation's
+price come from their one home (`roofline.step_formula`, `smooth_top`, `headroom_formula`,
+`seqs_formula`, `speedup.speculative_step`); the rest is written in the same order as its vectorised twin in
 `optimiser`, so both round alike and decide alike. The scalar reference in benchmarks/reference.py is
 an independent implementation that both are held to.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-from sovereignspec.core.roofline import negligible_ratio, roofline_for, step_at, step_formula, step_rates
+from sovereignspec.core.roofline import (
+    FLOAT_OPS,
+    headroom_formula,
+    negligible_ratio,
+    roofline_for,
+    seqs_formula,
+    smooth_top,
+    step_at,
+    step_formula,
+    step_rates,
+)
 from sovereignspec.core.specs import GpuSpec, ModelSpec
 from sovereignspec.core.speedup import NEAR_ONE, speculative_step, tau_geometric, verify_tokens
 
@@ -39,12 +49,6 @@ class Coeffs:
     def of(gpu: GpuSpec, model: ModelSpec, tp: int) -> Coeffs:
         return Coeffs(*roofline_for(gpu, model, tp).matrix().tolist())
 
-    def spt(self, ctx: float) -> float:
-        return (self.weight_flops_per_token + self.attention_flops_per_token_per_ctx * ctx) / self.flops
-
-    def memory(self, n_seqs: float, ctx: float) -> float:
-        return (self.weight_bytes + n_seqs * ctx * self.kv_bytes_per_token) / self.bandwidth
-
     def step(self, n_tokens: float, n_seqs: float, ctx: float) -> float:
         """T(n, s, L), as `Roofline.step_time`: the same formula (`roofline.step_formula`)."""
         return float(step_formula(self, n_tokens, n_seqs, ctx, _smax))
@@ -54,22 +58,21 @@ class Coeffs:
         return step_rates(self, ctx)
 
     def headroom(self, n_tokens: float, n_seqs: float, ctx: float) -> float:
-        return 1.0 - min(1.0, (n_tokens * self.spt(ctx)) / self.memory(n_seqs, ctx))
+        """`Roofline.headroom`: the same formula (`roofline.headroom_formula`)."""
+        return float(headroom_formula(self, n_tokens, n_seqs, ctx, FLOAT_OPS))
 
     def seqs_for_headroom(self, h: float, ctx: float) -> float:
-        u = 1.0 - min(max(h, 0.0), 1.0)
-        denom = self.spt(ctx) - u * (ctx * self.kv_bytes_per_token / self.bandwidth)
-        cap = max(self.capacity_bytes - self.weight_bytes, 0.0) / (max(ctx, 1.0) * self.kv_bytes_per_token)
-        s = u * (self.weight_bytes / self.bandwidth) / denom if denom > 0.0 else math.inf
-        return min(s, cap)
+        """`Roofline.seqs_for_headroom`: the same formula (`roofline.seqs_formula`)."""
+        return float(seqs_formula(self, h, ctx, FLOAT_OPS))
 
 
 def _smax(a: float, b: float, p: float) -> float:
-    """`roofline.smooth_max` for floats: hi itself where lo is negligible beside it (the same bound)."""
+    """`roofline.smooth_max` for floats: hi itself where lo is negligible beside it (the same bound),
+    else the same formula (`roofline.smooth_top`)."""
     hi, lo = (a, b) if a >= b else (b, a)
     if lo <= negligible_ratio(p) * hi:  # p = inf and hi = 0 included
         return hi
-    return float(hi * (1.0 + (lo / hi) ** p) ** (1.0 / p))
+    return float(smooth_top(hi, lo, p))
 
 
 def tau(alpha: float, gamma: float) -> float:
