@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sovereignspec.core.optimiser import TIE_QUANTUM  # one tie grid for both paths
 from sovereignspec.core.roofline import (
     FLOAT_OPS,
     headroom_formula,
@@ -26,8 +27,6 @@ from sovereignspec.core.roofline import (
 )
 from sovereignspec.core.specs import GpuSpec, ModelSpec
 from sovereignspec.core.speedup import NEAR_ONE, speculative_step, tau_geometric, verify_tokens
-
-TIE_QUANTUM = 1e-9
 
 
 @dataclass(frozen=True)
