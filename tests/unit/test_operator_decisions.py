@@ -49,6 +49,11 @@ def _cordoned() -> dict[str, Any]:
     return n
 
 
+def _inactive(wl: dict[str, Any], active: bool) -> dict[str, Any]:
+    wl["spec"]["active"] = active
+    return wl
+
+
 # -- which workloads a view holds ------------------------------------------------------------------
 
 
@@ -59,6 +64,8 @@ def _cordoned() -> dict[str, Any]:
         ("no quota reserved yet: Kueue has not asked", chat().without_quota().obj(), False),
         ("already decided (Ready)", chat().check("Ready").obj(), False),
         ("already rejected", chat().check("Rejected").obj(), False),
+        ("deactivated (spec.active false): held out of admission", _inactive(chat().obj(), False), False),
+        ("spec.active true, as Kueue defaults it", _inactive(chat().obj(), True), True),
     ],
 )
 def test_a_view_holds_exactly_the_workloads_kueue_is_waiting_on(

@@ -4,8 +4,10 @@ object, already normalised; code past the border reads fields, never `obj["metad
 
 Nodes (read for every workload's pool, the ledger's reach, the cluster's capacity, TAS domains, the
 sovereignty watch and the record) and bound Pods (read by the ledger, the sovereignty watch and the
-record) have views, and so do AdmissionChecks (both roles) and a manager Workload's MultiKueue
-fields (the dispatcher); Workloads themselves are still read as dicts (docs/architecture.md)."""
+record) have views, and so do AdmissionChecks (both roles), a manager Workload's MultiKueue fields
+and MultiKueueConfigs (the dispatcher) and LearnedProfiles (the learner). Workloads are read by
+`workloads.py`'s functions (plain dicts in, plain data out), so that no module of the decision
+indexes one itself (tests/unit/test_api_border.py)."""
 
 from __future__ import annotations
 
@@ -122,6 +124,12 @@ def owners_of(meta: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
     return tuple((str(r.get("kind")), str(r.get("name"))) for r in _owner_refs(meta))
 
 
+def object_owners(obj: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    """`owners_of` an object itself (a Workload), whatever its metadata holds."""
+    meta = obj.get("metadata")
+    return owners_of(meta if isinstance(meta, Mapping) else {})
+
+
 def controlling_owner(meta: Mapping[str, Any]) -> tuple[str, str] | None:
     """An object's controlling owner's (kind, name), else its first owner's: what the record names
     as its workload. None where it has no owner."""
@@ -198,6 +206,39 @@ class PolicyObject:
         generation = meta.get("generation")
         whole = isinstance(generation, int) and not isinstance(generation, bool)
         return cls(str(meta.get("name", "")), generation if whole else None, obj.get("spec"))
+
+
+@dataclass(frozen=True, slots=True)
+class MultiKueueConfigView:
+    """A MultiKueueConfig as the dispatcher reads it: its name and the worker clusters it lists
+    (entries that are not names left out)."""
+
+    name: str
+    clusters: tuple[str, ...]
+
+    @classmethod
+    def of(cls, obj: Mapping[str, Any]) -> MultiKueueConfigView:
+        meta = obj.get("metadata") or {}
+        clusters = (obj.get("spec") or {}).get("clusters") or []
+        return cls(str(meta.get("name", "")), tuple(str(c) for c in clusters if isinstance(c, str)))
+
+
+@dataclass(frozen=True, slots=True)
+class LearnedObject:
+    """A LearnedProfile as cached: its name, its spec as written (`LearnedSpec` validates it where
+    the learner reads it, and says what is wrong) and its status ({} where absent or not an object)."""
+
+    name: str
+    spec: object
+    status: Mapping[str, Any]
+
+    @classmethod
+    def of(cls, obj: Mapping[str, Any]) -> LearnedObject:
+        meta = obj.get("metadata") or {}
+        status = obj.get("status")
+        return cls(
+            str(meta.get("name", "")), obj.get("spec") or {}, status if isinstance(status, Mapping) else {}
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -100,6 +100,29 @@ def key_of(obj: Mapping[str, Any]) -> str:
     return f"{meta.get('namespace', '')}/{meta['name']}"
 
 
+def name_of(obj: Mapping[str, Any]) -> str:
+    """metadata.name (a KeyError where it has none: the API server always sets it)."""
+    return str(obj["metadata"]["name"])
+
+
+def namespace_of(obj: Mapping[str, Any], default: str | None = None) -> str:
+    """Its namespace; without `default`, a KeyError where it has none (a Workload always has one:
+    its absence is an object that cannot be read, and fails alone)."""
+    meta = obj["metadata"]
+    return str(meta["namespace"] if default is None else meta.get("namespace", default))
+
+
+def named(obj: object) -> bool:
+    """Whether `obj` is an object whose metadata.name can be read (what a check entry needs)."""
+    meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+    return isinstance(meta, Mapping) and "name" in meta
+
+
+def active(wl: Mapping[str, Any]) -> bool:
+    """spec.active: Kueue's default is true; false holds the workload out of admission."""
+    return bool((wl.get("spec") or {}).get("active", True))
+
+
 def our_entry(wl: Mapping[str, Any], checks: set[str] | frozenset[str]) -> dict[str, Any] | None:
     for entry in (wl.get("status") or {}).get("admissionChecks") or []:
         if isinstance(entry, dict) and entry.get("name") in checks:
@@ -120,6 +143,11 @@ def owner_of(wl: Mapping[str, Any]) -> tuple[str, str]:
             if ref.get("kind") == kind.name:
                 return kind.name, str(ref.get("name", ""))
     return kinds.WORKLOAD, str(wl["metadata"]["name"])
+
+
+def owner_key(wl: Mapping[str, Any], default_namespace: str | None = None) -> tuple[str, str, str]:
+    """(namespace, kind, name) of `wl`'s owner: how `World.owners` keys what it keeps of it."""
+    return (namespace_of(wl, default_namespace), *owner_of(wl))
 
 
 def owner_metadata(obj: Mapping[str, Any]) -> dict[str, dict[str, str]]:
@@ -245,6 +273,14 @@ def pod_set_names(wl: Mapping[str, Any]) -> list[str]:
     return [
         str(ps.get("name", "")) for ps in (wl.get("spec") or {}).get("podSets") or [] if isinstance(ps, dict)
     ]
+
+
+def pod_set_sizes(wl: Mapping[str, Any]) -> list[int]:
+    """Pods per pod set, every pod set in order (0 for one that cannot be read): read after
+    `requested_gpus`, which refuses an unreadable count."""
+    spec = wl.get("spec")
+    sets = (spec.get("podSets") if isinstance(spec, dict) else None) or []
+    return [int(ps.get("count", 1)) if isinstance(ps, dict) else 0 for ps in sets]
 
 
 def owner_missing(

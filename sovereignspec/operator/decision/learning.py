@@ -38,6 +38,7 @@ from sovereignspec.core.roofline import tensor_parallel_for
 from sovereignspec.core.specs import ProfileSet
 from sovereignspec.errors import describe
 from sovereignspec.operator.border import annotations as ann
+from sovereignspec.operator.border.objects import LearnedObject
 from sovereignspec.operator.border.policy import GROUP, VERSION
 from sovereignspec.operator.decision.ledger import Committed
 
@@ -143,8 +144,9 @@ class Learner:
     ) -> tuple[list[Write], list[str]]:
         """Take `new` readings, follow the LearnedProfiles' specs, refit what is due. Returns the
         writes, and messages for what was refused (each once while it lasts)."""
-        specs, messages = self._specs(resources)
-        for key in [k for k in self.seen if k not in specs and k not in self._refused_keys(resources)]:
+        objects = [LearnedObject.of(r) for r in resources]
+        specs, messages = self._specs(objects)
+        for key in [k for k in self.seen if k not in specs and k not in self._refused_keys(objects)]:
             # Seen and now deleted: an administrator's reset. Start over from nothing.
             self.seen.discard(key)
             self.points.pop(key, None)
@@ -219,15 +221,15 @@ class Learner:
             return Learned.unfitted(len(points), f"fit failed: {exc}")
 
     def _specs(
-        self, resources: Iterable[Mapping[str, Any]]
+        self, resources: Iterable[LearnedObject]
     ) -> tuple[dict[Key, tuple[LearnedSpec, Mapping[str, Any]]], list[str]]:
         specs: dict[Key, tuple[LearnedSpec, Mapping[str, Any]]] = {}
         messages = []
         now_refused = {}
         for r in resources:
-            name = str((r.get("metadata") or {}).get("name", ""))
+            name = r.name
             try:
-                spec = LearnedSpec.model_validate(r.get("spec") or {})
+                spec = LearnedSpec.model_validate(r.spec)
             except ValidationError as exc:
                 why = describe(exc, LearnedSpec, where=f"{KIND} {name}")
                 now_refused[name] = why
@@ -241,14 +243,13 @@ class Learner:
                 if self.refused.get(name) != why:
                     messages.append(why)
                 continue
-            status = r.get("status")
-            specs[key] = (spec, status if isinstance(status, Mapping) else {})
+            specs[key] = (spec, r.status)
         self.refused = now_refused
         return specs, messages
 
-    def _refused_keys(self, resources: Iterable[Mapping[str, Any]]) -> set[Key]:
+    def _refused_keys(self, resources: Iterable[LearnedObject]) -> set[Key]:
         """Keys whose resource is there but refused: not a deletion."""
-        names = {str((r.get("metadata") or {}).get("name", "")) for r in resources}
+        names = {r.name for r in resources}
         return {k for k in self.seen if resource_name(k) in names}
 
     def _status(self, key: Key, now: float) -> dict[str, Any]:

@@ -28,14 +28,15 @@ from sovereignspec.core.specs import ProfileSet
 from sovereignspec.engines import handed_table
 from sovereignspec.operator.border import annotations as ann
 from sovereignspec.operator.border import kinds
-from sovereignspec.operator.border.objects import PodView, owners_of
+from sovereignspec.operator.border.objects import PodView, object_owners
 from sovereignspec.operator.border.policy import PolicySpec
 from sovereignspec.operator.border.workloads import (
     UnreadableFieldError,
     job_name,
     key_of,
     labels_match,
-    owner_of,
+    namespace_of,
+    owner_key,
     parse_time,
     requested_gpus,
 )
@@ -181,7 +182,6 @@ def ledger_entries(
         if not host and not spread:
             continue
         node = by_host.get(str(host), str(host))
-        meta = wl["metadata"]
         request, gpus = _counted_request(wl, policy, profiles, snapshot, pool, tenancy, world, errors)
         predicted = _decimal_ms(notes.get(ann.OUT_TPOT))
         mode, largest = handed(notes)
@@ -195,7 +195,7 @@ def ledger_entries(
         return [
             Committed(
                 key=key_of(wl),
-                namespace=meta["namespace"],
+                namespace=namespace_of(wl),
                 job=job_name(wl),
                 node=on,
                 gpu_index=index,
@@ -229,10 +229,9 @@ def _counted_request(
 ) -> tuple[WorkloadRequest, int]:
     """The request a decided workload is counted with, and its GPUs (-1: unknown). Decided once
     and unreadable now: counted all the same, holding its node (fail closed)."""
-    meta = wl["metadata"]
-    t = tenancy(meta["namespace"], policy)
+    t = tenancy(namespace_of(wl), policy)
     try:
-        owner = world.owners.get((meta["namespace"], *owner_of(wl)))
+        owner = world.owners.get(owner_key(wl))
         _, request, _ = declared_request(wl, policy, profiles, snapshot, pool, t, owner)
         gpus = requested_gpus(wl)
     except UnreadableFieldError as exc:
@@ -355,7 +354,7 @@ def _rooms(committed: list[Committed]) -> Rooms:
     for i, c in enumerate(committed):
         entries[c.key].append(i)
         room[(c.key, c.node)] += c.gpus if c.gpus >= 0 else math.inf
-        for kind, name in owners_of(c.workload.get("metadata") or {}):
+        for kind, name in object_owners(c.workload):
             ref = (c.namespace, kind, name)
             if c.key not in by_owner[ref]:
                 by_owner[ref].append(c.key)

@@ -19,7 +19,7 @@ from sovereignspec.core.specs import ProfileSet
 from sovereignspec.engines import engine_config, handed_table
 from sovereignspec.operator.border import annotations as ann
 from sovereignspec.operator.border.policy import PolicySpec
-from sovereignspec.operator.border.workloads import EVENT_LIMIT, MESSAGE_LIMIT
+from sovereignspec.operator.border.workloads import EVENT_LIMIT, MESSAGE_LIMIT, pod_set_sizes
 from sovereignspec.operator.decision.requests import PendingWorkload
 from sovereignspec.operator.decision.view import View
 
@@ -412,9 +412,7 @@ def _placement_events(p: PendingWorkload, record: DecisionRecord) -> list[EventN
 
 def _counts(p: PendingWorkload) -> list[int]:
     """Pods per pod set, in the order of `p.pod_set_names` (0 for a pod set without pods)."""
-    spec = p.workload.get("spec")
-    sets = (spec.get("podSets") if isinstance(spec, dict) else None) or []
-    return [int(ps.get("count", 1)) if isinstance(ps, dict) else 0 for ps in sets]
+    return pod_set_sizes(p.workload)
 
 
 def _as_plain(record: DecisionRecord) -> DecisionRecord:

@@ -19,9 +19,12 @@ from sovereignspec.operator.border.workloads import (
     UnreadableFieldError,
     declared_metadata,
     key_of,
+    namespace_of,
+    owner_key,
     owner_missing,
     owner_of,
     pod_set_counts,
+    pod_set_names,
     requested_gpus,
     requested_pods,
 )
@@ -62,15 +65,15 @@ def declared_request(
     """The workload as the core needs it: declared annotations, policy defaults, learned α.
     `owner` is the metadata of what Kueue made it for (`World.owners`).
     Raises UnreadableFieldError for a field of the Workload that cannot be read."""
-    meta = wl["metadata"]
+    namespace = namespace_of(wl)
     kind = owner_of(wl)[0]
-    declared = _declared(wl, owner, kind, profiles, tenancy or ann.Tenancy(meta["namespace"]))
+    declared = _declared(wl, owner, kind, profiles, tenancy or ann.Tenancy(namespace))
     if declared.sovereignty_problems:
         return declared, None, ""
     declared = _checkpoint_allowed(declared, policy)
     d = policy.defaults
     model = declared.model or d.model
-    alpha, source = _alpha(declared, policy, snapshot, meta["namespace"], model)
+    alpha, source = _alpha(declared, policy, snapshot, namespace, model)
     problems = declared.performance_problems
     pods = requested_pods(wl)
     request = WorkloadRequest(
@@ -184,13 +187,12 @@ def unreadable(wl: dict[str, Any], entry: dict[str, Any], why: str) -> PendingWo
 
 def _undecided(wl: dict[str, Any], entry: dict[str, Any], key: str, **why: str) -> PendingWorkload:
     """A workload not placed this tick: Rejected (`rejection`) or left Pending (`waiting`)."""
-    meta = wl["metadata"]
     return PendingWorkload(
         key=key,
         workload=wl,
         check=str(entry.get("name", "")),
         entry=entry,
-        declared=ann.Declared(tenant=str(meta.get("namespace", ""))),
+        declared=ann.Declared(tenant=namespace_of(wl, "")),
         request=None,
         alpha_source="",
         pod_set_names=[],
@@ -210,12 +212,12 @@ def pending_workload(
     tenancy: TenancyOf,
     pools: PoolMemo | None = None,
 ) -> PendingWorkload:
-    meta = wl["metadata"]
     try:
         pool, flavor = node_pool(wl, world.node_views, world.flavors, world.flavor_tolerations, pools)
     except UnreadableFieldError as exc:  # a constraint that cannot be read, or past its bound
         return unreadable(wl, entry, str(exc))
-    owner = world.owners.get((meta["namespace"], *owner_of(wl)))
+    namespace = namespace_of(wl)
+    owner = world.owners.get(owner_key(wl))
     missing = owner_missing(wl, owner)
     if missing is not None:
         # Its keys (or the place they would be misplaced) are on an object not cached yet: the
@@ -230,7 +232,7 @@ def pending_workload(
     rejection = None
     try:
         declared, request, source = declared_request(
-            wl, policy, profiles, snapshot, pool, tenancy(meta["namespace"], policy), owner
+            wl, policy, profiles, snapshot, pool, tenancy(namespace, policy), owner
         )
         assigned = topology_assignment(wl, world.node_views)
         if request is not None and assigned is not None:
@@ -239,9 +241,9 @@ def pending_workload(
             problems = "; ".join(str(x) for x in declared.sovereignty_problems)
             rejection = f"{problems} (sovereignty fields fail closed)"
     except UnreadableFieldError as exc:
-        declared, request, source = ann.Declared(tenant=meta["namespace"]), None, ""
+        declared, request, source = ann.Declared(tenant=namespace), None, ""
         rejection = str(exc)
-    names = [str(ps.get("name", "")) for ps in (wl.get("spec") or {}).get("podSets") or []]
+    names = pod_set_names(wl)
     sets = declared_metadata(wl, owner)[0]
     return PendingWorkload(
         key=key_of(wl),

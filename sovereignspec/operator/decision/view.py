@@ -25,7 +25,9 @@ from sovereignspec.operator.border.objects import NodeView
 from sovereignspec.operator.border.policy import PolicySpec
 from sovereignspec.operator.border.workloads import (
     UnreadableFieldError,
+    active,
     condition,
+    named,
     our_entry,
 )
 from sovereignspec.operator.border.world import World, safe_key, tenancy_of
@@ -197,12 +199,12 @@ def _read_workloads(
                 state == "Pending"
                 and entry.get("name") in checks
                 and condition(wl, "QuotaReserved")
-                and (wl.get("spec") or {}).get("active", True)
+                and active(wl)
             ):
                 pending.append(pending_workload(wl, entry, policy, profiles, snapshot, world, tenancy, pools))
         except Exception as exc:  # one unreadable object fails alone
             errors.append(f"Workload {safe_key(wl)}: {type(exc).__name__}: {exc}")
-            if isinstance(wl, dict) and isinstance(wl.get("metadata"), dict) and "name" in wl["metadata"]:
+            if isinstance(wl, dict) and named(wl):
                 entry = our_entry(wl, frozenset(checks)) or {}
                 if entry.get("state") == "Pending" and condition(wl, "QuotaReserved"):
                     pending.append(unreadable(wl, entry, f"{type(exc).__name__}: {exc}"))

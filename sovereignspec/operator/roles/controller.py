@@ -36,7 +36,9 @@ from sovereignspec.operator.border.workloads import (
     condition,
     deployment_of,
     key_of,
+    named,
     our_entry,
+    owner_key,
     owner_metadata,
     owner_of,
 )
@@ -118,9 +120,9 @@ class Controller(Role):
         # workloads; a Pod's or a StatefulSet's (where their keys are) for every workload they own,
         # the ledger's too.
         wanted = {
-            (wl["metadata"].get("namespace", ""), *owner_of(wl))
+            owner_key(wl, "")
             for wl in workloads
-            if isinstance(wl.get("metadata"), dict)
+            if named(wl)
             and (
                 owner_of(wl)[0] in KEYS_ON_OWNER
                 or (

@@ -45,7 +45,12 @@ from sovereignspec.core.dispatch import (
     dispatch_order,
 )
 from sovereignspec.core.specs import ProfileSet
-from sovereignspec.operator.border.objects import AdmissionCheckView, MultiKueueStatus, labels_by_name
+from sovereignspec.operator.border.objects import (
+    AdmissionCheckView,
+    MultiKueueConfigView,
+    MultiKueueStatus,
+    labels_by_name,
+)
 from sovereignspec.operator.border.policy import GROUP, PLURAL, VERSION, PolicySpec
 from sovereignspec.operator.border.worker_clusters import (
     WORKER_PROMETHEUS,
@@ -56,6 +61,8 @@ from sovereignspec.operator.border.workloads import (
     UnreadableFieldError,
     condition,
     key_of,
+    name_of,
+    namespace_of,
     our_entry,
     requested_gpus,
 )
@@ -130,14 +137,13 @@ class DispatchController(Role):
     def _configs_by_check(self) -> dict[str, list[str]]:
         """MultiKueue AdmissionCheck name -> the worker clusters its MultiKueueConfig lists."""
         cache = self.cache
-        configs = {c["metadata"]["name"]: c for c in cache.configs.items()}
+        configs = {c.name: c for c in map(MultiKueueConfigView.of, cache.configs.items())}
         out: dict[str, list[str]] = {}
         for ac in map(AdmissionCheckView.of, cache.checks.items()):
             if ac.controller_name != MULTIKUEUE_CONTROLLER:
                 continue
             cfg = configs.get(str((ac.parameters or {}).get("name", "")))
-            clusters = ((cfg or {}).get("spec") or {}).get("clusters") or []
-            out[ac.name] = [str(c) for c in clusters if isinstance(c, str)]
+            out[ac.name] = list(cfg.clusters) if cfg is not None else []
         return out
 
     def _committed(self) -> dict[str, int]:
@@ -162,7 +168,7 @@ class DispatchController(Role):
         committed = self._committed()
         cache = self.cache
         for obj in cache.clusters.items():
-            name = obj["metadata"]["name"]
+            name = name_of(obj)
             desc, problem = describe_worker(obj)
             up, why = connected(obj)
             gpus: tuple[WorkerGpu, ...] = ()
@@ -391,7 +397,7 @@ class DispatchController(Role):
         inputs, is rejected into `out`."""
         requests = []
         for wl, entry, pool in pending:
-            ns = wl["metadata"]["namespace"]
+            ns = namespace_of(wl)
             try:
                 tenancy = tenancy_of(ns, namespaces.get(ns), spec)
                 if tenancy.problem:
