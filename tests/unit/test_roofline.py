@@ -294,10 +294,29 @@ def test_headroom_and_its_inverse_for_floats_are_the_arrays_below_and_past_the_r
         assert c.headroom(n, s, ctx) == float(roof.headroom(n, s, ctx)), (n, s, ctx)
         assert 0.0 <= c.headroom(n, s, ctx) <= 1.0
     assert c.headroom(32768.0, 64.0, 128.0) == 0.0 < c.headroom(1.0, 1.0, 1024.0)
-    for h in (-0.2, 0.0, 0.3, 0.9, 1.0, 1.3):
-        assert c.seqs_for_headroom(h, 1024.0) == float(roof.seqs_for_headroom(h, 1024.0)), h
-    assert c.seqs_for_headroom(1.3, 1024.0) == c.seqs_for_headroom(1.0, 1024.0) == 0.0
-    assert c.seqs_for_headroom(-0.2, 1024.0) == c.seqs_for_headroom(0.0, 1024.0) > 0.0
+    # 1024 tokens of context keep these GPUs memory-bound at any batch (every reading below the
+    # reachable one is the KV capacity); 128 crosses the ridge well inside it.
+    for ctx in (1024.0, 128.0):
+        for h in (-0.2, 0.0, 0.3, 0.9, 1.0, 1.3):
+            assert c.seqs_for_headroom(h, ctx) == float(roof.seqs_for_headroom(h, ctx)), (h, ctx)
+        assert c.seqs_for_headroom(1.3, ctx) == c.seqs_for_headroom(1.0, ctx) == 0.0
+        assert c.seqs_for_headroom(-0.2, ctx) == c.seqs_for_headroom(0.0, ctx) > 0.0
+    assert c.seqs_for_headroom(0.0, 128.0) < float(roof.max_seqs(128.0))  # the ridge, not the capacity
+
+
+def test_a_model_whose_weights_fill_the_gpu_holds_no_sequences_for_arrays_and_floats(profiles):
+    # Weights past the usable memory (a tensor-parallel degree too small for them) leave no room
+    # for any KV cache: no load, never a negative one, whatever the reading.
+    from sovereignspec.core.scalar import Coeffs
+
+    gpu, model = profiles.gpus["RTX-4090"], profiles.models["llama-3.3-70b"]
+    roof = roofline_for(gpu, model, 1)
+    assert float(roof.weight_bytes) > float(roof.capacity_bytes)
+    c = Coeffs(*roof.matrix().tolist())
+    for ctx in (1.0, 128.0, 4096.0):
+        assert float(roof.max_seqs(ctx)) == 0.0
+        for h in (0.0, 0.5, 1.0):
+            assert c.seqs_for_headroom(h, ctx) == float(roof.seqs_for_headroom(h, ctx)) == 0.0, (h, ctx)
 
 
 def test_on_a_tie_the_float_choice_keeps_the_shorter_draft_as_the_array_argmax_does(profiles):
