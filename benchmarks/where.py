@@ -1,11 +1,11 @@
 """Where a placement decision's time goes: `python -m benchmarks.where [--sizes 2000x10000 ...]`.
 
-On `make bench`'s clusters and workloads (benchmarks/cluster.py, seeded): the thread's CPU time
-spent in each stage of `Placer.place`, as a share of one decision from scratch (300 workloads,
-no cached γ tables) and of one tick, per cluster size. Each stage is timed by a wrapper around it,
-so the shares are what the profile of issue 47 item 1 asks for, not figures to compare with
-`make bench` (the wrappers cost a little). Stages nest: the γ tables are part of a decision's
-own evaluation, the float path of the updates since the last one.
+On `make bench`'s clusters and workloads (benchmarks/cluster.py, seeded) and its allocator setting
+(`sovereignspec.heap`): the thread's CPU time spent in each stage of `Placer.place`, as a share of
+one decision from scratch (300 workloads, no cached γ tables) and of one tick, per cluster size.
+Each stage is timed by a wrapper around it, so the shares are what the profile of issue 47 item 1
+asks for, not figures to compare with `make bench` (the wrappers cost a little). Stages nest: the
+γ tables are part of a decision's evaluation, the float path of the updates since the last one.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Any
 from benchmarks.cluster import mixed_cluster, one_off_workloads, pending_workloads
 from sovereignspec.core import choosing, reasons
 from sovereignspec.core.placement import Placer
+from sovereignspec.heap import keep_heap_pad
 from sovereignspec.profiles import load_profiles
 
 SIZES = ((2_000, 10_000), (10_000, 20_000))
@@ -74,6 +75,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", nargs="+", default=[f"{g}x{p}" for g, p in SIZES])
     args = parser.parse_args()
+    keep_heap_pad()  # the allocator setting the operator's processes and `make bench` run with
     profiles = load_profiles()
     stages = Stages()
     instrument(stages)
