@@ -30,10 +30,12 @@ import statistics
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any, cast
 
 from kubernetes import client, watch
 from prometheus_client.parser import text_string_to_metric_families
+from urllib3.exceptions import ProtocolError
 
 from localdev import controlplane
 from localdev import kueue as k
@@ -176,22 +178,34 @@ class Recorder:
 
     def _watch(self, namespace: str) -> None:
         custom = client.CustomObjectsApi(self.api)
-        while not self.stop.is_set():
-            w = watch.Watch()
-            for ev in w.stream(
-                custom.list_namespaced_custom_object, *KUEUE, namespace, "workloads", timeout_seconds=30
-            ):
-                now = time.monotonic()
-                wl = ev["object"]
-                key = f"{namespace}/{wl['metadata']['name']}"
-                conds = {c["type"]: c["status"] for c in wl.get("status", {}).get("conditions", [])}
-                if conds.get("QuotaReserved") == "True":
-                    self.reserved.setdefault(key, now)
-                if conds.get("Admitted") == "True":
-                    self.admitted.setdefault(key, now)
-                if self.stop.is_set():
+        listing = (custom.list_namespaced_custom_object, *KUEUE, namespace, "workloads")
+        for ev in _events(self.stop, *listing):
+            now = time.monotonic()
+            wl = ev["object"]
+            key = f"{namespace}/{wl['metadata']['name']}"
+            conds = {c["type"]: c["status"] for c in wl.get("status", {}).get("conditions", [])}
+            if conds.get("QuotaReserved") == "True":
+                self.reserved.setdefault(key, now)
+            if conds.get("Admitted") == "True":
+                self.admitted.setdefault(key, now)
+
+
+def _events(stop: threading.Event, *listing: Any) -> Iterator[dict[str, Any]]:
+    """A watch's events until `stop`, watched afresh every 30 s and wherever the stream breaks. A
+    break once stopping (the figures are in and the control plane goes down) ends it quietly, so
+    a benchmark's watch threads print nothing of their own after its figures."""
+    while not stop.is_set():
+        w = watch.Watch()
+        try:
+            for ev in w.stream(*listing, timeout_seconds=30):
+                yield ev
+                if stop.is_set():
                     w.stop()
-                    break
+                    return
+        except (ProtocolError, OSError, client.ApiException):
+            if stop.is_set():
+                return
+            time.sleep(1)  # the API server is restarting or refusing: watch again
 
 
 class TrivialCheck:
@@ -205,22 +219,17 @@ class TrivialCheck:
 
     def _run(self) -> None:
         custom = client.CustomObjectsApi(self.api)
-        while not self.stop.is_set():
-            w = watch.Watch()
-            for ev in w.stream(custom.list_namespaced_custom_object, *KUEUE, self.namespace, "workloads",
-                               timeout_seconds=30):  # fmt: skip
-                wl = ev["object"]
-                status = wl.get("status", {})
-                reserved = any(
-                    c["type"] == "QuotaReserved" and c["status"] == "True"
-                    for c in status.get("conditions", [])
-                )
-                entry = next((c for c in status.get("admissionChecks", []) if c["name"] == self.check), None)
-                if reserved and entry and entry["state"] == "Pending":
-                    k.set_check_state(self.api, wl, self.check, "Ready", "trivial", "bench-trivial-check")
-                if self.stop.is_set():
-                    w.stop()
-                    break
+        for ev in _events(
+            self.stop, custom.list_namespaced_custom_object, *KUEUE, self.namespace, "workloads"
+        ):
+            wl = ev["object"]
+            status = wl.get("status", {})
+            reserved = any(
+                c["type"] == "QuotaReserved" and c["status"] == "True" for c in status.get("conditions", [])
+            )
+            entry = next((c for c in status.get("admissionChecks", []) if c["name"] == self.check), None)
+            if reserved and entry and entry["state"] == "Pending":
+                k.set_check_state(self.api, wl, self.check, "Ready", "trivial", "bench-trivial-check")
 
 
 def main(argv: list[str] | None = None) -> int:
