@@ -16,14 +16,13 @@ from collections import Counter, defaultdict
 from collections.abc import Callable
 from typing import Any
 
+from benchmarks.__main__ import SIZES  # make bench's sizes
 from benchmarks.cluster import mixed_cluster, one_off_workloads, pending_workloads
+from benchmarks.placement import SINGLE_RUNS as SINGLES  # make bench's single decisions
 from sovereignspec.core import choosing, reasons
 from sovereignspec.core.placement import Placer
 from sovereignspec.heap import keep_heap_pad
 from sovereignspec.profiles import load_profiles
-
-SIZES = ((2_000, 10_000), (10_000, 20_000))
-SINGLES = 300
 
 
 class Stages:
